@@ -1,0 +1,5 @@
+import sys
+
+from ptrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,22 @@
+"""The ``cpu`` accelerator: trains on the host's processor. Always available."""
+
+from __future__ import annotations
+
+import torch
+
+from ptrain.hookspecs import hookimpl
+
+
+class CPUAccelerator:
+    """Selected with ``--accelerator cpu``; ``auto`` falls back to it (lowest priority)."""
+
+    priority = 0
+
+    @staticmethod
+    @hookimpl
+    def check_available() -> None:
+        return None
+
+    @hookimpl
+    def setup_device(self) -> torch.device:
+        return torch.device("cpu")

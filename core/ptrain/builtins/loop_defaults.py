@@ -1,0 +1,79 @@
+"""The loop's default behaviour, as a plugin registered before every other (so called last).
+
+Any plugin takes over one of these hooks by returning a value from its own implementation. This
+plugin is not an entry point and can't be blocked: without it the loop has no defaults.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ptrain import checkpoint_io
+from ptrain.data import move_to_device
+from ptrain.hookspecs import hookimpl
+from ptrain.precision_policy import PrecisionPolicy
+
+if TYPE_CHECKING:
+    from ptrain.trainer import Trainer
+
+
+class LoopDefaults:
+    @hookimpl(trylast=True)
+    def precision_policy(self) -> PrecisionPolicy:
+        return PrecisionPolicy()
+
+    @hookimpl(trylast=True)
+    def wrap_model(self, trainer: Trainer, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(trainer.device)
+
+    @hookimpl(trylast=True)
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    @hookimpl(trylast=True)
+    def prepare_dataloader(self, dataloader: Any) -> Any:
+        return dataloader
+
+    @hookimpl(trylast=True)
+    def transfer_batch(self, trainer: Trainer, batch: Any) -> Any:
+        return move_to_device(batch, trainer.device)
+
+    @hookimpl(trylast=True)
+    def model_step(self, trainer: Trainer, stage: str, batch: Any, batch_idx: int) -> Any:
+        return trainer.model(stage, batch, batch_idx)
+
+    @hookimpl(trylast=True)
+    def backward(self, loss: torch.Tensor) -> bool:
+        loss.backward()
+        return True
+
+    @hookimpl(trylast=True)
+    def clip_gradients(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.grad is not None]
+        if trainer.gradient_clip_algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val, foreach=True)
+        else:
+            torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val, foreach=True)
+        return True
+
+    @hookimpl(trylast=True)
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        optimizer.step()
+        return True
+
+    @hookimpl(trylast=True)
+    def reduce_metrics(self, metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return metrics
+
+    @hookimpl(trylast=True)
+    def save_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool:
+        if trainer.is_global_zero:
+            checkpoint_io.atomic_save(checkpoint, path)
+        return True
+
+    @hookimpl(trylast=True)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return checkpoint_io.safe_load(path)

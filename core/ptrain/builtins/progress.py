@@ -1,0 +1,114 @@
+"""The ``progress-bar`` callback: a live bar on a terminal, plain lines otherwise.
+
+Shows the epoch, batches done, it/s and the metrics logged with ``prog_bar=True``. It turns
+metrics into numbers (a host sync) only when it redraws, at most every ``refresh_rate`` seconds
+on a terminal. At the end of ``fit`` it prints one summary line with the final metrics.
+Turn it off with ``--no-progress-bar`` (the same as ``-p no:progress-bar``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ptrain.hookspecs import hookimpl
+
+PLAIN_INTERVAL_S = 30.0  # without a terminal, a mid-epoch line at most this often
+
+
+def _format(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{name}={value:.4g}" for name, value in sorted(metrics.items()))
+
+
+class ProgressBar:
+    def __init__(self, refresh_rate: float = 0.2):
+        self.refresh_rate = refresh_rate
+        self.live = None
+        self.task = None
+        self.fit_start = 0.0
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        options.add("refresh_rate", float, default=0.2,
+                    help="seconds between redraws of the bar on a terminal")
+
+    @hookimpl
+    def setup(self, trainer, stage: str) -> None:
+        self.enabled = trainer.is_global_zero
+        self.terminal = sys.stdout.isatty()
+        self.fit_start = time.monotonic()
+        self.stage = stage
+
+    @hookimpl
+    def on_epoch_start(self, trainer) -> None:
+        if not self.enabled:
+            return
+        self.epoch_start = self.last_draw = time.monotonic()
+        self.start_batch = trainer.loop_state.get("batch", 0)
+        total = trainer.num_training_batches
+        self.total = None if total == float("inf") else int(total)
+        if self.terminal:
+            if self.live is None:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
+                                           TextColumn, TimeElapsedColumn)
+
+                self.live = Progress(
+                    TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
+                    TextColumn("{task.fields[metrics]}"), auto_refresh=False,
+                )
+                self.live.start()
+            self.task = self.live.add_task(self._epoch_label(trainer), total=self.total,
+                                           completed=self.start_batch, rate="", metrics="")
+
+    def _epoch_label(self, trainer) -> str:
+        limit = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+        return f"Epoch {trainer.current_epoch + 1}{limit}"
+
+    def _rate(self, batches_done: int) -> str:
+        elapsed = time.monotonic() - self.epoch_start
+        return f"{(batches_done - self.start_batch) / elapsed:.1f} it/s" if elapsed > 0 else ""
+
+    @hookimpl
+    def on_train_batch_end(self, trainer, batch_idx: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        interval = self.refresh_rate if self.terminal else PLAIN_INTERVAL_S
+        if now - self.last_draw < interval:
+            return
+        self.last_draw = now
+        self._draw(trainer, batch_idx + 1)
+
+    def _draw(self, trainer, done: int, final: bool = False) -> None:
+        metrics = _format(trainer.metrics.progress_values())
+        rate = self._rate(done)
+        if self.terminal:
+            self.live.update(self.task, completed=done, rate=rate, metrics=metrics)
+            self.live.refresh()
+        else:
+            total = f"/{self.total}" if self.total is not None else ""
+            end = "done" if final else "..."
+            print(f"{self._epoch_label(trainer)}  batch {done}{total}  step "
+                  f"{trainer.global_step}  {rate}  {metrics}  {end}".rstrip(), flush=True)
+
+    @hookimpl
+    def on_epoch_end(self, trainer) -> None:
+        if self.enabled:
+            self._draw(trainer, trainer.batch_idx + 1, final=True)
+
+    @hookimpl
+    def teardown(self, trainer, stage: str) -> None:
+        if not self.enabled:
+            return
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        if trainer.exception is None:
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            seconds = time.monotonic() - self.fit_start
+            what = (f"Training finished: {trainer.current_epoch + 1} epoch(s), "
+                    f"{trainer.global_step} steps in {seconds:.1f} s." if stage == "fit"
+                    else "Validation finished.")
+            print(f"{what} {_format(metrics)}".rstrip(), flush=True)

@@ -1,0 +1,28 @@
+"""The ``single-device`` strategy: one process, one device, no wrapping."""
+
+from __future__ import annotations
+
+import torch
+
+from ptrain.errors import ConfigError
+from ptrain.hookspecs import hookimpl
+
+
+class SingleDeviceStrategy:
+    """The default strategy. Places the model on ``trainer.device``; ``--devices`` must be 1."""
+
+    @hookimpl
+    def launch(self, trainer) -> None:
+        devices = trainer.devices
+        one = devices in (1, "auto") or (isinstance(devices, list) and len(devices) == 1)
+        if trainer.num_nodes != 1 or not one:
+            raise ConfigError(
+                f"the single-device strategy trains on one device in one process, but "
+                f"--devices {devices} --num-nodes {trainer.num_nodes} asks for more; choose a "
+                f"multi-process strategy (e.g. --strategy ddp) or --devices 1."
+            )
+        return None
+
+    @hookimpl
+    def wrap_model(self, trainer, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(trainer.device)

@@ -1,0 +1,102 @@
+"""The catalog of installed plugins, read from entry-point metadata only.
+
+Nothing here imports a plugin or torch: listing plugins must stay fast and must survive any plugin
+being broken. Importing happens in :mod:`ptrain.loading`, and only for the plugins a run selects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from ptrain.errors import PluginError
+from ptrain.options import closest
+
+#: plugin kind -> entry-point group. One accelerator, one strategy and one precision are active at
+#: a time; callbacks are any number.
+GROUPS: dict[str, str] = {
+    "accelerator": "ptrain.accelerators",
+    "strategy": "ptrain.strategies",
+    "precision": "ptrain.precision",
+    "callback": "ptrain.callbacks",
+}
+EXCLUSIVE_KINDS = ("accelerator", "strategy", "precision")
+CORE_DISTRIBUTION = "ptrain-core"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One entry point: what a user types (``name``), what it refers to and who ships it."""
+
+    kind: str
+    name: str
+    target: str  # "module" or "module:attribute"
+    distribution: str
+    version: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name!r} ({self.distribution} {self.version})"
+
+
+class Catalog:
+    """Every installed plugin by kind and name; duplicates are kept so they can be reported."""
+
+    def __init__(self, infos: list[PluginInfo]):
+        self.infos = sorted(infos, key=lambda i: (list(GROUPS).index(i.kind), i.name))
+
+    @classmethod
+    def discover(cls) -> Catalog:
+        infos: dict[tuple[str, str, str], PluginInfo] = {}
+        for kind, group in GROUPS.items():
+            for ep in metadata.entry_points(group=group):
+                dist = ep.dist
+                dist_name = dist.metadata["Name"] if dist is not None else "(unknown distribution)"
+                version = dist.version if dist is not None else "?"
+                # The same distribution can be seen twice when it is on sys.path twice.
+                infos[(kind, ep.name, dist_name)] = PluginInfo(
+                    kind, ep.name, ep.value, dist_name, version
+                )
+        return cls(list(infos.values()))
+
+    def names(self, kind: str) -> list[str]:
+        return sorted({i.name for i in self.infos if i.kind == kind})
+
+    def claims(self, kind: str, name: str) -> list[PluginInfo]:
+        return [i for i in self.infos if i.kind == kind and i.name == name]
+
+    def get(self, kind: str, name: str) -> PluginInfo:
+        """The one plugin of ``kind`` called ``name``, or a :class:`PluginError` that lists the
+        installed names (with the closest one) or names both distributions of a clash."""
+        claims = self.claims(kind, name)
+        if len(claims) == 1:
+            return claims[0]
+        if not claims:
+            installed = self.names(kind)
+            raise PluginError(
+                f"unknown {kind} {name!r}. Installed {kind} plugins: "
+                f"{', '.join(installed) or '(none)'}.{closest(name, installed)} "
+                f"Run `ptrain plugins` to see every installed plugin; a new one is installed with "
+                f"pip (its distribution registers the entry-point group {GROUPS[kind]!r})."
+            )
+        who = " and ".join(f"{c.distribution} {c.version} ({c.target})" for c in claims)
+        raise PluginError(
+            f"two distributions claim the {kind} name {name!r}: {who}. Uninstall one of them "
+            f"(pip uninstall NAME) so that the name is unambiguous."
+        )
+
+    def distributions(self) -> dict[str, str]:
+        """Every distribution that provides a plugin (the core included), with its version."""
+        dists = {i.distribution: i.version for i in self.infos}
+        try:
+            dists.setdefault(CORE_DISTRIBUTION, metadata.version(CORE_DISTRIBUTION))
+        except metadata.PackageNotFoundError:
+            pass
+        return dict(sorted(dists.items()))
+
+    def owner_of_flag(self, flag: str) -> PluginInfo | None:
+        """The installed plugin whose option namespace ``flag`` falls in (``--NAME-...``)."""
+        for info in sorted(self.infos, key=lambda i: -len(i.name)):
+            if flag.startswith(f"--{info.name}-"):
+                return info
+        return None

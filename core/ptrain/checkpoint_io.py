@@ -1,0 +1,116 @@
+"""Writing checkpoints atomically and reading them safely; random-number-generator states.
+
+A ptrain checkpoint is a dict of tensors and plain Python values, so it loads with
+``torch.load(weights_only=True)``: a file that needs arbitrary pickled objects is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ptrain.errors import CheckpointError
+
+FORMAT = "ptrain-checkpoint"
+FORMAT_VERSION = 1
+
+
+def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Write to a temporary file in the same folder, fsync it, rename it over ``path`` and fsync
+    the folder: a crash at any point leaves either the old file or the new one, never a mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def safe_load(path: str | Path) -> dict[str, Any]:
+    """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not exist"
+            + (" (it is a directory)" if path.is_dir() else "")
+            + ". Give the path of a .ckpt file, or `last` to resume the latest run."
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was refused: it needs arbitrary pickled Python objects "
+                f"to load, which could run code. ptrain checkpoints hold only tensors and plain "
+                f"values. Detail: {str(exc).splitlines()[0]}"
+            ) from None
+        raise _corrupt(path, exc) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise _corrupt(path, exc) from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+        keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint)
+        raise CheckpointError(
+            f"{str(path)!r} is not a ptrain checkpoint (it holds {keys}). Resume only from "
+            f"checkpoints written by ptrain; to start from other weights, load them in your "
+            f"module's __init__."
+        )
+    if checkpoint.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format version {checkpoint['format_version']}, newer "
+            f"than this ptrain reads ({FORMAT_VERSION}); upgrade ptrain-core."
+        )
+    return checkpoint
+
+
+def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
+    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return CheckpointError(
+        f"checkpoint {str(path)!r} is truncated or corrupt and can't be read ({first_line}). "
+        f"Use another checkpoint, e.g. an earlier one from the same run folder."
+    )
+
+
+def capture_rng_states() -> dict[str, Any]:
+    """Every generator a training step may draw from, as weights-only-safe values."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        states["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy" in states:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -1,0 +1,369 @@
+"""The ``ptrain`` command: ``fit``, ``validate``, ``plugins``, ``--version``.
+
+Errors caused by input (:class:`ptrain.PtrainError`) print one paragraph and exit with code 2;
+a traceback means a bug. ``ptrain --help`` and ``ptrain plugins`` import neither torch nor any
+plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import sys
+from typing import Any, NoReturn, Sequence
+
+from ptrain.catalog import Catalog
+from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
+from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError
+from ptrain.options import OptionGroup, closest
+
+USAGE_EXIT = 2
+STAGES = ("fit", "validate")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`ConfigError` instead of printing its own usage error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}. Run `{self.prog} --help` for the options.")
+
+
+# ---------------------------------------------------------------------------------------------
+# ptrain plugins / --version
+
+
+def _plugin_rows(catalog: Catalog, check: bool) -> list[dict[str, Any]]:
+    from ptrain.loading import check_available, import_target
+
+    rows = []
+    for info in catalog.infos:
+        row = {"kind": info.kind, "name": info.name, "distribution": info.distribution,
+               "version": info.version, "target": info.target}
+        others = [c for c in catalog.claims(info.kind, info.name) if c != info]
+        if others:
+            row["status"] = "conflict: also claimed by " + ", ".join(
+                f"{c.distribution} {c.version}" for c in others)
+        elif check:
+            try:
+                target = import_target(info)
+            except PluginError as exc:
+                row["status"] = f"broken: {exc}"
+            else:
+                reason = check_available(target, info.name)
+                row["status"] = "ok" if reason is None else f"unavailable: {reason}"
+        rows.append(row)
+    return rows
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    rows = _plugin_rows(Catalog.discover(), args.check)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    columns = ["kind", "name", "distribution", "version"] + (["status"] if args.check else [])
+    if any("status" in r for r in rows) and "status" not in columns:
+        columns.append("status")
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns[:-1]}
+    lines = ["  ".join(c.upper().ljust(widths.get(c, 0)) for c in columns).rstrip()]
+    for row in rows:
+        lines.append("  ".join(str(row.get(c, "")).ljust(widths.get(c, 0))
+                               for c in columns).rstrip())
+    print("\n".join(lines))
+    return 0
+
+
+def version_text() -> str:
+    dists = Catalog.discover().distributions()
+    return "\n".join(f"{name} {version}" for name, version in dists.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# ptrain fit / validate
+
+
+def _preparse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    pre = _Parser(add_help=False)
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--config")
+    pre.add_argument("--print-config", action="store_true")
+    pre.add_argument("-p", dest="plugins", action="append", default=[])
+    pre.add_argument("--no-progress-bar", action="store_true")
+    for kind in ("accelerator", "strategy", "precision"):
+        pre.add_argument(f"--{kind}")
+    return pre.parse_known_args(argv)
+
+
+def _split_init_args(argv: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Take ``--model.KEY VALUE`` / ``--data.KEY=VALUE`` out of ``argv``."""
+    rest, init_args = [], {"model": {}, "data": {}}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        table = next((t for t in init_args if token.startswith(f"--{t}.")), None)
+        if table is None:
+            rest.append(token)
+            i += 1
+            continue
+        key, eq, value = token[len(table) + 3:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{token} needs a value.")
+            value = argv[i + 1]
+            i += 1
+        init_args[table][key.replace("-", "_")] = parse_value(value)
+        i += 1
+    return rest, init_args
+
+
+def _add_group(parser: argparse.ArgumentParser, group: OptionGroup, title: str,
+               description: str = "") -> None:
+    arg_group = parser.add_argument_group(title, description)
+    for opt in group.options.values():
+        help_text = opt.help + (f" (default: {opt.default})" if opt.default not in (None, []) else "")
+        if opt.choices:
+            help_text += f" {{{', '.join(map(str, opt.choices))}}}"
+        if opt.type.__name__ == "to_bool":
+            arg_group.add_argument(opt.flag, dest=f"{group.owner}\0{opt.name}",
+                                   action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=help_text)
+        else:
+            arg_group.add_argument(opt.flag, dest=f"{group.owner}\0{opt.name}",
+                                   default=argparse.SUPPRESS, metavar=opt.name.upper(),
+                                   help=help_text)
+
+
+def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Parser:
+    parser = _Parser(prog=f"ptrain {stage}", allow_abbrev=False,
+                     description=f"{'Train' if stage == 'fit' else 'Validate'} a ptrain."
+                                 f"TrainModule with the selected plugins.")
+    run = parser.add_argument_group("run")
+    run.add_argument("--model", help="the TrainModule class, as MODULE:CLASS; init arguments "
+                                     "with --model.KEY VALUE")
+    run.add_argument("--data", help="a DataModule class, as MODULE:CLASS (optional); init "
+                                    "arguments with --data.KEY VALUE")
+    run.add_argument("--config", help="a TOML config file; flags override it")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved configuration (plugin options included) and exit")
+    run.add_argument("--ckpt-path", help="resume from this checkpoint, or 'last'")
+    run.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
+                     help="enable callback plugin NAME; -p no:NAME blocks one before it is "
+                          "imported (repeatable)")
+    run.add_argument("--no-progress-bar", action="store_true", help="same as -p no:progress-bar")
+    all_groups = [(core_options(), "trainer options", "")] + groups
+    for group, title, description in all_groups:
+        _add_group(parser, group, title, description)
+    flags: dict[str, str] = {}
+    for group, _, _ in all_groups:
+        for opt in group.options.values():
+            if opt.flag in flags:  # argparse would already have refused; kept for the message
+                raise PluginError(f"option {opt.flag} is declared by both {flags[opt.flag]!r} "
+                                  f"and {group.owner!r}; rename one of them.")
+            flags[opt.flag] = group.owner
+    return parser
+
+
+def _import_object(path: str, what: str) -> Any:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ModelError(f"{what} {path!r} must be MODULE:CLASS, e.g. examples.digits:"
+                         f"DigitsClassifier.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the current folder is importable
+    try:
+        target = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise ModelError(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
+                         f"Check the module path (relative to {os.getcwd()!r}) and the class "
+                         f"name.") from None
+    return target
+
+
+def _instantiate(cls: Any, init_args: dict[str, Any], what: str) -> Any:
+    params = inspect.signature(cls).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key in init_args:
+        if key not in params and not takes_kwargs:
+            raise ModelError(f"{cls.__qualname__} has no init argument {key!r} (from --{what}.{key}"
+                             f" or [{what}.init_args]); its arguments: "
+                             f"{', '.join(params) or '(none)'}.{closest(key, params)}")
+    try:
+        return cls(**init_args)
+    except TypeError as exc:
+        raise ModelError(f"{cls.__qualname__}(**{init_args}) failed: {exc}.") from None
+
+
+def _help_groups(catalog: Catalog) -> tuple[list[tuple[OptionGroup, str, str]], list[str]]:
+    """Every installed plugin's options for ``--help``; broken plugins are listed apart."""
+    from ptrain.loading import declare_options, import_target
+
+    groups, broken = [], []
+    for info in catalog.infos:
+        try:
+            group = declare_options(import_target(info), info.name)
+        except PluginError as exc:
+            broken.append(str(exc))
+            continue
+        if group.options:
+            how = f"enable with -p {info.name}" if info.kind == "callback" else \
+                f"active with --{info.kind} {info.name}"
+            if info.kind == "callback" and info.name in DEFAULT_CALLBACKS:
+                how = "on by default"
+            groups.append((group, f"{info.name} ({info.kind}, {info.distribution})", how))
+    return groups, broken
+
+
+def cmd_run(stage: str, argv: list[str]) -> int:
+    argv, init_args = _split_init_args(argv)
+    pre, _ = _preparse(argv)
+    catalog = Catalog.discover()
+    if pre.help:
+        groups, broken = _help_groups(catalog)
+        parser = _build_parser(stage, groups)
+        parser.print_help()
+        if broken:
+            print("\nplugins that failed to import (their options are not shown):")
+            print("\n".join(f"  {b}" for b in broken))
+        return 0
+
+    file_config = load_config_file(pre.config) if pre.config else {}
+    file_trainer = dict(file_config.get("trainer", {}))
+    callbacks = core_options().options["callbacks"].convert(
+        file_trainer.get("callbacks", []), f"[trainer] callbacks in {pre.config}")
+    callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
+    selection = {k: getattr(pre, k) or file_trainer.get(k) or core_options().options[k].default
+                 for k in ("accelerator", "strategy", "precision")}
+
+    from ptrain.selection import select_plugins
+
+    selected = select_plugins(catalog, selection["accelerator"], selection["strategy"],
+                              selection["precision"], callbacks)
+    groups = [(p.options, f"{p.name} ({p.kind})", "") for p in selected if p.options.options]
+    parser = _build_parser(stage, groups)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unknown_flag(unknown[0], parser, catalog)
+
+    trainer_options = dict(file_trainer)
+    plugin_options: dict[str, dict[str, Any]] = {
+        name: dict(values) for name, values in file_config.get("plugins", {}).items()}
+    for dest, value in vars(args).items():
+        if "\0" not in dest:
+            continue
+        owner, name = dest.split("\0")
+        if owner == "trainer":
+            trainer_options[name] = value
+        else:
+            plugin_options.setdefault(owner, {})[name] = value
+    trainer_options.update(selection, callbacks=callbacks)
+
+    model_cfg = dict(file_config.get("model", {}))
+    data_cfg = dict(file_config.get("data", {}))
+    if args.model:
+        model_cfg["class_path"] = args.model
+    if args.data:
+        data_cfg["class_path"] = args.data
+    for cfg, table in ((model_cfg, "model"), (data_cfg, "data")):
+        if cfg or init_args[table]:
+            cfg["init_args"] = {**cfg.get("init_args", {}), **init_args[table]}
+    if data_cfg and not data_cfg.get("class_path"):
+        raise ModelError("--data.KEY arguments were given without --data MODULE:CLASS.")
+    ckpt_path = args.ckpt_path or file_config.get("ckpt_path")
+
+    from ptrain.trainer import Trainer, seed_everything
+
+    trainer = Trainer(plugin_options=plugin_options, catalog=catalog, **trainer_options)
+    config = {**trainer.config, "model": model_cfg, "data": data_cfg}
+    if args.print_config or pre.print_config:
+        if ckpt_path:
+            config["ckpt_path"] = ckpt_path
+        text = dump_config({k: v for k, v in config.items() if k != "ckpt_path"})
+        print((f"ckpt_path = {json.dumps(ckpt_path)}\n\n" if ckpt_path else "") + text, end="")
+        return 0
+    trainer.config.update(model=model_cfg, data=data_cfg)
+    if not model_cfg.get("class_path"):
+        raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), or "
+                         "set class_path in the [model] table of --config.")
+
+    from ptrain.module import DataModule, TrainModule
+
+    if trainer.seed is not None:
+        seed_everything(trainer.seed)  # before the model is built: its initial weights count
+    model_cls = _import_object(model_cfg["class_path"], "--model")
+    if not (inspect.isclass(model_cls) and issubclass(model_cls, TrainModule)):
+        raise ModelError(f"--model {model_cfg['class_path']!r} is not a ptrain.TrainModule "
+                         f"subclass (it is {model_cls!r}).")
+    module = _instantiate(model_cls, model_cfg.get("init_args", {}), "model")
+    datamodule = None
+    if data_cfg:
+        data_cls = _import_object(data_cfg["class_path"], "--data")
+        if not (inspect.isclass(data_cls) and issubclass(data_cls, DataModule)):
+            raise ModelError(f"--data {data_cfg['class_path']!r} is not a ptrain.DataModule "
+                             f"subclass (it is {data_cls!r}).")
+        datamodule = _instantiate(data_cls, data_cfg.get("init_args", {}), "data")
+    if stage == "fit":
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    else:
+        trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return 0
+
+
+def _unknown_flag(flag: str, parser: argparse.ArgumentParser, catalog: Catalog) -> NoReturn:
+    name = flag.split("=")[0]
+    owner = catalog.owner_of_flag(name)
+    if owner is not None:
+        how = f"-p {owner.name}" if owner.kind == "callback" else f"--{owner.kind} {owner.name}"
+        raise ConfigError(f"{name} is an option of the {owner.kind} plugin {owner.name!r}, which "
+                          f"is not part of this run; add {how}.")
+    flags = [s for action in parser._actions for s in action.option_strings]
+    raise ConfigError(f"unknown option {name}.{closest(name, flags)} Run `{parser.prog} --help` "
+                      f"for the options.")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _main_parser() -> _Parser:
+    parser = _Parser(prog="ptrain", description="Train PyTorch models; the loop is a pluggy "
+                                                "hook specification and everything else a plugin.")
+    parser.add_argument("--version", action="store_true",
+                        help="name the core and every plugin distribution with versions")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("fit", help="train a model (ptrain fit --help for its options)",
+                   add_help=False)
+    sub.add_parser("validate", help="run one validation pass", add_help=False)
+    plugins = sub.add_parser("plugins", help="list installed plugins (reads metadata only)")
+    plugins.add_argument("--check", action="store_true",
+                         help="also import each plugin and say whether it can run here")
+    plugins.add_argument("--json", action="store_true", help="print the listing as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in STAGES:
+            return cmd_run(argv[0], argv[1:])
+        args = _main_parser().parse_args(argv)
+        if args.version:
+            print(version_text())
+            return 0
+        if args.command == "plugins":
+            return cmd_plugins(args)
+        _main_parser().print_help()
+        return 0
+    except PtrainError as exc:
+        print(f"ptrain: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
+    except KeyboardInterrupt:
+        print("ptrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

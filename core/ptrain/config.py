@@ -1,0 +1,229 @@
+"""The core's options and the run configuration: TOML in, TOML out.
+
+A config file has four tables, each optional::
+
+    [trainer]                      # the core's options (same names as Trainer(...) keywords)
+    max_epochs = 3
+    callbacks = ["early-stopping", "no:tensorboard"]   # the -p values
+
+    [model]                        # what `--model` and `--model.KEY VALUE` give
+    class_path = "examples.digits:DigitsClassifier"
+    init_args = { hidden = 64 }
+
+    [data]                         # likewise for `--data`
+
+    [plugins.early-stopping]       # each active plugin's options
+    monitor = "val_loss"
+
+Precedence: option defaults < config file < flags.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ptrain.errors import ConfigError
+from ptrain.options import OptionGroup, closest, to_float, to_int, to_int_or_float, to_str_list
+
+TABLES = ("trainer", "model", "data", "plugins")
+TOP_LEVEL_KEYS = ("ckpt_path",)  # a scalar before the tables: where to resume from
+#: The callbacks every run has unless blocked with ``no:NAME``.
+DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar")
+
+
+def to_devices(value: Any) -> int | str | list[int]:
+    """A device count (``2``), ``"auto"``, or a list of indices (``[0, 2]`` or ``"0,2"``)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, list):
+        return [to_int(v) for v in value]
+    if isinstance(value, str) and "," in value:
+        return [to_int(v) for v in value.split(",") if v.strip()]
+    count = to_int(value)
+    if count < 1:
+        raise ValueError(f"expected a positive device count, 'auto' or a list, got {count}")
+    return count
+
+
+_DURATION = re.compile(r"^(?:(\d+):)?(\d+):(\d+):(\d+)$")
+
+
+def to_seconds(value: Any) -> float:
+    """A duration: seconds (``90``) or ``"DD:HH:MM:SS"`` (``"00:12:00:00"``; days optional)."""
+    if isinstance(value, str) and ":" in value:
+        match = _DURATION.match(value.strip())
+        if not match:
+            raise ValueError(f"expected seconds or DD:HH:MM:SS, got {value!r}")
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    seconds = to_float(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a positive duration, got {value!r}")
+    return seconds
+
+
+def _positive(convert):
+    def positive(value: Any):
+        number = convert(value)
+        if number <= 0:
+            raise ValueError(f"expected a positive number, got {value!r}")
+        return number
+
+    positive.__doc__ = convert.__doc__
+    return positive
+
+
+def _batch_limit(value: Any) -> int | float:
+    """A number of batches (int) or a fraction of them (float in (0, 1])."""
+    limit = to_int_or_float(value)
+    if isinstance(limit, float) and not 0.0 < limit <= 1.0:
+        raise ValueError(f"a fraction must be in (0, 1], got {limit}; give an int for a count")
+    if isinstance(limit, int) and limit < 0:
+        raise ValueError(f"a batch count must be >= 0, got {limit}")
+    return limit
+
+
+def core_options() -> OptionGroup:
+    """The core's own options: the ``[trainer]`` table, the flags without a plugin prefix, and the
+    keyword arguments of :class:`ptrain.Trainer`."""
+    g = OptionGroup("trainer")
+    g.add("accelerator", str, default="auto",
+          help="accelerator plugin by name; 'auto' picks the best available one")
+    g.add("strategy", str, default="single-device", help="strategy plugin by name")
+    g.add("precision", str, default="32-true", help="precision plugin by name")
+    g.add("callbacks", to_str_list, default=[],
+          help=f"callback plugins to enable (NAME) or block (no:NAME); on by default: "
+               f"{', '.join(DEFAULT_CALLBACKS)}")
+    g.add("devices", to_devices, default=1, help="device count, 'auto' or a list of indices")
+    g.add("num_nodes", _positive(to_int), default=1, help="number of machines")
+    g.add("max_epochs", to_int, help="stop after this many epochs (default: 1000 when no other "
+          "limit is set)")
+    g.add("min_epochs", to_int, help="train at least this many epochs before a stop takes effect")
+    g.add("max_steps", to_int, help="stop after this many optimizer steps")
+    g.add("min_steps", to_int, help="train at least this many optimizer steps")
+    g.add("max_time", to_seconds, help="stop after this long: seconds or DD:HH:MM:SS")
+    g.add("val_check_interval", _positive(to_int_or_float), default=1.0,
+          help="validate every this fraction of an epoch (float) or this many batches (int)")
+    g.add("check_val_every_n_epoch", _positive(to_int), default=1,
+          help="validate at the end of every n-th epoch")
+    g.add("limit_train_batches", _batch_limit, default=1.0,
+          help="train on this many batches (int) or this fraction (float) of each epoch")
+    g.add("limit_val_batches", _batch_limit, default=1.0,
+          help="validate on this many batches (int) or this fraction (float); 0 turns it off")
+    g.add("accumulate_grad_batches", _positive(to_int), default=1,
+          help="accumulate gradients over this many batches per optimizer step")
+    g.add("gradient_clip_val", _positive(to_float), help="clip gradients at this norm or value")
+    g.add("gradient_clip_algorithm", str, default="norm", choices=("norm", "value"),
+          help="how gradient_clip_val clips")
+    g.add("log_every_n_steps", _positive(to_int), default=50,
+          help="write step metrics (and check the loss is finite) every n optimizer steps")
+    g.add("default_root_dir", str, default="runs",
+          help="directory for run folders (version_N: logs and checkpoints)")
+    g.add("seed", to_int, help="seed Python, NumPy and torch for a reproducible run")
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML in
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a config file and check its layout (not yet its values)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} can't be read: {exc}.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+    for key, value in data.items():
+        if key in TOP_LEVEL_KEYS:
+            if not isinstance(value, str):
+                raise ConfigError(f"{key!r} in {str(path)!r} must be text (a path or 'last').")
+            continue
+        if key not in TABLES:
+            raise ConfigError(
+                f"unknown key or table {key!r} in {str(path)!r}; valid tables: "
+                f"{', '.join(TABLES)}; valid top-level keys: {', '.join(TOP_LEVEL_KEYS)}."
+                f"{closest(key, TABLES + TOP_LEVEL_KEYS)}"
+            )
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key!r} in {str(path)!r} must be a table ([{key}]).")
+    for name, table in data.get("plugins", {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"[plugins] {name!r} in {str(path)!r} must be a table "
+                              f"([plugins.{name}]).")
+    for key in ("model", "data"):
+        unknown = set(data.get(key, {})) - {"class_path", "init_args"}
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{key}] of {str(path)!r}; "
+                              f"valid keys: class_path, init_args.")
+    return data
+
+
+def parse_value(text: str) -> Any:
+    """A value given on the command line, read as TOML (``64``, ``0.1``, ``true``, ``[1, 2]``,
+    ``"x"``); anything that is not a TOML value is taken as text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML out
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) \
+            + " }"
+    return json.dumps(str(value))
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def dump_config(config: dict[str, Any]) -> str:
+    """The resolved configuration as TOML that :func:`load_config_file` reads back; unset values
+    (``None``) are written as comments."""
+    lines: list[str] = []
+
+    def table(header: str, values: dict[str, Any]) -> None:
+        lines.append(f"[{header}]")
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {_toml_key(key)} = (unset)")
+            else:
+                lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+        lines.append("")
+
+    table("trainer", config.get("trainer", {}))
+    for key in ("model", "data"):
+        if config.get(key):
+            table(key, config[key])
+    for name, values in config.get("plugins", {}).items():
+        table(f"plugins.{_toml_key(name)}", values)
+    return "\n".join(lines)

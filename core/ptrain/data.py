@@ -1,0 +1,71 @@
+"""Helpers for batches and dataloaders that plugins share (one way to rebuild a loader)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+
+def apply_to_tensors(batch: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``function`` applied to every tensor in it (tuples, lists, dicts nest)."""
+    if isinstance(batch, torch.Tensor):
+        return function(batch)
+    if isinstance(batch, (list, tuple)):
+        moved = [apply_to_tensors(item, function) for item in batch]
+        if hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return type(batch)(moved)
+    if isinstance(batch, dict):
+        return type(batch)((key, apply_to_tensors(value, function)) for key, value in batch.items())
+    return batch
+
+
+def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    return apply_to_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+_LOADER_ARGS = [
+    p for p in inspect.signature(DataLoader.__init__).parameters if p not in ("self", "dataset")
+]
+
+
+def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
+    """A new DataLoader like ``loader`` with ``changes`` applied (``sampler=``, ``pin_memory=``,
+    ``num_workers=``, ...). The way plugins change a dataloader in ``prepare_dataloader``.
+
+    Replacing the ``sampler`` keeps the batch size and ``drop_last`` of the loader's batch
+    sampler; a loader with a custom ``batch_sampler`` can't take a new ``sampler`` (a ValueError
+    says so).
+    """
+    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    batch_sampler = kwargs.pop("batch_sampler", None)
+    custom_batches = batch_sampler is not None and type(batch_sampler) is not BatchSampler
+    if custom_batches:
+        if "sampler" in changes:
+            raise ValueError(
+                f"the dataloader uses a custom batch sampler ({type(batch_sampler).__name__}); "
+                f"its sampler can't be replaced. Give the DataLoader a plain sampler, or build "
+                f"the per-process sampling into your batch sampler."
+            )
+        kwargs.update(batch_sampler=batch_sampler, batch_size=1, shuffle=None, drop_last=False)
+        kwargs.pop("sampler", None)
+    elif batch_sampler is not None:
+        kwargs["batch_size"] = batch_sampler.batch_size
+        kwargs["drop_last"] = batch_sampler.drop_last
+    kwargs.pop("shuffle", None)
+    if kwargs.get("num_workers", 0) == 0 and "num_workers" not in changes:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    kwargs.update(changes)
+    if changes.get("num_workers", kwargs.get("num_workers", 0)) == 0:
+        kwargs["prefetch_factor"] = None
+        kwargs["persistent_workers"] = False
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def is_shuffled(loader: DataLoader) -> bool:
+    sampler = getattr(loader, "sampler", None)
+    return isinstance(sampler, RandomSampler) and not isinstance(sampler, SequentialSampler)

@@ -1,0 +1,256 @@
+"""The training and validation loops: epochs, batches, accumulation, validation, stopping, resume.
+
+Hot-path rules kept here: per batch, a fixed handful of hook calls and no host-device sync. The
+loss is kept as a tensor in a window that is checked for NaN/Inf (one sync) only at check points:
+every ``log_every_n_steps`` optimizer steps, after each validation, at the end of each epoch and
+before every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from ptrain import checkpoint_io
+from ptrain.errors import ConfigError, NonFiniteLossError
+
+if TYPE_CHECKING:
+    from ptrain.trainer import Trainer
+
+
+def _limit(total: float, limit: int | float) -> float:
+    if isinstance(limit, float):
+        return total if limit == 1.0 else (math.inf if math.isinf(total) else int(total * limit))
+    return min(total, limit)
+
+
+def _length(loader: Any) -> float:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        return math.inf
+
+
+def check_losses_finite(trainer: Trainer) -> None:
+    """Raise :class:`NonFiniteLossError` naming the first non-finite loss since the last check."""
+    window = trainer.loss_window
+    if not window:
+        return
+    losses = torch.stack([loss.float().reshape(()) for _, _, _, loss in window])
+    finite = torch.isfinite(losses)
+    if bool(finite.all()):
+        window.clear()
+        return
+    first = int((~finite).nonzero()[0, 0])
+    epoch, batch_idx, step, loss = window[first]
+    window.clear()
+    saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None
+    kept = (f" The last checkpoint written, {str(saved)!r}, was saved before that and is kept."
+            if saved is not None and saved.exists() else " No checkpoint was written over.")
+    raise NonFiniteLossError(
+        f"the training loss became {float(loss)} at epoch {epoch}, batch {batch_idx} (global step "
+        f"{step}); training stopped.{kept} Lower the learning rate, clip gradients "
+        f"(--gradient-clip-val), or check the data of that batch."
+    )
+
+
+def run_validation(trainer: Trainer) -> None:
+    """One validation pass over ``trainer.val_dataloader``, then ``on_validation_end``."""
+    loader = trainer.val_dataloader
+    if loader is None or trainer.limit_val_batches == 0:
+        return
+    hook = trainer.hook
+    num_batches = _limit(_length(loader), trainer.limit_val_batches)
+    trainer.num_val_batches = num_batches
+    previous_stage, trainer.stage = trainer.stage, "validate"
+    modes = [(m, m.training) for m in trainer.model.modules()]
+    trainer.model.eval()
+    try:
+        with torch.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                if batch_idx >= num_batches:
+                    break
+                batch = hook.transfer_batch(trainer=trainer, batch=batch)
+                hook.model_step(trainer=trainer, stage="validate", batch=batch,
+                                batch_idx=batch_idx)
+    finally:
+        for module, mode in modes:
+            module.training = mode
+        trainer.stage = previous_stage
+    trainer.metrics.publish_epoch("validate")
+    hook.on_validation_end(trainer=trainer)
+
+
+class FitLoop:
+    """Runs epochs until a limit or an agreed stop; resumes from ``checkpoint`` exactly."""
+
+    def __init__(self, trainer: Trainer, checkpoint: dict[str, Any] | None):
+        self.trainer = trainer
+        self.hook = trainer.hook
+        self.accumulate = trainer.accumulate_grad_batches
+        self.automatic = bool(getattr(trainer.module, "automatic_optimization", True))
+        self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
+        trainer.num_training_batches = self.num_batches
+        self.val_interval = self._val_interval()
+        self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
+        self.epoch_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "epoch"]
+        self.last_published = 0
+        trainer.loss_window = []
+        self.resume_rng: dict[str, Any] | None = None
+        state = {"epoch": 0, "batch": 0, "epoch_rng": None, "elapsed_before": 0.0}
+        if checkpoint is not None:
+            loop = checkpoint["loop"]
+            state.update(epoch=loop["epoch"], batch=loop["batch"], epoch_rng=loop["epoch_rng"],
+                         elapsed_before=loop["elapsed"])
+            trainer.global_step = self.last_published = loop["global_step"]
+            self.resume_rng = checkpoint["rng"]
+        trainer.loop_state = state
+
+    def _val_interval(self) -> float:
+        t = self.trainer
+        interval = t.val_check_interval
+        if isinstance(interval, float):
+            return math.inf if math.isinf(self.num_batches) else max(
+                1, int(self.num_batches * interval))
+        if interval > self.num_batches:
+            raise ConfigError(f"val_check_interval ({interval}) is more than the number of "
+                              f"training batches per epoch ({self.num_batches}); use a smaller "
+                              f"count, or a fraction such as 0.5.")
+        return interval
+
+    # -- epochs ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        t = self.trainer
+        t.should_stop = False
+        t.model.train()
+        while not self._limits_reached():
+            stopped_early = self.run_epoch()
+            if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
+                break
+
+    def _limits_reached(self) -> bool:
+        t = self.trainer
+        epoch = t.loop_state["epoch"]
+        return ((t.max_epochs is not None and epoch >= t.max_epochs)
+                or (t.max_steps is not None and t.global_step >= t.max_steps))
+
+    def _minimums_met(self, epoch_done: bool) -> bool:
+        t = self.trainer
+        epochs_done = t.current_epoch + (1 if epoch_done else 0)
+        return ((t.min_epochs is None or epochs_done >= t.min_epochs)
+                and (t.min_steps is None or t.global_step >= t.min_steps))
+
+    def _batches(self, start: int) -> Iterator[tuple[int, Any]]:
+        """The epoch's batches from ``start``; a mid-epoch resume replays the generator states so
+        the remaining batches (and every random draw after them) are those of an unbroken run."""
+        t = self.trainer
+        state = t.loop_state
+        if start == 0:
+            state["epoch_rng"] = checkpoint_io.capture_rng_states()
+        elif start < self.num_batches:
+            checkpoint_io.restore_rng_states(state["epoch_rng"])
+        if self.resume_rng is not None and start >= self.num_batches:
+            checkpoint_io.restore_rng_states(self.resume_rng)
+            self.resume_rng = None
+            return
+        iterator = iter(t.train_dataloader)
+        for _ in range(start):  # fetch and drop the batches the checkpointed run already used
+            next(iterator)
+        if self.resume_rng is not None:
+            checkpoint_io.restore_rng_states(self.resume_rng)
+            self.resume_rng = None
+        batch_idx = start
+        while batch_idx < self.num_batches:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            yield batch_idx, batch
+            batch_idx += 1
+
+    def run_epoch(self) -> bool:
+        """One epoch (or its rest, on resume); True when it ended before its last batch."""
+        t, hook, state = self.trainer, self.hook, self.trainer.loop_state
+        t.current_epoch = state["epoch"]
+        validate_this_epoch = (t.val_dataloader is not None and t.limit_val_batches != 0
+                               and (t.current_epoch + 1) % t.check_val_every_n_epoch == 0)
+        hook.on_epoch_start(trainer=t)
+        stopped_early = False
+        pending_grads = False
+        for batch_idx, batch in self._batches(state["batch"]):
+            loss = self.train_batch(batch, batch_idx)
+            pending_grads = self.automatic and not t.sync_gradients
+            state["batch"] = batch_idx + 1
+            ran_check = False
+            if t.global_step // t.log_every_n_steps > self.last_published // t.log_every_n_steps:
+                self.last_published = t.global_step
+                t.metrics.publish_step()
+                ran_check = True
+            if validate_this_epoch and (
+                    (batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == self.num_batches):
+                run_validation(t)
+                ran_check = True
+            if ran_check:
+                self.agree_on_stop()
+            hook.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx, loss=loss)
+            if t.max_steps is not None and t.global_step >= t.max_steps:
+                stopped_early = state["batch"] < self.num_batches
+                break
+            if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
+                stopped_early = state["batch"] < self.num_batches
+                break
+        if pending_grads and not stopped_early:  # an epoch shorter than its declared length
+            self._step_optimizers()
+        t.metrics.publish_step()
+        t.metrics.publish_epoch("train")
+        if not stopped_early:
+            for entry in self.epoch_schedulers:
+                if (t.current_epoch + 1) % entry["frequency"] == 0:
+                    entry["scheduler"].step()
+            state.update(epoch=t.current_epoch + 1, batch=0, epoch_rng=None)
+        hook.on_epoch_end(trainer=t)
+        self.agree_on_stop()
+        return stopped_early
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def train_batch(self, batch: Any, batch_idx: int) -> Any:
+        t, hook = self.trainer, self.hook
+        t.batch_idx = batch_idx
+        t.sync_gradients = ((batch_idx + 1) % self.accumulate == 0
+                            or batch_idx + 1 == self.num_batches)
+        batch = hook.transfer_batch(trainer=t, batch=batch)
+        output = hook.model_step(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
+        loss = output["loss"] if isinstance(output, dict) else output
+        if loss is None:  # the module skipped this batch
+            return None
+        t.loss_window.append((t.current_epoch, batch_idx, t.global_step, loss.detach()))
+        if self.automatic:
+            hook.backward(trainer=t, loss=loss / self.accumulate if self.accumulate > 1 else loss)
+            if t.sync_gradients:
+                self._step_optimizers()
+        return loss
+
+    def _step_optimizers(self) -> None:
+        t = self.trainer
+        for optimizer in t.optimizers:
+            t.run_optimizer_step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        for entry in self.step_schedulers:
+            if t.global_step % entry["frequency"] == 0:
+                entry["scheduler"].step()
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    def agree_on_stop(self) -> None:
+        """Check the losses, then agree across processes on ``should_stop`` and ``max_time``."""
+        t = self.trainer
+        check_losses_finite(t)
+        time_up = t.max_time is not None and t._elapsed() >= t.max_time
+        flags = torch.tensor([float(t.should_stop), float(time_up)], device=t.device)
+        reduced = t.hook.reduce_metrics(trainer=t, metrics={"flags": flags}, op="max")["flags"]
+        stop, time_up = (bool(v) for v in reduced.tolist())
+        t.should_stop = stop or time_up

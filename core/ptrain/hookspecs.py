@@ -1,0 +1,455 @@
+"""The ptrain hook specification: the whole training loop, as the contract plugins implement.
+
+A plugin is an object (a class instance or a module) whose methods carry ``@ptrain.hookimpl``.
+Every hook receives ``trainer`` among its arguments; an implementation declares only the arguments
+it uses (pluggy's opt-in arguments), so a hook can gain an argument later without breaking anyone.
+The core calls hooks with keyword arguments only.
+
+The loop, with every hook where it fires (``fit``; ``validate`` runs the validation part alone)::
+
+    # once, on the plugin *class or module*, before anything is instantiated
+    add_options(options)                           # declare flags and config keys
+    check_available()                              # `ptrain plugins --check`, `--accelerator auto`
+
+    result = launch(trainer, function)             # strategy may start processes; None: run here
+    function():                                    # in every process
+        trainer.device = setup_device(trainer)     # accelerator; strategies wrap it (ranks, groups)
+        trainer.precision_policy = precision_policy(trainer)
+        trainer.model = wrap_model(trainer, model=StepModule(trainer.module))   # on the CPU
+        trainer.optimizers = [wrap_optimizer(trainer, optimizer) for each optimizer]
+        train_loader = prepare_dataloader(trainer, dataloader, stage="train")
+        val_loader = prepare_dataloader(trainer, dataloader, stage="validate")
+        checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
+        load_state_dict(trainer, state)                    # each plugin, its own saved state
+        setup(trainer, stage="fit")
+        while not stopped:
+            on_epoch_start(trainer)
+            for batch_idx, batch in train_loader:
+                batch = transfer_batch(trainer, batch)
+                loss = model_step(trainer, stage="train", batch, batch_idx)  # forward + loss
+                backward(trainer, loss)
+                if trainer.sync_gradients:                   # end of an accumulation window
+                    on_before_optimizer_step(trainer, optimizer)
+                    clip_gradients(trainer, optimizer)       # only when clipping is configured
+                    optimizer_step(trainer, optimizer)
+                    optimizer.zero_grad(set_to_none=True); schedulers with interval "step"
+                every log_every_n_steps and at the end of each epoch / validation:
+                    metrics = reduce_metrics(trainer, metrics, op="mean")
+                    log_metrics(trainer, metrics, step)
+                if validation is due: run validation (below)
+                on_train_batch_end(trainer, batch, batch_idx, loss)
+            [validation, if due at the end of this epoch]
+            schedulers with interval "epoch"
+            on_epoch_end(trainer)
+        teardown(trainer, stage="fit")                     # always, also after an error
+
+    validation:
+        model.eval(); with torch.no_grad():
+            for batch_idx, batch in val_loader:
+                batch = transfer_batch(trainer, batch)
+                model_step(trainer, stage="validate", batch, batch_idx)
+        on_validation_end(trainer)                         # epoch-level val metrics are ready
+
+    trainer.save_checkpoint(path):                         # called by the checkpoint callback
+        state_dict(trainer)                                # each plugin, stored under its name
+        save_checkpoint(trainer, checkpoint, path)
+
+Result semantics, stated on every hook:
+
+- **firstresult**: implementations are called in order until one returns something other than
+  ``None``; that value is the result and the rest are skipped. For hooks that *do* something
+  (``backward``, ``optimizer_step``, ``clip_gradients``) an implementation returns ``True`` once it
+  has done it. The core registers a default implementation last, so a plugin takes over by
+  returning a value, and the default runs only when nobody did.
+- **all**: every implementation is called; results are collected in a list (usually ignored).
+- **per plugin**: the core calls each plugin's implementation on its own, with arguments scoped to
+  that plugin (its option group, its saved state).
+
+Order: pluggy calls the most recently registered plugin first. ptrain registers the core's
+defaults, then the accelerator, the precision, the strategy, and the callbacks in the order they
+were given; so the default order is *callbacks, strategy, precision, accelerator, core defaults*
+(a sharding engine's backward wins over a loss scaler's, which wins over plain ``loss.backward()``).
+``tryfirst=True`` / ``trylast=True`` move an implementation to the front or the back. Wrappers
+(``@hookimpl(wrapper=True)``) run code around all the other implementations of a hook and may
+change its result: the way to transform what another plugin produces (a model, a dataloader).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:  # the contract names torch types without importing torch at import time
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from ptrain.options import OptionGroup
+    from ptrain.precision_policy import PrecisionPolicy
+    from ptrain.trainer import Trainer
+
+PROJECT_NAME = "ptrain"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --------------------------------------------------------------------------------------------------
+# Declaration: called on the plugin class or module, before it is instantiated.
+
+
+@hookspec
+def add_options(options: OptionGroup) -> None:
+    """Declare the plugin's options: its command-line flags and config keys.
+
+    Fires: once per plugin, when the CLI or ``Trainer`` resolves its configuration, before the
+    plugin is instantiated. On a class it must be a ``@staticmethod`` (there is no instance yet).
+
+    :param options: the group for this plugin alone. ``options.add("patience", int, default=3,
+        help=...)`` declares the flag ``--early-stopping-patience`` (the plugin's name, then the
+        option's, with ``-``), the config key ``patience`` in the table ``[plugins.early-stopping]``,
+        and the keyword argument ``patience`` the class is instantiated with.
+
+    Result: per plugin; the return value is ignored. Implemented by: any plugin that has options.
+    """
+
+
+@hookspec
+def check_available() -> str | None:
+    """Say whether the plugin can run on this machine.
+
+    Fires: when ``ptrain plugins --check`` lists the plugin, when ``--accelerator auto`` chooses
+    one, and when the plugin is selected (an unavailable selected plugin is a usage error). Like
+    ``add_options`` it is called on the class or module (a ``@staticmethod`` on a class). It must
+    be cheap and must not initialise a device.
+
+    Result: per plugin; ``None`` when it can run, else one line saying why not and what to do
+    (``"torch_xla is not installed: pip install torch_xla"``). Implemented by: accelerators
+    chiefly; any plugin with requirements.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Start-up and teardown.
+
+
+@hookspec(firstresult=True)
+def launch(trainer: Trainer, function: Callable[[], Any]) -> Any:
+    """Run ``function`` in every process the strategy needs and return rank 0's result.
+
+    Fires: once per ``fit``/``validate``, before any other loop hook. ``function`` runs the whole
+    stage (``setup_device`` onward) in the calling process. A strategy that needs several
+    processes starts them here (or detects that a launcher such as ``torchrun`` already did and
+    returns ``None``).
+
+    Result: firstresult; ``None`` means "run ``function()`` here", which the core then does.
+    Implemented by: strategies.
+    """
+
+
+@hookspec(firstresult=True)
+def setup_device(trainer: Trainer) -> torch.device:
+    """Choose and initialise the device this process trains on.
+
+    Fires: once per process, first thing inside the launched function. Strategies implement it as
+    a wrapper: before ``yield`` they set ``trainer.global_rank``, ``trainer.local_rank`` and
+    ``trainer.world_size`` (the accelerator reads ``local_rank`` to pick its device); after it they
+    create the process group on the device that came back.
+
+    Result: firstresult; the ``torch.device``, stored as ``trainer.device``.
+    Implemented by: accelerators (strategies as wrappers).
+    """
+
+
+@hookspec(firstresult=True)
+def precision_policy(trainer: Trainer) -> PrecisionPolicy:
+    """Describe the numeric formats of the run, for the strategy and other plugins to honour.
+
+    Fires: once per process, after ``setup_device`` and before ``wrap_model``. The result is stored
+    as ``trainer.precision_policy``; a sharding strategy reads it to build its own mixed-precision
+    settings instead of fighting the precision plugin.
+
+    Result: firstresult; a :class:`ptrain.PrecisionPolicy`. Implemented by: precision plugins.
+    """
+
+
+@hookspec(firstresult=True)
+def wrap_model(trainer: Trainer, model: nn.Module) -> nn.Module:
+    """Return the model to train: ``model`` itself, or a wrapper (DDP, FSDP) around it.
+
+    Fires: once per process, after ``precision_policy``, with ``model`` still where the user built
+    it (usually the CPU): placing it on ``trainer.device`` is the strategy's job. ``model`` is a :class:`ptrain.StepModule` around the user's module, whose
+    ``forward(stage, batch, batch_idx)`` runs ``training_step``/``validation_step``, so a wrapper
+    that hooks ``forward`` (DDP, FSDP) sees every step. Plugins that change the model in place
+    before the strategy wraps it (casting to a dtype, activation checkpointing) implement this as a
+    wrapper and work before ``yield``; plugins that wrap the strategy's result (``torch.compile``)
+    work after it.
+
+    Result: firstresult; the model, stored as ``trainer.model``. Implemented by: strategies
+    (precision and callbacks as wrappers). Default: ``model`` moved to ``trainer.device``.
+    """
+
+
+@hookspec(firstresult=True)
+def wrap_optimizer(trainer: Trainer, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Return the optimizer to use: ``optimizer`` itself or one that replaces it (ZeRO).
+
+    Fires: once per optimizer returned by ``configure_optimizers``, after ``wrap_model`` (so the
+    optimizer was built over the wrapped model's parameters). Learning-rate schedulers bound to a
+    replaced optimizer are re-bound to its replacement by the core.
+
+    Result: firstresult; stored in ``trainer.optimizers``. Implemented by: strategies. Default:
+    ``optimizer`` unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def prepare_dataloader(trainer: Trainer, dataloader: DataLoader, stage: str) -> DataLoader:
+    """Return the dataloader to iterate for ``stage`` (``"train"`` or ``"validate"``).
+
+    Fires: once per dataloader per run, after ``wrap_model``. Plugins that change a dataloader (a
+    distributed sampler, pinned memory, more workers) implement this as a wrapper: they take the
+    result of ``yield`` and return a new loader built with :func:`ptrain.data.rebuild_dataloader`,
+    so each change composes with the others.
+
+    Result: firstresult; the dataloader. Implemented by: strategies, accelerators and callbacks, as
+    wrappers. Default: ``dataloader`` unchanged.
+    """
+
+
+@hookspec
+def setup(trainer: Trainer, stage: str) -> None:
+    """Prepare the plugin for a stage; everything is in place.
+
+    Fires: once per process per ``fit``/``validate`` (``stage`` is ``"fit"`` or ``"validate"``),
+    after models, optimizers and dataloaders are ready and a checkpoint (if any) is restored, just
+    before the first epoch.
+
+    Result: all. Implemented by: any plugin.
+    """
+
+
+@hookspec
+def teardown(trainer: Trainer, stage: str) -> None:
+    """Release what ``setup`` took; always fires, also when the run ended with an error.
+
+    Fires: once per process at the end of ``fit``/``validate``. ``trainer.exception`` is the error
+    that ended the run, or ``None``.
+
+    Result: all. Implemented by: any plugin.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Per step. Each of these fires once per batch: implementations must not sync the host with the
+# device (no ``.item()``, no printing of tensors).
+
+
+@hookspec(firstresult=True)
+def transfer_batch(trainer: Trainer, batch: Any) -> Any:
+    """Move a batch to ``trainer.device``.
+
+    Fires: once per training and validation batch, before ``model_step``.
+
+    Result: firstresult; the batch on the device. Implemented by: accelerators.
+    """
+
+
+@hookspec(firstresult=True)
+def model_step(trainer: Trainer, stage: str, batch: Any, batch_idx: int) -> Any:
+    """Run the forward pass and the loss for one batch.
+
+    Fires: once per batch: ``stage="train"`` for training batches (under autograd), ``"validate"``
+    for validation batches (under ``torch.no_grad``). The default implementation calls
+    ``trainer.model(stage, batch, batch_idx)``, i.e. the module's ``training_step`` or
+    ``validation_step`` through any wrapper ``wrap_model`` put around it.
+
+    Wrappers put contexts around the forward pass: a precision plugin's autocast; a strategy's
+    skipping of gradient synchronisation while ``trainer.sync_gradients`` is ``False``.
+
+    Result: firstresult; what the module's step returned. Implemented by: the core (precision and
+    strategies as wrappers).
+    """
+
+
+@hookspec(firstresult=True)
+def backward(trainer: Trainer, loss: torch.Tensor) -> bool | None:
+    """Compute gradients of ``loss`` (already divided by the accumulation factor).
+
+    Fires: once per training batch after ``model_step``, and for each ``manual_backward`` call of
+    a module that optimizes manually.
+
+    Result: firstresult; return ``True`` once the backward pass is done. Implemented by: precision
+    plugins (loss scaling) and strategies (engines with their own backward). Default:
+    ``loss.backward()``.
+    """
+
+
+@hookspec
+def on_before_optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """Gradients are complete and about to be clipped and applied.
+
+    Fires: once per optimizer step, before ``clip_gradients``. A loss-scaling precision plugin
+    unscales the gradients here (with ``tryfirst=True``, so that every other implementation sees
+    true gradients); callbacks may inspect or change gradients.
+
+    Result: all. Implemented by: precision plugins and callbacks.
+    """
+
+
+@hookspec(firstresult=True)
+def clip_gradients(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool | None:
+    """Clip the gradients of ``optimizer``'s parameters.
+
+    Fires: once per optimizer step, only when ``trainer.gradient_clip_val`` is set, with
+    ``trainer.gradient_clip_algorithm`` ``"norm"`` or ``"value"``.
+
+    Result: firstresult; return ``True`` once clipped. Implemented by: strategies whose gradients
+    are sharded. Default: ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``.
+    """
+
+
+@hookspec(firstresult=True)
+def optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool | None:
+    """Apply the gradients: step ``optimizer``.
+
+    Fires: once per optimizer step (at the end of each accumulation window, and at the end of an
+    epoch whose last window is incomplete), after ``clip_gradients``. The core then zeroes the
+    gradients with ``set_to_none=True``.
+
+    Result: firstresult; return ``True`` once stepped (also when the step was deliberately
+    skipped, e.g. on a gradient overflow). Implemented by: precision plugins (a gradient scaler)
+    and accelerators (XLA). Default: ``optimizer.step()``.
+    """
+
+
+@hookspec
+def on_train_batch_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor) -> None:
+    """A training batch is done (and the validation due after it, if any).
+
+    Fires: once per training batch, after the optimizer step and any validation it triggered.
+    ``trainer.global_step`` counts the optimizer steps taken so far. A checkpoint written here
+    resumes exactly after this batch.
+
+    Result: all. Implemented by: callbacks (progress, step-based checkpointing, timers).
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Per epoch and per validation.
+
+
+@hookspec
+def on_epoch_start(trainer: Trainer) -> None:
+    """A training epoch begins (``trainer.current_epoch`` is its index).
+
+    Fires: once per training epoch, before its dataloader iterator is created (set a sampler's
+    epoch here).
+
+    Result: all. Implemented by: strategies and callbacks.
+    """
+
+
+@hookspec
+def on_epoch_end(trainer: Trainer) -> None:
+    """A training epoch is done; its epoch-level metrics are in ``trainer.callback_metrics``.
+
+    Fires: once per training epoch, after the epoch's last batch, after the validation due at the
+    end of the epoch and after epoch-interval schedulers stepped. ``trainer.current_epoch`` is
+    still the index of the epoch that ended. Set ``trainer.should_stop`` to stop.
+
+    Result: all. Implemented by: callbacks.
+    """
+
+
+@hookspec
+def on_validation_end(trainer: Trainer) -> None:
+    """A validation run is done; its metrics are in ``trainer.callback_metrics``, reduced.
+
+    Fires: after every validation run (within ``fit`` and in ``validate``), with the model back in
+    training mode. Set ``trainer.should_stop`` to stop.
+
+    Result: all. Implemented by: callbacks (early stopping, best-model checkpointing).
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics.
+
+
+@hookspec(firstresult=True)
+def reduce_metrics(
+    trainer: Trainer, metrics: dict[str, torch.Tensor], op: str
+) -> dict[str, torch.Tensor]:
+    """Reduce metric tensors across processes.
+
+    Fires: on every process at the same points (the core's publish points: every
+    ``log_every_n_steps`` steps, after each validation, at the end of each epoch, and to agree on
+    stopping), so an implementation may run collectives. ``op`` is ``"mean"``, ``"sum"`` or
+    ``"max"``.
+
+    Result: firstresult; a dict with the same keys. Implemented by: strategies. Default: the
+    metrics unchanged (one process).
+    """
+
+
+@hookspec
+def log_metrics(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+    """Write metrics (already reduced and turned into numbers) at ``step``.
+
+    Fires: at the core's publish points (every ``log_every_n_steps`` optimizer steps, after each
+    validation, at the end of each epoch), on every process: write only where
+    ``trainer.is_global_zero``.
+
+    Result: all. Implemented by: loggers.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints.
+
+
+@hookspec
+def state_dict(trainer: Trainer) -> dict[str, Any] | None:
+    """Return this plugin's state to store in a checkpoint (tensors and plain Python values only).
+
+    Fires: per plugin, each time a checkpoint is assembled; the result is stored under the
+    plugin's name and handed back to its ``load_state_dict`` on resume.
+
+    Result: per plugin; ``None`` stores nothing. Implemented by: stateful plugins.
+    """
+
+
+@hookspec
+def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Restore what this plugin's ``state_dict`` returned.
+
+    Fires: per plugin, when a run resumes from a checkpoint that holds state under its name, after
+    the model and optimizers are restored and before ``setup``.
+
+    Result: per plugin. Implemented by: stateful plugins.
+    """
+
+
+@hookspec(firstresult=True)
+def save_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool | None:
+    """Write ``checkpoint`` to ``path``; called on every process.
+
+    Fires: each time ``trainer.save_checkpoint(path)`` is called. The default writes on global
+    rank 0 only, atomically (temporary file, fsync, rename). A sharding strategy writes its shards
+    instead; a multi-process strategy adds a barrier after the write (as a wrapper).
+
+    Result: firstresult; return ``True`` once written. Implemented by: strategies.
+    """
+
+
+@hookspec(firstresult=True)
+def load_checkpoint(trainer: Trainer, path: str) -> dict[str, Any] | None:
+    """Read a checkpoint written by ``save_checkpoint``.
+
+    Fires: once per process when a run resumes (``ckpt_path``), after the model and optimizers are
+    set up. The default reads the file with ``torch.load(weights_only=True)``.
+
+    Result: firstresult; the checkpoint dict. Implemented by: strategies.
+    """

@@ -1,0 +1,149 @@
+"""Importing, declaring, instantiating and registering plugins.
+
+What an entry point may refer to (the contract):
+
+- a **class**: the core calls its ``add_options`` (a ``@staticmethod``) to learn its options, then
+  instantiates it with the resolved options as keyword arguments, and registers the instance;
+- a **module** whose functions carry ``@ptrain.hookimpl`` (pluggy's convention): registered as it
+  is; a module takes no options (make the entry point a class to have some);
+- any other **object** with ``@ptrain.hookimpl`` methods: registered as it is, without options.
+
+``add_options`` and ``check_available`` are called on the class or module itself, once per plugin,
+before anything is instantiated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any, Callable
+
+import pluggy
+
+from ptrain import hookspecs
+from ptrain.catalog import PluginInfo
+from ptrain.errors import PluginError
+from ptrain.options import OptionGroup, closest
+
+IMPL_MARK = f"{hookspecs.PROJECT_NAME}_impl"  # the attribute pluggy's HookimplMarker sets
+DECLARATION_HOOKS = ("add_options", "check_available")
+SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
+HOOK_NAMES = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), SPEC_MARK))
+
+
+def import_target(info: PluginInfo) -> Any:
+    """Import what the entry point refers to; any failure is a :class:`PluginError` naming the
+    distribution, never a traceback."""
+    module_name, _, attribute = info.target.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name.strip())
+        for part in filter(None, attribute.strip().split(".")):
+            target = getattr(target, part)
+    except Exception as exc:  # a broken plugin can raise anything while importing
+        raise PluginError(
+            f"{info.label} failed to import: {type(exc).__name__}: {exc}. Fix or reinstall "
+            f"{info.distribution}, or leave it out of this run (`-p no:{info.name}` keeps a "
+            f"callback from being imported)."
+        ) from exc
+    return target
+
+
+def plugin_label(target: Any) -> str:
+    if isinstance(target, ModuleType):
+        return target.__name__
+    cls = target if inspect.isclass(target) else type(target)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _declaration(target: Any, hook_name: str, owner: str) -> Callable[..., Any] | None:
+    """The ``add_options``/``check_available`` implementation of a class or module, if any."""
+    function = getattr(target, hook_name, None)
+    if function is None or not hasattr(function, IMPL_MARK):
+        return None
+    if inspect.isclass(target) and not isinstance(
+        inspect.getattr_static(target, hook_name), (staticmethod, classmethod)
+    ):
+        raise PluginError(
+            f"plugin {owner!r} ({plugin_label(target)}) implements {hook_name} as an instance "
+            f"method; make it a @staticmethod: it is called before the class is instantiated."
+        )
+    return function
+
+
+def _call_opt_in(function: Callable[..., Any], **available: Any) -> Any:
+    """Call with the arguments the implementation declares (pluggy's opt-in arguments)."""
+    wanted = inspect.signature(function).parameters
+    return function(**{name: value for name, value in available.items() if name in wanted})
+
+
+def declare_options(target: Any, owner: str) -> OptionGroup:
+    """The options plugin ``owner`` declares through its ``add_options`` hook."""
+    group = OptionGroup(owner)
+    function = _declaration(target, "add_options", owner)
+    if function is not None:
+        if not inspect.isclass(target):
+            raise PluginError(
+                f"plugin {owner!r} ({plugin_label(target)}) declares options but is not a class; "
+                f"only a class can receive options (as keyword arguments when it is instantiated)."
+            )
+        _call_opt_in(function, options=group)
+    return group
+
+
+def check_available(target: Any, owner: str) -> str | None:
+    """The plugin's own answer to "can you run here?": ``None``, or the reason it can't."""
+    function = _declaration(target, "check_available", owner)
+    if function is None:
+        return None
+    try:
+        return _call_opt_in(function)
+    except Exception as exc:  # an availability check must never take the caller down
+        return f"its availability check raised {type(exc).__name__}: {exc}"
+
+
+def instantiate(target: Any, owner: str, options: dict[str, Any]) -> Any:
+    """The plugin object to register: ``target(**options)`` for a class, else ``target`` itself."""
+    if not inspect.isclass(target):
+        return target
+    try:
+        return target(**options)
+    except TypeError as exc:
+        raise PluginError(
+            f"plugin {owner!r} ({plugin_label(target)}) could not be created with its declared "
+            f"options {sorted(options)}: {exc}. Its __init__ must accept every option its "
+            f"add_options declares."
+        ) from exc
+
+
+def create_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
+    """Register ``plugin`` under ``name``; a hook signature that does not match the specification,
+    or an implementation of a hook that does not exist (a typo), is a :class:`PluginError`."""
+    try:
+        pm.register(plugin, name=name)
+    except (pluggy.PluginValidationError, ValueError) as exc:
+        raise PluginError(f"plugin {name!r} ({plugin_label(plugin)}) is invalid: {exc}") from exc
+    for attr in dir(plugin):
+        if attr.startswith("_") or attr in HOOK_NAMES:
+            continue
+        if hasattr(getattr(plugin, attr, None), IMPL_MARK):
+            pm.unregister(plugin)
+            raise PluginError(
+                f"plugin {name!r} ({plugin_label(plugin)}) implements {attr!r}, which is not a "
+                f"ptrain hook.{closest(attr, HOOK_NAMES)} See docs/hooks.md for the hook "
+                f"specification."
+            )
+
+
+def call_per_plugin(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[str, Any]:
+    """Call each plugin's implementation of ``hook_name`` on its own; results keyed by plugin."""
+    results = {}
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        results[impl.plugin_name] = impl.function(**{a: kwargs[a] for a in impl.argnames})
+    return results

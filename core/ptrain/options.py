@@ -1,0 +1,194 @@
+"""Options: what the core and each plugin declare, and how a value from a flag or a config file is
+checked and converted.
+
+An option has one name (a Python identifier) that serves three ways:
+the keyword argument (``Trainer(max_epochs=3)``, or a plugin class's ``__init__``), the config key
+(``max_epochs = 3`` in ``[trainer]`` or in ``[plugins.NAME]``), and the flag (``--max-epochs``, or
+``--NAME-key`` for a plugin's option). This module imports neither torch nor any plugin.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ptrain.errors import ConfigError
+
+Converter = Callable[[Any], Any]
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def to_int(value: Any) -> int:
+    """An integer, from an int or from text such as ``"3"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {_describe(value)}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected an integer, got {_describe(value)}")
+
+
+def to_float(value: Any) -> float:
+    """A number, from an int, a float or text such as ``"0.5"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {_describe(value)}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected a number, got {_describe(value)}")
+
+
+def to_int_or_float(value: Any) -> int | float:
+    """An int (a count) or a float (a fraction): ``"10"`` is 10 batches, ``"0.25"`` a quarter."""
+    if isinstance(value, str) and not any(c in value for c in ".eE"):
+        return to_int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return to_float(value)
+
+
+def to_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"expected text, got {_describe(value)}")
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"expected true or false, got {_describe(value)}")
+
+
+def to_str_list(value: Any) -> list[str]:
+    """A list of text: a TOML array, or comma-separated text on the command line."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(f"expected a list of text, got {_describe(value)}")
+
+
+CONVERTERS: dict[Any, Converter] = {int: to_int, float: to_float, str: to_str, bool: to_bool}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared option. ``type`` converts a raw value (text from a flag, or a TOML value) or
+    raises ``ValueError`` with a message; ``None`` is always accepted for an optional value."""
+
+    name: str
+    type: Converter
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    required: bool = False
+    owner: str = "trainer"  # "trainer" for the core's own options, else the plugin's name
+    flag: str = ""
+
+    def convert(self, value: Any, source: str) -> Any:
+        """Return ``value`` converted, or raise :class:`ConfigError` naming ``source``."""
+        if value is None:
+            if self.required:
+                raise ConfigError(f"{self.describe()} is required ({source}): {self.help}")
+            return None
+        try:
+            converted = self.type(value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid value for {self.describe()} ({source}): {exc}.") from None
+        if self.choices is not None and converted not in self.choices:
+            valid = ", ".join(str(c) for c in self.choices)
+            hint = closest(str(converted), [str(c) for c in self.choices])
+            raise ConfigError(
+                f"invalid value {converted!r} for {self.describe()} ({source}); valid choices: "
+                f"{valid}.{hint}"
+            )
+        return converted
+
+    def describe(self) -> str:
+        table = "[trainer]" if self.owner == "trainer" else f"[plugins.{self.owner}]"
+        return f"{self.flag} (config key {self.name!r} in {table})"
+
+
+@dataclass
+class OptionGroup:
+    """The options of the core or of one plugin, as handed to a plugin's ``add_options`` hook."""
+
+    owner: str
+    options: dict[str, Option] = field(default_factory=dict)
+
+    def add(
+        self,
+        name: str,
+        type: Converter | type = str,
+        *,
+        default: Any = None,
+        help: str = "",
+        choices: Iterable[Any] | None = None,
+        required: bool = False,
+    ) -> None:
+        """Declare option ``name`` (a Python identifier) with a converter or one of ``int``,
+        ``float``, ``str``, ``bool``. Declaring a name twice is an error."""
+        if not name.isidentifier():
+            raise ConfigError(f"plugin {self.owner!r} declares option {name!r}, which is not a "
+                              f"Python identifier; use letters, digits and underscores.")
+        if name in self.options:
+            raise ConfigError(f"plugin {self.owner!r} declares option {name!r} twice.")
+        converter = CONVERTERS.get(type, type)
+        flag_stem = name.replace("_", "-")
+        flag = f"--{flag_stem}" if self.owner == "trainer" else f"--{self.owner}-{flag_stem}"
+        self.options[name] = Option(
+            name=name,
+            type=converter,
+            default=default,
+            help=help,
+            choices=tuple(choices) if choices is not None else None,
+            required=required,
+            owner=self.owner,
+            flag=flag,
+        )
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: opt.default for name, opt in self.options.items()}
+
+    def resolve(self, given: dict[str, Any], source: str) -> dict[str, Any]:
+        """Defaults overlaid with ``given`` (already-merged config and flags), every value checked.
+        Unknown keys are an error naming the closest valid key."""
+        for key in given:
+            if key not in self.options:
+                raise ConfigError(
+                    f"unknown option {key!r} for {self._where()} ({source}); valid keys: "
+                    f"{', '.join(sorted(self.options)) or '(none)'}."
+                    f"{closest(key, list(self.options))}"
+                )
+        resolved = {}
+        for name, opt in self.options.items():
+            value = given.get(name, opt.default)
+            resolved[name] = opt.convert(value, source if name in given else "default")
+        return resolved
+
+    def _where(self) -> str:
+        return "[trainer]" if self.owner == "trainer" else f"plugin {self.owner!r}"
+
+
+def closest(word: str, choices: Iterable[str]) -> str:
+    """A sentence naming the closest of ``choices`` to ``word``, or an empty string."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" Did you mean {match[0]!r}?" if match else ""

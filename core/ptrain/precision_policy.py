@@ -1,0 +1,27 @@
+"""What the active precision plugin tells the rest of the run about numeric formats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Returned by the ``precision_policy`` hook and stored as ``trainer.precision_policy``.
+
+    :param param_dtype: the dtype parameters are stored in (``bfloat16`` for ``bf16-true``).
+    :param compute_dtype: the dtype the forward pass computes in (the autocast dtype for a mixed
+        precision, else ``param_dtype``). A sharding strategy uses it as its own mixed-precision
+        setting, so precision and strategy plugins need not know each other.
+    :param reduce_dtype: the dtype gradients are reduced in across processes.
+    """
+
+    param_dtype: torch.dtype = torch.float32
+    compute_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.compute_dtype != self.param_dtype

@@ -1,0 +1,134 @@
+"""Which plugins a run uses: one accelerator, one strategy, one precision and any callbacks.
+
+Only the selected plugins are imported (plus, for ``--accelerator auto``, the installed
+accelerators), so a broken plugin never breaks a run that does not select it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ptrain.catalog import Catalog, PluginInfo
+from ptrain.config import DEFAULT_CALLBACKS
+from ptrain.errors import PluginError
+from ptrain.loading import check_available, declare_options, import_target
+from ptrain.options import OptionGroup
+
+BLOCK_PREFIX = "no:"
+
+
+@dataclass
+class SelectedPlugin:
+    """A plugin chosen for this run, imported but not yet instantiated (unless given as one)."""
+
+    kind: str
+    name: str
+    target: Any  # class, module, or a ready plugin object given from Python
+    info: PluginInfo | None  # None for an object given from Python
+    options: OptionGroup
+
+
+def object_name(plugin: Any) -> str:
+    """The name a plugin object given from Python is registered under: its ``name`` attribute,
+    else its class name in kebab case (``EarlyStopping`` -> ``early-stopping``)."""
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    cls = plugin if inspect.isclass(plugin) else type(plugin)
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
+
+
+def split_callbacks(entries: list[Any]) -> tuple[list[Any], set[str]]:
+    """``callbacks`` entries -> (enabled names and objects, blocked names). The defaults come
+    first, then the given entries in order; ``no:NAME`` blocks NAME wherever it came from."""
+    blocked = {e[len(BLOCK_PREFIX):] for e in entries
+               if isinstance(e, str) and e.startswith(BLOCK_PREFIX)}
+    enabled: list[Any] = []
+    for entry in [*DEFAULT_CALLBACKS, *entries]:
+        if isinstance(entry, str) and (entry.startswith(BLOCK_PREFIX) or entry in blocked
+                                       or entry in enabled):
+            continue
+        enabled.append(entry)
+    return enabled, blocked
+
+
+def _from_catalog(catalog: Catalog, kind: str, name: str) -> SelectedPlugin:
+    info = catalog.get(kind, name)
+    target = import_target(info)
+    return SelectedPlugin(kind, name, target, info, declare_options(target, name))
+
+
+def _require_available(plugin: SelectedPlugin) -> None:
+    reason = check_available(plugin.target, plugin.name)
+    if reason is not None:
+        raise PluginError(f"{plugin.kind} {plugin.name!r} can't run on this machine: {reason}")
+
+
+def _auto_accelerator(catalog: Catalog, blocked: set[str]) -> SelectedPlugin:
+    """The available accelerator with the highest declared ``priority`` (an attribute of the
+    plugin class or module; 0 when absent). Broken accelerators are skipped with a warning."""
+    best: tuple[int, SelectedPlugin] | None = None
+    for name in catalog.names("accelerator"):
+        if name in blocked:
+            continue
+        try:
+            plugin = _from_catalog(catalog, "accelerator", name)
+        except PluginError as exc:
+            warnings.warn(f"--accelerator auto skipped a broken plugin: {exc}", stacklevel=2)
+            continue
+        if check_available(plugin.target, name) is not None:
+            continue
+        priority = int(getattr(plugin.target, "priority", 0))
+        if best is None or priority > best[0]:
+            best = (priority, plugin)
+    if best is None:
+        raise PluginError("--accelerator auto found no accelerator that can run here; run "
+                          "`ptrain plugins --check` to see why each one can't.")
+    return best[1]
+
+
+def select_plugins(
+    catalog: Catalog, accelerator: Any, strategy: Any, precision: Any, callbacks: list[Any]
+) -> list[SelectedPlugin]:
+    """Import and return the plugins for a run, in registration order (accelerator, precision,
+    strategy, callbacks). Names come from the catalog; objects are taken as they are."""
+    enabled, blocked = split_callbacks(callbacks)
+    chosen = {"accelerator": accelerator, "strategy": strategy, "precision": precision}
+    selected: list[SelectedPlugin] = []
+    for kind in ("accelerator", "precision", "strategy"):
+        choice = chosen[kind]
+        if not isinstance(choice, str):
+            selected.append(SelectedPlugin(kind, object_name(choice), choice, None,
+                                           OptionGroup(object_name(choice))))
+            continue
+        if choice in blocked:
+            raise PluginError(f"{kind} {choice!r} is selected and blocked (no:{choice}) at once; "
+                              f"choose another {kind} or remove no:{choice}.")
+        if kind == "accelerator" and choice == "auto":
+            selected.append(_auto_accelerator(catalog, blocked))
+            continue
+        plugin = _from_catalog(catalog, kind, choice)
+        _require_available(plugin)
+        selected.append(plugin)
+    for entry in enabled:
+        if isinstance(entry, str):
+            plugin = _from_catalog(catalog, "callback", entry)
+            _require_available(plugin)
+            selected.append(plugin)
+        else:
+            name = object_name(entry)
+            selected.append(SelectedPlugin("callback", name, entry, None, OptionGroup(name)))
+    seen: dict[str, SelectedPlugin] = {}
+    for plugin in selected:
+        if plugin.name in seen:
+            raise PluginError(
+                f"two plugins of this run are both named {plugin.name!r} (a {seen[plugin.name].kind}"
+                f" and a {plugin.kind}); give one of them a distinct `name` attribute."
+            )
+        seen[plugin.name] = plugin
+    return selected
+

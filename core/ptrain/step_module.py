@@ -1,0 +1,27 @@
+"""The module the strategy wraps: it routes a wrapper's ``forward`` to the user's step methods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ptrain.module import TrainModule
+
+
+class StepModule(nn.Module):
+    """``forward(stage, batch, batch_idx)`` runs ``module.training_step`` or ``validation_step``.
+
+    Strategies wrap this module (DDP, FSDP), not the user's: a wrapper that acts in ``forward``
+    then sees every step, while the user's own ``forward`` stays free for inference. Its state
+    dict is the user's module's, under the prefix ``module.``.
+    """
+
+    def __init__(self, module: TrainModule):
+        super().__init__()
+        self.module = module
+
+    def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
+        if stage == "train":
+            return self.module.training_step(batch, batch_idx)
+        return self.module.validation_step(batch, batch_idx)

@@ -1,0 +1,354 @@
+"""The Trainer: assembles the plugins of a run, holds the state they read, and runs a stage."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ptrain import checkpoint_io
+from ptrain.builtins.loop_defaults import LoopDefaults
+from ptrain.catalog import Catalog
+from ptrain.config import core_options
+from ptrain.errors import CheckpointError, ConfigError, ModelError, NonFiniteLossError
+from ptrain.loading import call_per_plugin, create_plugin_manager, instantiate, register
+from ptrain.metrics import MetricStore
+from ptrain.module import DataModule, TrainModule
+from ptrain.optimizers import OptimizerSetup, configure_optimizers
+from ptrain.precision_policy import PrecisionPolicy
+from ptrain.selection import SelectedPlugin, select_plugins
+from ptrain.step_module import StepModule
+
+#: Where, inside a run folder, the checkpoint that ``ckpt_path="last"`` resumes from lives.
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+_VERSION = re.compile(r"^version_(\d+)$")
+
+
+class Trainer:
+    """Trains a :class:`ptrain.TrainModule` with the plugins its options select.
+
+    Keyword arguments are the core's options (``ptrain fit --help`` lists them; the same names
+    as the ``[trainer]`` config table), except that ``accelerator``, ``strategy``, ``precision``
+    and the entries of ``callbacks`` may also be plugin objects. ``plugin_options`` gives each
+    plugin selected by name its options: ``{"early-stopping": {"monitor": "val_loss"}}``.
+
+    State any plugin may read: ``current_epoch``, ``global_step``, ``callback_metrics``,
+    ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
+    ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
+    ``optimizers``, ``lr_schedulers``, ``default_root_dir``, ``log_dir`` (this run's folder),
+    ``stage``, ``sync_gradients``, ``precision_policy``, ``options`` (the core's resolved options),
+    ``config`` (everything resolved), ``plugins`` (name -> plugin object), ``hook``.
+    """
+
+    def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,
+                 catalog: Catalog | None = None, **options: Any):
+        objects = {k: v for k, v in options.items()
+                   if k in ("accelerator", "strategy", "precision") and not isinstance(v, str)}
+        callbacks = list(options.get("callbacks") or [])
+        named = {k: v for k, v in options.items() if k not in objects}
+        named["callbacks"] = [c for c in callbacks if isinstance(c, str)]
+        self.options = core_options().resolve(named, "Trainer(...)")
+        self.catalog = catalog if catalog is not None else Catalog.discover()
+        selected = select_plugins(
+            self.catalog,
+            objects.get("accelerator", self.options["accelerator"]),
+            objects.get("strategy", self.options["strategy"]),
+            objects.get("precision", self.options["precision"]),
+            callbacks,
+        )
+        self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
+        self.config: dict[str, Any] = {"trainer": dict(self.options), "plugins": plugin_config}
+        self.pm = create_plugin_manager()
+        register(self.pm, LoopDefaults(), "loop-defaults")
+        for name, plugin in self.plugins.items():
+            register(self.pm, plugin, name)
+        self.hook = self.pm.hook
+
+        for name, value in self.options.items():  # trainer.max_epochs, trainer.precision, ...
+            setattr(self, name, value)
+        if self.max_epochs is None and self.max_steps is None and self.max_time is None:
+            self.max_epochs = 1000
+        self.default_root_dir = self.options["default_root_dir"]
+        self.log_dir: Path | None = None
+        self.current_epoch = 0
+        self.global_step = 0
+        self.batch_idx = 0
+        self.should_stop = False
+        self.stage: str | None = None
+        self.sync_gradients = True
+        self.device = torch.device("cpu")
+        self.world_size = 1
+        self.global_rank = 0
+        self.local_rank = 0
+        self.model: torch.nn.Module | None = None
+        self.module: TrainModule | None = None
+        self.datamodule: DataModule | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[dict[str, Any]] = []
+        self.precision_policy = PrecisionPolicy()
+        self.train_dataloader = None
+        self.val_dataloader = None
+        self.exception: BaseException | None = None
+        self.metrics = MetricStore(self)
+        self.loop_state: dict[str, Any] = {}
+
+    @staticmethod
+    def _instantiate(selected: list[SelectedPlugin], plugin_options: dict[str, dict[str, Any]],
+                     callbacks: list[Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        by_name = {p.name: p for p in selected}
+        blocked = {c[3:] for c in callbacks if isinstance(c, str) and c.startswith("no:")}
+        for name in plugin_options:
+            if name not in by_name and name not in blocked:
+                raise ConfigError(
+                    f"options were given for plugin {name!r}, which is not part of this run; "
+                    f"active plugins: {', '.join(by_name)}. Enable it (callbacks: -p {name}; "
+                    f"others: --accelerator/--strategy/--precision {name}) or remove its options."
+                )
+        plugins, config = {}, {}
+        for plugin in selected:
+            given = plugin_options.get(plugin.name, {})
+            if plugin.info is None:  # an object given from Python: it has its options already
+                if given:
+                    raise ConfigError(f"plugin {plugin.name!r} was given as an object; pass its "
+                                      f"options to its constructor, not in plugin_options.")
+                plugins[plugin.name] = plugin.target
+                continue
+            resolved = plugin.options.resolve(given, "config")
+            plugins[plugin.name] = instantiate(plugin.target, plugin.name, resolved)
+            if resolved:
+                config[plugin.name] = resolved
+        return plugins, config
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        return self.metrics.callback_metrics
+
+    @property
+    def last_checkpoint_path(self) -> Path:
+        """Where this run's resumable checkpoint goes (what ``ckpt_path="last"`` finds)."""
+        assert self.log_dir is not None
+        return self.log_dir / LAST_CHECKPOINT
+
+    def fit(self, module: TrainModule, datamodule: DataModule | None = None,
+            ckpt_path: str | None = None) -> None:
+        """Train ``module``; with ``ckpt_path`` (a path, or ``"last"``) resume exactly."""
+        self._run("fit", module, datamodule, ckpt_path)
+
+    def validate(self, module: TrainModule, datamodule: DataModule | None = None,
+                 ckpt_path: str | None = None) -> list[dict[str, float]]:
+        """Run one validation pass; returns ``[metrics]`` like Lightning."""
+        return [self._run("validate", module, datamodule, ckpt_path)]
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write a checkpoint of the whole run (on every process; the strategy decides who
+        writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
+        loss went non-finite."""
+        from ptrain.fit_loop import check_losses_finite
+
+        check_losses_finite(self)
+        checkpoint = {
+            "format": checkpoint_io.FORMAT,
+            "format_version": checkpoint_io.FORMAT_VERSION,
+            "ptrain_version": _core_version(),
+            "model": self.module.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "lr_schedulers": [s["scheduler"].state_dict() for s in self.lr_schedulers],
+            "loop": dict(self.loop_state, elapsed=self._elapsed()),
+            "rng": checkpoint_io.capture_rng_states(),
+            "metrics": {stage: {k: list(v) for k, v in sums.items()}
+                        for stage, sums in self.metrics.epoch_sums.items()},
+            "plugins": {name: state for name, state in
+                        call_per_plugin(self.pm, "state_dict", trainer=self).items()
+                        if state is not None},
+            "config": self.config,
+        }
+        self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
+
+    def run_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale/inspect, clip and step ``optimizer`` through the hooks; counts a global step.
+        The loop calls it at the end of each accumulation window; manual optimization calls it
+        through ``optimizer.step()``."""
+        if self._has_before_step:
+            self.hook.on_before_optimizer_step(trainer=self, optimizer=optimizer)
+        if self.gradient_clip_val is not None:
+            self.hook.clip_gradients(trainer=self, optimizer=optimizer)
+        self.hook.optimizer_step(trainer=self, optimizer=optimizer)
+        self.global_step += 1
+
+    # -- running a stage ----------------------------------------------------------------------
+
+    def _run(self, stage: str, module: TrainModule, datamodule: DataModule | None,
+             ckpt_path: str | None) -> dict[str, float]:
+        if not isinstance(module, TrainModule):
+            raise ModelError(f"the model must be a ptrain.TrainModule, got "
+                             f"{type(module).__module__}.{type(module).__qualname__}; subclass "
+                             f"ptrain.TrainModule (training_step, configure_optimizers).")
+        if datamodule is not None and not isinstance(datamodule, DataModule):
+            raise ModelError(f"datamodule must be a ptrain.DataModule, got "
+                             f"{type(datamodule).__qualname__}.")
+        self.module, self.datamodule = module, datamodule
+        checkpoint_file = self._resolve_ckpt_path(ckpt_path)
+        self.log_dir = self._choose_log_dir(checkpoint_file)
+        function = partial(self._run_stage, stage, checkpoint_file)
+        result = self.hook.launch(trainer=self, function=function)
+        return function() if result is None else result
+
+    def _run_stage(self, stage: str, checkpoint_file: Path | None) -> dict[str, float]:
+        from ptrain.fit_loop import FitLoop, run_validation
+
+        self.stage = "train" if stage == "fit" else "validate"
+        self.exception = None
+        module = self.module
+        module._trainer = self
+        self._start_time = time.monotonic()
+        try:
+            if self.seed is not None:
+                seed_everything(self.seed)
+            self.device = self.hook.setup_device(trainer=self)
+            self.precision_policy = self.hook.precision_policy(trainer=self)
+            if self.datamodule is not None:
+                self.datamodule.setup(stage)
+            self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
+            if stage == "fit":
+                setup = configure_optimizers(module)
+                self._wrap_optimizers(setup)
+            self.train_dataloader = self._dataloader("train") if stage == "fit" else None
+            self.val_dataloader = self._dataloader("validate")
+            if stage == "fit" and self.train_dataloader is None:
+                raise ModelError(f"{type(module).__qualname__} has no training data: implement "
+                                 f"train_dataloader() on the module or pass a DataModule.")
+            checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
+            self._has_before_step = bool(self.hook.on_before_optimizer_step.get_hookimpls())
+            self.hook.setup(trainer=self, stage=stage)
+            if stage == "fit":
+                FitLoop(self, checkpoint).run()
+            else:
+                run_validation(self)
+            return {k: float(v) for k, v in self.callback_metrics.items()}
+        except BaseException as exc:
+            self.exception = exc
+            raise
+        finally:
+            self.stage = None
+            self.hook.teardown(trainer=self, stage=stage)
+
+    def _wrap_optimizers(self, setup: OptimizerSetup) -> None:
+        if module_is_automatic(self.module) and len(setup.optimizers) > 1:
+            raise ModelError(
+                f"configure_optimizers returned {len(setup.optimizers)} optimizers; automatic "
+                f"optimization steps one. Set `automatic_optimization = False` on the module and "
+                f"step them yourself (self.optimizers(), self.manual_backward(loss))."
+            )
+        self.optimizers = []
+        for optimizer in setup.optimizers:
+            wrapped = self.hook.wrap_optimizer(trainer=self, optimizer=optimizer)
+            for entry in setup.lr_schedulers:
+                if entry["scheduler"].optimizer is optimizer and wrapped is not optimizer:
+                    entry["scheduler"].optimizer = wrapped
+            self.optimizers.append(wrapped)
+        self.lr_schedulers = setup.lr_schedulers
+
+    def _dataloader(self, stage: str):
+        source = self.datamodule if self.datamodule is not None else self.module
+        loader = source.train_dataloader() if stage == "train" else source.val_dataloader()
+        if loader is None:
+            return None
+        return self.hook.prepare_dataloader(trainer=self, dataloader=loader, stage=stage)
+
+    def _elapsed(self) -> float:
+        return self.loop_state.get("elapsed_before", 0.0) + time.monotonic() - self._start_time
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
+        if ckpt_path is None:
+            return None
+        if ckpt_path != "last":
+            return Path(ckpt_path)
+        root = Path(self.default_root_dir)
+        for run in sorted(_versions(root), key=lambda v: -v[0]):
+            candidate = run[1] / LAST_CHECKPOINT
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
+                              f"under {str(root)!r}; give a checkpoint's path, or start without "
+                              f"--ckpt-path.")
+
+    def _choose_log_dir(self, checkpoint_file: Path | None) -> Path:
+        """Resuming from ``<run>/checkpoints/*.ckpt`` continues in ``<run>``; otherwise a new
+        ``version_N`` folder, so no run overwrites another's files."""
+        if checkpoint_file is not None and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
+            run = checkpoint_file.parent.parent
+            if _VERSION.match(run.name):
+                return run
+        root = Path(self.default_root_dir)
+        return root / f"version_{max((n for n, _ in _versions(root)), default=-1) + 1}"
+
+    def _restore(self, path: Path, stage: str) -> dict[str, Any]:
+        checkpoint = self.hook.load_checkpoint(trainer=self, path=str(path))
+        try:
+            self.module.load_state_dict(checkpoint["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model: "
+                                  f"{str(exc).splitlines()[0]} Check --model and its init "
+                                  f"arguments against the run that wrote it.") from None
+        if stage == "fit":
+            if len(checkpoint["optimizers"]) != len(self.optimizers):
+                raise CheckpointError(f"checkpoint {str(path)!r} holds "
+                                      f"{len(checkpoint['optimizers'])} optimizer states; the "
+                                      f"model configures {len(self.optimizers)}.")
+            for optimizer, state in zip(self.optimizers, checkpoint["optimizers"]):
+                optimizer.load_state_dict(state)
+            for entry, state in zip(self.lr_schedulers, checkpoint["lr_schedulers"]):
+                entry["scheduler"].load_state_dict(state)
+            for stage_name, sums in checkpoint.get("metrics", {}).items():
+                self.metrics.epoch_sums[stage_name] = {k: list(v) for k, v in sums.items()}
+        saved = checkpoint.get("plugins", {})
+        for impl in self.hook.load_state_dict.get_hookimpls():
+            if impl.plugin_name in saved:
+                impl.function(**{a: {"trainer": self, "state": saved[impl.plugin_name]}[a]
+                                 for a in impl.argnames})
+        return checkpoint
+
+
+def module_is_automatic(module: TrainModule) -> bool:
+    return bool(getattr(module, "automatic_optimization", True))
+
+
+def _versions(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    return [(int(m.group(1)), p) for p in root.iterdir() if (m := _VERSION.match(p.name))]
+
+
+def _core_version() -> str:
+    try:
+        return metadata.version("ptrain-core")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (all devices)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    np.random.seed(seed % 2**32)
+
+
+__all__ = ["Trainer", "seed_everything", "NonFiniteLossError"]

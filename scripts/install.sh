@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates ./.venv (if missing) and installs, editable, the core and every plugin distribution in this
+# repository, with torch pinned by constraints.txt so that no CUDA build is ever pulled.
+# Usage: bash scripts/install.sh [--bench]   (--bench adds Lightning for benchmarks/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+py=.venv/bin/python
+$py -m pip install -q --upgrade pip >/dev/null
+$py -m pip install -q torch==2.13.0
+dists=(-e ".[dev]")
+for project in plugins/*/*/pyproject.toml examples/plugins/*/pyproject.toml; do
+  [ -f "$project" ] && dists+=(-e "$(dirname "$project")")
+done
+$py -m pip install -q -c constraints.txt "${dists[@]}"
+if [ "${1:-}" = "--bench" ]; then
+  $py -m pip install -q -c constraints.txt lightning
+fi
