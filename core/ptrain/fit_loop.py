@@ -61,7 +61,7 @@ def run_validation(trainer: Trainer) -> None:
     loader = trainer.val_dataloader
     if loader is None or trainer.limit_val_batches == 0:
         return
-    hook = trainer.hook
+    hooks = trainer.step_hooks
     num_batches = _limit(_length(loader), trainer.limit_val_batches)
     trainer.num_val_batches = num_batches
     previous_stage, trainer.stage = trainer.stage, "validate"
@@ -72,15 +72,15 @@ def run_validation(trainer: Trainer) -> None:
             for batch_idx, batch in enumerate(loader):
                 if batch_idx >= num_batches:
                     break
-                batch = hook.transfer_batch(trainer=trainer, batch=batch)
-                hook.model_step(trainer=trainer, stage="validate", batch=batch,
-                                batch_idx=batch_idx)
+                batch = hooks.transfer_batch(trainer=trainer, batch=batch)
+                hooks.model_step(trainer=trainer, stage="validate", batch=batch,
+                                 batch_idx=batch_idx)
     finally:
         for module, mode in modes:
             module.training = mode
         trainer.stage = previous_stage
     trainer.metrics.publish_epoch("validate")
-    hook.on_validation_end(trainer=trainer)
+    trainer.hook.on_validation_end(trainer=trainer)
 
 
 class FitLoop:
@@ -89,6 +89,7 @@ class FitLoop:
     def __init__(self, trainer: Trainer, checkpoint: dict[str, Any] | None):
         self.trainer = trainer
         self.hook = trainer.hook
+        self.step_hooks = trainer.step_hooks
         self.accumulate = trainer.accumulate_grad_batches
         self.automatic = bool(getattr(trainer.module, "automatic_optimization", True))
         self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
@@ -195,7 +196,8 @@ class FitLoop:
                 ran_check = True
             if ran_check:
                 self.agree_on_stop()
-            hook.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx, loss=loss)
+            self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
+                                               loss=loss)
             if t.max_steps is not None and t.global_step >= t.max_steps:
                 stopped_early = state["batch"] < self.num_batches
                 break
@@ -218,7 +220,7 @@ class FitLoop:
     # -- batches -----------------------------------------------------------------------------
 
     def train_batch(self, batch: Any, batch_idx: int) -> Any:
-        t, hook = self.trainer, self.hook
+        t, hook = self.trainer, self.step_hooks
         t.batch_idx = batch_idx
         t.sync_gradients = ((batch_idx + 1) % self.accumulate == 0
                             or batch_idx + 1 == self.num_batches)

@@ -87,7 +87,7 @@ class TrainModule(nn.Module):
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Backward through the active precision and strategy plugins (the ``backward`` hook)."""
-        self.trainer.hook.backward(trainer=self.trainer, loss=loss)
+        self.trainer.step_hooks.backward(trainer=self.trainer, loss=loss)
 
 
 class ManualOptimizer:

@@ -17,6 +17,7 @@ from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import Catalog
 from ptrain.config import core_options
 from ptrain.errors import CheckpointError, ConfigError, ModelError, NonFiniteLossError
+from ptrain.hook_calls import StepHooks
 from ptrain.loading import call_per_plugin, create_plugin_manager, instantiate, register
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule
@@ -180,11 +181,12 @@ class Trainer:
         """Unscale/inspect, clip and step ``optimizer`` through the hooks; counts a global step.
         The loop calls it at the end of each accumulation window; manual optimization calls it
         through ``optimizer.step()``."""
-        if self._has_before_step:
-            self.hook.on_before_optimizer_step(trainer=self, optimizer=optimizer)
+        hooks = self.step_hooks
+        if hooks.has_before_optimizer_step:
+            hooks.on_before_optimizer_step(trainer=self, optimizer=optimizer)
         if self.gradient_clip_val is not None:
-            self.hook.clip_gradients(trainer=self, optimizer=optimizer)
-        self.hook.optimizer_step(trainer=self, optimizer=optimizer)
+            hooks.clip_gradients(trainer=self, optimizer=optimizer)
+        hooks.optimizer_step(trainer=self, optimizer=optimizer)
         self.global_step += 1
 
     # -- running a stage ----------------------------------------------------------------------
@@ -230,7 +232,7 @@ class Trainer:
                 raise ModelError(f"{type(module).__qualname__} has no training data: implement "
                                  f"train_dataloader() on the module or pass a DataModule.")
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
-            self._has_before_step = bool(self.hook.on_before_optimizer_step.get_hookimpls())
+            self.step_hooks = StepHooks(self.pm)
             self.hook.setup(trainer=self, stage=stage)
             if stage == "fit":
                 FitLoop(self, checkpoint).run()
