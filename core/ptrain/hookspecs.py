@@ -1,9 +1,11 @@
 """The ptrain hook specification: the whole training loop, as the contract plugins implement.
 
 A plugin is an object (a class instance or a module) whose methods carry ``@ptrain.hookimpl``.
-Every hook receives ``trainer`` among its arguments; an implementation declares only the arguments
-it uses (pluggy's opt-in arguments), so a hook can gain an argument later without breaking anyone.
-The core calls hooks with keyword arguments only.
+Every hook of the loop receives ``trainer`` among its arguments; the two declaration hooks
+(``add_options``, ``check_available``) are the exception: they run on the plugin's class before any
+trainer exists. An implementation declares only the arguments it uses (pluggy's opt-in
+arguments), so a hook can gain an argument later without breaking anyone. The core calls hooks
+with keyword arguments only. Hooks fire per run, per epoch or per step, never per tensor.
 
 The loop, with every hook where it fires (``fit``; ``validate`` runs the validation part alone)::
 

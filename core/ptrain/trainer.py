@@ -16,7 +16,8 @@ from ptrain import checkpoint_io
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import Catalog
 from ptrain.config import core_options
-from ptrain.errors import CheckpointError, ConfigError, ModelError, NonFiniteLossError
+from ptrain.errors import (CheckpointError, ConfigError, ModelError, NonFiniteLossError,
+                           PluginError)
 from ptrain.hook_calls import StepHooks
 from ptrain.loading import call_per_plugin, create_plugin_manager, instantiate, register
 from ptrain.metrics import MetricStore
@@ -166,7 +167,7 @@ class Trainer:
             "model": self.module.state_dict(),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
             "lr_schedulers": [s["scheduler"].state_dict() for s in self.lr_schedulers],
-            "loop": dict(self.loop_state, elapsed=self._elapsed()),
+            "loop": dict(self.loop_state, global_step=self.global_step, elapsed=self._elapsed()),
             "rng": checkpoint_io.capture_rng_states(),
             "metrics": {stage: {k: list(v) for k, v in sums.items()}
                         for stage, sums in self.metrics.epoch_sums.items()},
@@ -219,6 +220,10 @@ class Trainer:
             if self.seed is not None:
                 seed_everything(self.seed)
             self.device = self.hook.setup_device(trainer=self)
+            if not isinstance(self.device, torch.device):
+                raise PluginError(f"the accelerator {self.options['accelerator']!r} chose no "
+                                  f"device: its setup_device returned {self.device!r} instead of "
+                                  f"a torch.device.")
             self.precision_policy = self.hook.precision_policy(trainer=self)
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
@@ -282,7 +287,7 @@ class Trainer:
         root = Path(self.default_root_dir)
         for run in sorted(_versions(root), key=lambda v: -v[0]):
             candidate = run[1] / LAST_CHECKPOINT
-            if candidate.is_file():
+            if candidate.exists():  # a file, or a folder of shards
                 return candidate
         raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
                               f"under {str(root)!r}; give a checkpoint's path, or start without "

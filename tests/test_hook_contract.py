@@ -1,0 +1,537 @@
+"""The hook specification as a contract: documented, tested, and each hook takes effect when a
+plugin implements it. Plugins here are real objects registered through ``Trainer``."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ptrain
+from ptrain import hookimpl, hookspecs
+from ptrain.catalog import Catalog, PluginInfo
+from ptrain.data import rebuild_dataloader
+from ptrain.errors import PluginError
+from ptrain.loading import check_available, declare_options
+from tests.conftest import REPO, TinyRegressor
+
+SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
+HOOKS = sorted(n for n, f in vars(hookspecs).items()
+               if inspect.isfunction(f) and hasattr(f, SPEC_MARK))
+DECLARATION_HOOKS = {"add_options", "check_available"}
+
+
+# -- meta: every hook documented with its exact signature, and implemented by some test -----------
+
+
+def test_hook_reference_is_generated_from_the_spec():
+    result = subprocess.run([sys.executable, "scripts/gen_hook_docs.py", "--check"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_every_hook_is_documented_with_its_signature(name):
+    function = getattr(hookspecs, name)
+    doc = (REPO / "docs" / "hooks.md").read_text()
+    assert f"def {name}{inspect.signature(function)}".replace("'", "") in doc
+    text = inspect.getdoc(function)
+    for part in ("Fires:", "Result:", "Implemented by"):
+        assert part in text, f"{name}'s docstring lacks {part!r}"
+    params = inspect.signature(function).parameters
+    assert ("trainer" in params) != (name in DECLARATION_HOOKS)
+
+
+def _hookimpls_in_tests() -> set[str]:
+    names = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "hookimpl" in ast.unparse(d) for d in node.decorator_list):
+                names.add(node.name)
+    return names
+
+
+def test_every_hook_is_implemented_by_a_test_plugin():
+    missing = set(HOOKS) - _hookimpls_in_tests()
+    assert not missing, f"hooks no test implements: {sorted(missing)}"
+
+
+# -- each hook takes effect ---------------------------------------------------------------------
+
+
+class CountingWrapper(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, *args):
+        self.calls += 1
+        return self.inner(*args)
+
+
+class WrappingStrategy:
+    name = "wrapping"
+
+    @hookimpl
+    def wrap_model(self, trainer, model):
+        return CountingWrapper(model.to(trainer.device))
+
+
+def test_wrap_model_result_is_what_the_loop_calls(make_trainer):
+    trainer = make_trainer(strategy=WrappingStrategy(), max_epochs=1)
+    trainer.fit(TinyRegressor(n=32, batch_size=8, val_n=16))
+    assert isinstance(trainer.model, CountingWrapper)
+    assert trainer.model.calls == 4 + 2  # 4 training and 2 validation batches
+
+
+class ReplacingOptimizer:
+    name = "replacer"
+
+    @hookimpl
+    def wrap_optimizer(self, optimizer):
+        replacement = torch.optim.SGD(
+            [p for g in optimizer.param_groups for p in g["params"]], lr=0.5)
+        self.replacement = replacement
+        return replacement
+
+
+def test_wrap_optimizer_replacement_is_used_and_schedulers_follow(make_trainer):
+    plugin = ReplacingOptimizer()
+    trainer = make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=2)
+    trainer.fit(TinyRegressor(scheduler={"gamma": 0.5, "interval": "epoch"}))
+    assert trainer.optimizers == [plugin.replacement]
+    assert trainer.lr_schedulers[0]["scheduler"].optimizer is plugin.replacement
+    assert plugin.replacement.param_groups[0]["lr"] == pytest.approx(0.5 * 0.5 ** 2)
+
+
+class BatchSizeWrapper:
+    """Two wrappers compose: each rebuilds the loader its inner implementations returned."""
+
+    def __init__(self, name, factor):
+        self.name, self.factor = name, factor
+
+    @hookimpl(wrapper=True)
+    def prepare_dataloader(self, dataloader, stage):
+        loader = yield
+        if stage != "train":
+            return loader
+        return rebuild_dataloader(loader, batch_size=loader.batch_size * self.factor)
+
+
+def test_prepare_dataloader_wrappers_compose(make_trainer):
+    trainer = make_trainer(callbacks=["no:progress-bar", BatchSizeWrapper("a", 2),
+                                      BatchSizeWrapper("b", 2)], max_epochs=1)
+    trainer.fit(TinyRegressor(n=64, batch_size=2))
+    assert trainer.train_dataloader.batch_size == 8
+    assert trainer.global_step == 8
+
+
+class InlineLauncher:
+    name = "inline-launcher"
+    launches = 0
+
+    @hookimpl
+    def launch(self, function):
+        self.launches += 1
+        result = function()
+        return result
+
+    @hookimpl
+    def setup(self, trainer):
+        self.setups = getattr(self, "setups", 0) + 1
+
+
+def test_launch_result_stops_the_core_running_the_stage_again(make_trainer):
+    plugin = InlineLauncher()
+    trainer = make_trainer(strategy=plugin, max_epochs=1)
+    trainer.fit(TinyRegressor(n=16))
+    assert plugin.launches == 1 and plugin.setups == 1
+
+
+class HalfPrecisionPolicy:
+    name = "policy"
+
+    @hookimpl
+    def precision_policy(self):
+        return ptrain.PrecisionPolicy(torch.float32, torch.bfloat16, torch.float32)
+
+
+def test_precision_policy_reaches_the_trainer(make_trainer):
+    trainer = make_trainer(precision=HalfPrecisionPolicy(), max_epochs=1)
+    trainer.fit(TinyRegressor(n=16))
+    assert trainer.precision_policy.compute_dtype == torch.bfloat16
+    assert trainer.precision_policy.is_mixed
+
+
+class DoublingReducer:
+    name = "doubling"
+
+    @hookimpl
+    def reduce_metrics(self, metrics, op):
+        return {k: v * 2 if op == "mean" else v for k, v in metrics.items()}
+
+
+class ValLossRecorder:
+    name = "val-recorder"
+
+    @hookimpl
+    def log_metrics(self, metrics):
+        if "val_loss" in metrics:
+            self.logged = metrics["val_loss"]
+
+
+def test_reduce_metrics_result_is_what_callbacks_and_loggers_see(make_trainer):
+    recorder = ValLossRecorder()
+    plain = make_trainer(max_epochs=1)
+    torch.manual_seed(0)
+    plain.fit(TinyRegressor(n=16))
+    doubled = make_trainer(strategy=DoublingReducer(), callbacks=["no:progress-bar", recorder],
+                           max_epochs=1)
+    torch.manual_seed(0)
+    doubled.fit(TinyRegressor(n=16))
+    expected = 2 * float(plain.callback_metrics["val_loss"])
+    assert float(doubled.callback_metrics["val_loss"]) == pytest.approx(expected)
+    assert recorder.logged == pytest.approx(expected)
+
+
+class DirectoryCheckpoints:
+    """A strategy that stores a checkpoint as a folder of two files."""
+
+    name = "dir-ckpt"
+
+    @hookimpl
+    def save_checkpoint(self, checkpoint, path):
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(checkpoint["model"], folder / "model.pt")
+        torch.save({k: v for k, v in checkpoint.items() if k != "model"}, folder / "rest.pt")
+        return True
+
+    @hookimpl
+    def load_checkpoint(self, path):
+        folder = Path(path)
+        rest = torch.load(folder / "rest.pt", weights_only=True)
+        return {**rest, "model": torch.load(folder / "model.pt", weights_only=True)}
+
+
+def test_save_and_load_checkpoint_can_be_taken_over(make_trainer):
+    first = make_trainer(strategy=DirectoryCheckpoints(), max_epochs=1)
+    first.fit(TinyRegressor(n=16))
+    assert (first.last_checkpoint_path / "model.pt").is_file()
+    second = make_trainer(strategy=DirectoryCheckpoints(), max_epochs=2)
+    module = TinyRegressor(n=16)
+    second.fit(module, ckpt_path="last")
+    assert second.log_dir == first.log_dir
+    assert second.global_step == 4
+
+
+class OrderProbe:
+    """Backward is taken by the most recently registered implementation: callbacks first."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    @hookimpl
+    def backward(self, loss):
+        self.log.append(self.name)
+        if self.name == "callback":
+            loss.backward()
+            return True
+        return None
+
+
+def test_registration_order_callbacks_then_strategy_then_precision(make_trainer):
+    log: list[str] = []
+    trainer = make_trainer(precision=OrderProbe("precision", log),
+                           strategy=OrderProbe("strategy", log),
+                           callbacks=["no:progress-bar", OrderProbe("callback", log)],
+                           max_steps=1)
+    trainer.fit(TinyRegressor(n=8))
+    assert log == ["callback"]
+    log.clear()
+    trainer = make_trainer(precision=OrderProbe("precision", log),
+                           strategy=OrderProbe("strategy", log), max_steps=1)
+    trainer.fit(TinyRegressor(n=8))
+    assert log == ["strategy", "precision"]
+
+
+class GradientInspector:
+    name = "grad-inspector"
+
+    @hookimpl
+    def on_before_optimizer_step(self, optimizer):
+        self.seen = [p.grad is not None for g in optimizer.param_groups for p in g["params"]]
+
+
+def test_on_before_optimizer_step_sees_complete_gradients(make_trainer):
+    plugin = GradientInspector()
+    make_trainer(callbacks=["no:progress-bar", plugin], max_steps=1).fit(TinyRegressor(n=8))
+    assert plugin.seen and all(plugin.seen)
+
+
+class AutocastLikeWrapper:
+    """A model_step wrapper: runs around every train and validation step."""
+
+    name = "around-step"
+
+    def __init__(self):
+        self.stages: list[str] = []
+        self.grad_enabled: list[bool] = []
+
+    @hookimpl(wrapper=True)
+    def model_step(self, stage):
+        self.stages.append(stage)
+        self.grad_enabled.append(torch.is_grad_enabled())
+        return (yield)
+
+
+def test_model_step_wrapper_sees_every_step(make_trainer):
+    plugin = AutocastLikeWrapper()
+    make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=1).fit(
+        TinyRegressor(n=16, batch_size=8, val_n=16))
+    assert plugin.stages == ["train", "train", "validate", "validate"]
+    assert plugin.grad_enabled == [True, True, False, False]
+
+
+class SkippingStep:
+    """An optimizer_step that skips every step (as a scaler does on overflow)."""
+
+    name = "skipper"
+
+    @hookimpl
+    def optimizer_step(self, optimizer):
+        return True
+
+
+def test_optimizer_step_taken_over_leaves_parameters_unchanged(make_trainer):
+    module = TinyRegressor(n=16)
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = make_trainer(precision=SkippingStep(), max_epochs=1)
+    trainer.fit(module)
+    assert trainer.global_step == 2  # a skipped step still counts as a step taken
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+class ZeroClip:
+    name = "zero-clip"
+
+    @hookimpl
+    def clip_gradients(self, trainer, optimizer):
+        self.algorithm = trainer.gradient_clip_algorithm
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad.zero_()
+        return True
+
+
+def test_clip_gradients_fires_only_when_clipping_is_on(make_trainer):
+    module = TinyRegressor(n=16)
+    before = [p.detach().clone() for p in module.parameters()]
+    plugin = ZeroClip()
+    make_trainer(strategy=plugin, max_epochs=1).fit(module)
+    assert not hasattr(plugin, "algorithm")
+    assert not all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    module = TinyRegressor(n=16)
+    before = [p.detach().clone() for p in module.parameters()]
+    make_trainer(strategy=plugin, max_epochs=1, gradient_clip_val=1.0,
+                 gradient_clip_algorithm="value").fit(module)
+    assert plugin.algorithm == "value"
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+class RankSettingDevice:
+    """A strategy wraps setup_device: ranks before the accelerator, the device after."""
+
+    name = "rank-setter"
+
+    @hookimpl(wrapper=True)
+    def setup_device(self, trainer):
+        trainer.local_rank = 0
+        self.seen_before = trainer.device
+        device = yield
+        self.seen_after = device
+        return device
+
+
+class ZeroingTransfer:
+    name = "zeroing-transfer"
+
+    @hookimpl
+    def setup_device(self):
+        return torch.device("cpu")
+
+    @hookimpl
+    def transfer_batch(self, trainer, batch):
+        x, y = batch
+        return x.to(trainer.device) * 0, y.to(trainer.device)
+
+
+def test_setup_device_wrapper_and_transfer_batch(make_trainer):
+    strategy = RankSettingDevice()
+    module = TinyRegressor(n=16)
+    trainer = make_trainer(strategy=strategy, accelerator=ZeroingTransfer(), max_epochs=1)
+    weight_before = module.net[1].weight.detach().clone()
+    trainer.fit(module)
+    assert strategy.seen_after == torch.device("cpu") == trainer.device
+    # inputs were zeroed by the accelerator's transfer: the weight gets no gradient
+    assert torch.equal(module.net[1].weight, weight_before)
+
+
+class Lifecycle:
+    name = "lifecycle"
+
+    def __init__(self):
+        self.events: list[str] = []
+
+    @hookimpl
+    def on_epoch_start(self, trainer):
+        self.events.append(f"start{trainer.current_epoch}")
+
+    @hookimpl
+    def on_validation_end(self, trainer):
+        self.events.append(f"val{trainer.current_epoch}")
+        if trainer.current_epoch == 1:
+            raise RuntimeError("boom")
+
+    @hookimpl
+    def teardown(self, trainer, stage):
+        self.events.append(f"teardown-{stage}-{type(trainer.exception).__name__}")
+
+
+def test_teardown_fires_after_an_error_with_the_exception(make_trainer):
+    plugin = Lifecycle()
+    with pytest.raises(RuntimeError, match="boom"):
+        make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=3).fit(TinyRegressor())
+    assert plugin.events == ["start0", "val0", "start1", "val1", "teardown-fit-RuntimeError"]
+
+
+class Counter:
+    name = "counter"
+
+    def __init__(self):
+        self.count = 0
+        self.restored = None
+
+    @hookimpl
+    def on_train_batch_end(self):
+        self.count += 1
+
+    @hookimpl
+    def state_dict(self):
+        return {"count": self.count}
+
+    @hookimpl
+    def load_state_dict(self, state):
+        self.restored = state["count"]
+        self.count = state["count"]
+
+
+def test_plugin_state_round_trips_through_a_checkpoint(make_trainer):
+    first = Counter()
+    make_trainer(callbacks=["no:progress-bar", first], max_epochs=1).fit(TinyRegressor(n=16))
+    second = Counter()
+    make_trainer(callbacks=["no:progress-bar", second], max_epochs=2).fit(
+        TinyRegressor(n=16), ckpt_path="last")
+    assert second.restored == 2 and second.count == 4
+
+
+# -- loading rules ------------------------------------------------------------------------------
+
+
+class Typo:
+    name = "typo"
+
+    @hookimpl
+    def on_epoch_ned(self, trainer):
+        pass
+
+
+def test_implementing_a_hook_that_does_not_exist_is_an_error():
+    with pytest.raises(PluginError, match="on_epoch_ned.*not a ptrain hook.*on_epoch_end"):
+        ptrain.Trainer(callbacks=[Typo()])
+
+
+class WrongArgs:
+    name = "wrong-args"
+
+    @hookimpl
+    def on_epoch_end(self, trainer, epoch):
+        pass
+
+
+def test_an_argument_the_spec_does_not_have_is_an_error():
+    with pytest.raises(PluginError, match="wrong-args"):
+        ptrain.Trainer(callbacks=[WrongArgs()])
+
+
+class Optioned:
+    def __init__(self, size: int = 2, label: str = "x"):
+        self.size, self.label = size, label
+
+    @staticmethod
+    @hookimpl
+    def add_options(options):
+        options.add("size", int, default=2, help="a size")
+        options.add("label", str, default="x", choices=("x", "y"))
+
+    @staticmethod
+    @hookimpl
+    def check_available():
+        return None
+
+
+class Unavailable:
+    @staticmethod
+    @hookimpl
+    def check_available():
+        return "needs hardware this machine lacks"
+
+
+class InstanceMethodOptions:
+    @hookimpl
+    def add_options(self, options):
+        pass
+
+
+def _catalog(**targets: str) -> Catalog:
+    base = Catalog.discover().infos
+    extra = [PluginInfo("callback", name, target, "test-dist", "0") for name, target in
+             targets.items()]
+    return Catalog(base + extra)
+
+
+def test_options_declared_through_add_options_reach_the_plugin():
+    group = declare_options(Optioned, "optioned")
+    assert [o.flag for o in group.options.values()] == ["--optioned-size", "--optioned-label"]
+    catalog = _catalog(optioned="tests.test_hook_contract:Optioned")
+    trainer = ptrain.Trainer(callbacks=["optioned"], catalog=catalog,
+                             plugin_options={"optioned": {"size": "5", "label": "y"}})
+    assert trainer.plugins["optioned"].size == 5
+    assert trainer.config["plugins"]["optioned"] == {"size": 5, "label": "y"}
+    with pytest.raises(ptrain.ConfigError, match="valid choices: x, y"):
+        ptrain.Trainer(callbacks=["optioned"], catalog=catalog,
+                       plugin_options={"optioned": {"label": "z"}})
+    with pytest.raises(ptrain.ConfigError, match="Did you mean 'size'"):
+        ptrain.Trainer(callbacks=["optioned"], catalog=catalog,
+                       plugin_options={"optioned": {"sise": 1}})
+
+
+def test_check_available_is_asked_before_a_plugin_is_used():
+    assert check_available(Optioned, "optioned") is None
+    assert "lacks" in check_available(Unavailable, "unavailable")
+    catalog = _catalog(unavailable="tests.test_hook_contract:Unavailable")
+    with pytest.raises(PluginError, match="can't run on this machine: needs hardware"):
+        ptrain.Trainer(callbacks=["unavailable"], catalog=catalog)
+
+
+def test_declaration_hooks_must_be_static_on_a_class():
+    with pytest.raises(PluginError, match="@staticmethod"):
+        declare_options(InstanceMethodOptions, "bad")
