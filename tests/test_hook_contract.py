@@ -535,3 +535,13 @@ def test_check_available_is_asked_before_a_plugin_is_used():
 def test_declaration_hooks_must_be_static_on_a_class():
     with pytest.raises(PluginError, match="@staticmethod"):
         declare_options(InstanceMethodOptions, "bad")
+
+
+def test_a_plugin_flag_that_clashes_with_another_is_an_error():
+    from ptrain.cli import _build_parser
+    from ptrain.options import OptionGroup
+
+    group = OptionGroup("max")
+    group.add("epochs", int)  # --max-epochs: the core's flag
+    with pytest.raises(PluginError, match="--max-epochs is declared by both 'trainer' and 'max'"):
+        _build_parser("fit", [(group, "max", "")])

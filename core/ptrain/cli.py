@@ -153,15 +153,15 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
                           "imported (repeatable)")
     run.add_argument("--no-progress-bar", action="store_true", help="same as -p no:progress-bar")
     all_groups = [(core_options(), "trainer options", "")] + groups
-    for group, title, description in all_groups:
-        _add_group(parser, group, title, description)
-    flags: dict[str, str] = {}
+    owners = {flag: "ptrain" for action in parser._actions for flag in action.option_strings}
     for group, _, _ in all_groups:
         for opt in group.options.values():
-            if opt.flag in flags:  # argparse would already have refused; kept for the message
-                raise PluginError(f"option {opt.flag} is declared by both {flags[opt.flag]!r} "
+            if opt.flag in owners:
+                raise PluginError(f"option {opt.flag} is declared by both {owners[opt.flag]!r} "
                                   f"and {group.owner!r}; rename one of them.")
-            flags[opt.flag] = group.owner
+            owners[opt.flag] = group.owner
+    for group, title, description in all_groups:
+        _add_group(parser, group, title, description)
     return parser
 
 
