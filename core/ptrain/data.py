@@ -6,7 +6,7 @@ import inspect
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader
 
 
 def apply_to_tensors(batch: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -42,30 +42,15 @@ def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
     """
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     batch_sampler = kwargs.pop("batch_sampler", None)
-    custom_batches = batch_sampler is not None and type(batch_sampler) is not BatchSampler
-    if custom_batches:
-        if "sampler" in changes:
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        if "sampler" in changes or "batch_size" in changes:
             raise ValueError(
                 f"the dataloader uses a custom batch sampler ({type(batch_sampler).__name__}); "
-                f"its sampler can't be replaced. Give the DataLoader a plain sampler, or build "
-                f"the per-process sampling into your batch sampler."
+                f"its sampler and batch size can't be replaced. Give the DataLoader a plain "
+                f"sampler, or build the change into your batch sampler."
             )
-        kwargs.update(batch_sampler=batch_sampler, batch_size=1, shuffle=None, drop_last=False)
-        kwargs.pop("sampler", None)
-    elif batch_sampler is not None:
-        kwargs["batch_size"] = batch_sampler.batch_size
-        kwargs["drop_last"] = batch_sampler.drop_last
-    kwargs.pop("shuffle", None)
-    if kwargs.get("num_workers", 0) == 0 and "num_workers" not in changes:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
+        kwargs.update(batch_sampler=batch_sampler, batch_size=1, drop_last=False, sampler=None)
     kwargs.update(changes)
-    if changes.get("num_workers", kwargs.get("num_workers", 0)) == 0:
-        kwargs["prefetch_factor"] = None
-        kwargs["persistent_workers"] = False
+    if kwargs.get("num_workers", 0) == 0:  # DataLoader refuses these without workers
+        kwargs.update(prefetch_factor=None, persistent_workers=False)
     return DataLoader(loader.dataset, **kwargs)
-
-
-def is_shuffled(loader: DataLoader) -> bool:
-    sampler = getattr(loader, "sampler", None)
-    return isinstance(sampler, RandomSampler) and not isinstance(sampler, SequentialSampler)
