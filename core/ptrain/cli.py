@@ -120,8 +120,10 @@ def _split_init_args(argv: list[str]) -> tuple[list[str], dict[str, dict[str, An
 
 def _add_group(parser: argparse.ArgumentParser, group: OptionGroup, title: str,
                description: str = "") -> None:
-    arg_group = parser.add_argument_group(title, description)
+    arg_group = parser.add_argument_group(title, description or None)
     for opt in group.options.values():
+        if opt.owner == "trainer" and opt.name == "callbacks":
+            continue  # its flag is -p (NAME or no:NAME), repeatable
         help_text = opt.help + (f" (default: {opt.default})" if opt.default not in (None, []) else "")
         if opt.choices:
             help_text += f" {{{', '.join(map(str, opt.choices))}}}"
