@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import random
 import tempfile
 import zipfile
@@ -19,6 +20,8 @@ import torch
 from ptrain.errors import CheckpointError
 
 FORMAT = "ptrain-checkpoint"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 FORMAT_VERSION = 1
 
 
@@ -56,11 +59,12 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        unsafe = _UNSUPPORTED_GLOBAL.search(_ANSI.sub("", str(exc)))
+        if unsafe:
             raise CheckpointError(
                 f"checkpoint {str(path)!r} was refused: it needs arbitrary pickled Python objects "
-                f"to load, which could run code. ptrain checkpoints hold only tensors and plain "
-                f"values. Detail: {str(exc).splitlines()[0]}"
+                f"to load ({unsafe.group(1)}), which could run code. ptrain checkpoints hold only "
+                f"tensors and plain values."
             ) from None
         raise _corrupt(path, exc) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
@@ -81,7 +85,11 @@ def safe_load(path: str | Path) -> dict[str, Any]:
 
 
 def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
-    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = _ANSI.sub("", str(exc)).strip()
+    # torch's weights-only errors bury the actual failure after a generic preamble
+    _, marker, detail = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (detail if marker else text).splitlines() if line.strip()]
+    first_line = lines[0] if lines else type(exc).__name__
     return CheckpointError(
         f"checkpoint {str(path)!r} is truncated or corrupt and can't be read ({first_line}). "
         f"Use another checkpoint, e.g. an earlier one from the same run folder."

@@ -234,6 +234,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
 
     file_config = load_config_file(pre.config) if pre.config else {}
     file_trainer = dict(file_config.get("trainer", {}))
+    core_options().resolve(file_trainer, f"[trainer] in {pre.config}")  # names the file on error
     callbacks = core_options().options["callbacks"].convert(
         file_trainer.get("callbacks", []), f"[trainer] callbacks in {pre.config}")
     callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
@@ -248,7 +249,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
     parser = _build_parser(stage, groups)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        _unknown_flag(unknown[0], parser, catalog)
+        _unknown_flag(unknown[0], parser, catalog, {p.name for p in selected})
 
     trainer_options = dict(file_trainer)
     plugin_options: dict[str, dict[str, Any]] = {
@@ -314,10 +315,11 @@ def cmd_run(stage: str, argv: list[str]) -> int:
     return 0
 
 
-def _unknown_flag(flag: str, parser: argparse.ArgumentParser, catalog: Catalog) -> NoReturn:
+def _unknown_flag(flag: str, parser: argparse.ArgumentParser, catalog: Catalog,
+                  active: set[str]) -> NoReturn:
     name = flag.split("=")[0]
     owner = catalog.owner_of_flag(name)
-    if owner is not None:
+    if owner is not None and owner.name not in active:
         how = f"-p {owner.name}" if owner.kind == "callback" else f"--{owner.kind} {owner.name}"
         raise ConfigError(f"{name} is an option of the {owner.kind} plugin {owner.name!r}, which "
                           f"is not part of this run; add {how}.")

@@ -23,6 +23,7 @@ def _format(metrics: dict[str, float]) -> str:
 class ProgressBar:
     def __init__(self, refresh_rate: float = 0.2):
         self.refresh_rate = refresh_rate
+        self.enabled = False  # until setup: a run can fail before it
         self.live = None
         self.task = None
         self.fit_start = 0.0
