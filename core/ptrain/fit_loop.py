@@ -94,6 +94,13 @@ class FitLoop:
         self.automatic = bool(getattr(trainer.module, "automatic_optimization", True))
         self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
         trainer.num_training_batches = self.num_batches
+        if self.num_batches == 0:
+            raise ConfigError(
+                f"no training batches: the training dataloader has "
+                f"{_length(trainer.train_dataloader)} and limit_train_batches="
+                f"{trainer.limit_train_batches} keeps none of them. Raise the limit (an int "
+                f"counts batches, a float is a fraction of them) or check the dataset."
+            )
         self.val_interval = self._val_interval()
         self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
         self.epoch_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "epoch"]
@@ -126,7 +133,6 @@ class FitLoop:
     def run(self) -> None:
         t = self.trainer
         t.should_stop = False
-        t.model.train()
         while not self._limits_reached():
             stopped_early = self.run_epoch()
             if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
@@ -145,29 +151,35 @@ class FitLoop:
                 and (t.min_steps is None or t.global_step >= t.min_steps))
 
     def _batches(self, start: int) -> Iterator[tuple[int, Any]]:
-        """The epoch's batches from ``start``; a mid-epoch resume replays the generator states so
-        the remaining batches (and every random draw after them) are those of an unbroken run."""
+        """The epoch's batches from ``start``. On resume the generator states are replayed so the
+        remaining batches (and every random draw after them) are those of an unbroken run:
+        the epoch's data order comes from the state saved at its start, everything after the
+        skipped batches from the state saved with the checkpoint."""
         t = self.trainer
         state = t.loop_state
+        resume_rng, self.resume_rng = self.resume_rng, None
+        self.ran_dry = False
         if start == 0:
+            if resume_rng is not None:  # resumed at an epoch boundary
+                checkpoint_io.restore_rng_states(resume_rng)
+                resume_rng = None
             state["epoch_rng"] = checkpoint_io.capture_rng_states()
-        elif start < self.num_batches:
-            checkpoint_io.restore_rng_states(state["epoch_rng"])
-        if self.resume_rng is not None and start >= self.num_batches:
-            checkpoint_io.restore_rng_states(self.resume_rng)
-            self.resume_rng = None
+        elif start >= self.num_batches:  # resumed after the epoch's last batch
+            checkpoint_io.restore_rng_states(resume_rng)
             return
+        else:
+            checkpoint_io.restore_rng_states(state["epoch_rng"])
         iterator = iter(t.train_dataloader)
         for _ in range(start):  # fetch and drop the batches the checkpointed run already used
             next(iterator)
-        if self.resume_rng is not None:
-            checkpoint_io.restore_rng_states(self.resume_rng)
-            self.resume_rng = None
+        if resume_rng is not None:
+            checkpoint_io.restore_rng_states(resume_rng)
         batch_idx = start
         while batch_idx < self.num_batches:
             try:
                 batch = next(iterator)
-            except StopIteration:
+            except StopIteration:  # a loader without a length ended its epoch
+                self.ran_dry = True
                 return
             yield batch_idx, batch
             batch_idx += 1
@@ -181,6 +193,7 @@ class FitLoop:
         hook.on_epoch_start(trainer=t)
         stopped_early = False
         pending_grads = False
+        validated_last = True  # whether the last batch seen was followed by a validation
         for batch_idx, batch in self._batches(state["batch"]):
             loss = self.train_batch(batch, batch_idx)
             pending_grads = self.automatic and not t.sync_gradients
@@ -190,8 +203,9 @@ class FitLoop:
                 self.last_published = t.global_step
                 t.metrics.publish_step()
                 ran_check = True
-            if validate_this_epoch and (
-                    (batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == self.num_batches):
+            validated_last = validate_this_epoch and (
+                (batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == self.num_batches)
+            if validated_last:
                 run_validation(t)
                 ran_check = True
             if ran_check:
@@ -204,8 +218,12 @@ class FitLoop:
             if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
                 stopped_early = state["batch"] < self.num_batches
                 break
-        if pending_grads and not stopped_early:  # an epoch shorter than its declared length
-            self._step_optimizers()
+        if self.ran_dry and not stopped_early:  # a loader without a length ended its epoch
+            if pending_grads:
+                self._step_optimizers()
+            if validate_this_epoch and not validated_last:
+                run_validation(t)
+                self.agree_on_stop()
         t.metrics.publish_step()
         t.metrics.publish_epoch("train")
         if not stopped_early:

@@ -42,7 +42,9 @@ class ModelCheckpoint:
     @hookimpl
     def on_train_batch_end(self, trainer) -> None:
         n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
+        # only where an optimizer step just happened: mid-window gradients are not saved
+        if (n and trainer.sync_gradients and trainer.global_step % n == 0
+                and trainer.global_step != self._last_saved_step):
             self._save_last(trainer)
 
     @hookimpl

@@ -1,0 +1,220 @@
+"""Logging: TensorBoard scalars (read back with TensorBoard's own reader) and progress output."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import ptrain
+from conftest import REPO, TinyRegressor
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+class LossRecorder:
+    """The loss of every training batch and the val_loss of every validation, as the trainer
+    had them."""
+
+    def __init__(self):
+        self.train: list[tuple[int, float]] = []  # (global_step after the batch, loss)
+        self.val: list[tuple[int, float]] = []
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer, loss):
+        self.train.append((trainer.global_step, float(loss.detach())))
+
+    @ptrain.hookimpl
+    def on_validation_end(self, trainer):
+        self.val.append((trainer.global_step, float(trainer.callback_metrics["val_loss"])))
+
+
+def val_mse(module: TinyRegressor) -> float:
+    """The validation loss as TinyRegressor.validation_step averages it, computed by hand."""
+    with torch.no_grad():
+        module.eval()
+        losses = [nn.functional.mse_loss(module(x), y)
+                  for x, y in DataLoader(module.val_set, batch_size=8)]
+    return float(torch.stack(losses).mean())
+
+
+class EpochLogging(TinyRegressor):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("epoch_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_tensorboard_scalars(make_trainer, tmp_path, k):
+    recorder = LossRecorder()
+    torch.manual_seed(0)
+    module = EpochLogging()  # 8 batches per epoch, 2 validation batches
+    every, epochs = 3, 2
+    trainer = make_trainer(max_epochs=epochs, log_every_n_steps=every, val_check_interval=0.5,
+                           accumulate_grad_batches=k,
+                           callbacks=["no:progress-bar", "no:checkpoint", recorder])
+    trainer.fit(module)
+
+    assert trainer.log_dir == tmp_path / "runs" / "version_0"
+    assert list(trainer.log_dir.glob("events.out.tfevents.*"))
+    logged = scalars(trainer.log_dir)
+    assert set(logged) == {"train_loss", "val_loss", "epoch_loss"}
+
+    steps_per_epoch = 8 // k
+    epoch_ends = [steps_per_epoch * (e + 1) for e in range(epochs)]
+    # train_loss: every `every` optimizer steps, and at the end of each epoch; the value is the
+    # loss of the batch whose optimizer step reached that global step
+    expected_steps = sorted(set(range(every, epoch_ends[-1] + 1, every)) | set(epoch_ends))
+    assert [step for step, _ in logged["train_loss"]] == expected_steps
+    loss_reaching = {}
+    for step, loss in recorder.train:
+        loss_reaching.setdefault(step, loss)
+    for step, value in logged["train_loss"]:
+        assert value == pytest.approx(loss_reaching[step], rel=1e-6, abs=1e-7), step
+
+    # epoch_loss: once per epoch, at its last step, the mean of the epoch's batch losses
+    assert [step for step, _ in logged["epoch_loss"]] == epoch_ends
+    for epoch, (_, value) in enumerate(logged["epoch_loss"]):
+        losses = [loss for _, loss in recorder.train[8 * epoch:8 * (epoch + 1)]]
+        assert value == pytest.approx(sum(losses) / len(losses), rel=1e-6)
+
+    # val_loss: once per validation (after batches 4 and 8 of each epoch), at its global step
+    val_steps = [s for e in epoch_ends for s in (e - steps_per_epoch // 2, e)]
+    assert [step for step, _ in logged["val_loss"]] == val_steps
+    assert [step for step, _ in recorder.val] == val_steps
+    for (_, value), (_, expected) in zip(logged["val_loss"], recorder.val):
+        assert value == pytest.approx(expected, rel=1e-6, abs=1e-7)
+    final = logged["val_loss"][-1][1]
+    assert abs(final - float(trainer.callback_metrics["val_loss"])) <= 1e-6
+    assert abs(final - val_mse(module)) <= 1e-6  # the last validation saw the final weights
+
+
+def test_each_run_logs_to_its_own_folder(make_trainer, tmp_path):
+    for version in range(2):
+        torch.manual_seed(version)
+        trainer = make_trainer(max_epochs=1, callbacks=["no:progress-bar", "no:checkpoint"])
+        module = TinyRegressor(n=16)
+        trainer.fit(module)
+        assert trainer.log_dir == tmp_path / "runs" / f"version_{version}"
+        logged = scalars(trainer.log_dir)
+        assert [step for step, _ in logged["val_loss"]] == [2]
+        assert abs(logged["val_loss"][0][1] - val_mse(module)) <= 1e-6
+
+
+# -------------------------------------------------------------------------------------------
+# Progress output
+
+MODEL = ["--model", "tests.conftest:TinyRegressor", "--model.n", "32"]  # 4 batches per epoch
+
+
+def _fit_args(root: Path, *extra: str) -> list[str]:
+    return ["fit", *MODEL, "--max-epochs", "2", "--seed", "0", "--accelerator", "cpu",
+            "--default-root-dir", str(root), "-p", "no:tensorboard", *extra]
+
+
+def _final_val_loss(root: Path) -> float:
+    checkpoint = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    module = TinyRegressor(n=32)
+    module.load_state_dict(checkpoint["model"])
+    return val_mse(module)
+
+
+def _metrics(line: str) -> dict[str, float]:
+    return {name: float(value) for name, value in re.findall(r"(\w+)=(\S+)", line)}
+
+
+@pytest.mark.slow
+def test_plain_progress_lines_without_a_terminal(cli, tmp_path):
+    result = cli(*_fit_args(tmp_path / "runs"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    epoch_lines = [line for line in lines if line.startswith("Epoch ")]
+    assert len(epoch_lines) == 2, result.stdout
+    for number, line in enumerate(epoch_lines, start=1):
+        assert line.startswith(f"Epoch {number}/2  batch 4/4  step {4 * number}  "), line
+        assert line.endswith("done"), line
+        # only metrics logged with prog_bar=True: train_loss, not val_loss
+        assert set(_metrics(line)) == {"train_loss"}, line
+    final = lines[-1]
+    assert final.startswith("Training finished: 2 epoch(s), 8 steps in "), final
+    metrics = _metrics(final)
+    assert set(metrics) == {"train_loss", "val_loss"}
+    assert metrics["train_loss"] == _metrics(epoch_lines[-1])["train_loss"]
+    assert metrics["val_loss"] == pytest.approx(_final_val_loss(tmp_path / "runs"), rel=1e-3)
+    assert "\x1b[" not in result.stdout  # no terminal control codes in a log file
+
+
+@pytest.mark.slow
+def test_no_progress_bar_prints_neither(cli, tmp_path):
+    result = cli(*_fit_args(tmp_path / "runs", "--no-progress-bar"))
+    assert result.returncode == 0, result.stderr
+    assert "Epoch" not in result.stdout
+    assert "Training finished" not in result.stdout
+    assert (tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_progress_bar_on_a_terminal(tmp_path):
+    pty = pytest.importorskip("pty")
+    try:
+        import fcntl
+        import struct
+        import termios
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    except OSError as exc:
+        pytest.skip(f"no pseudo-terminal available: {exc}")
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    for name in ("NO_COLOR", "TERM_PROGRAM"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "ptrain", *_fit_args(tmp_path / "runs")],
+                            cwd=REPO, stdin=slave, stdout=slave, stderr=slave, env=env,
+                            close_fds=True)
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 120)
+            if not ready:
+                break
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    raw = b"".join(chunks).decode("utf-8", "replace")
+    text = ANSI.sub("", raw)
+    assert "━" in text  # rich's bar
+    assert "\x1b[" in raw  # drawn with terminal control codes
+    assert "Epoch 1/2" in text and "Epoch 2/2" in text
+    assert "4/4" in text
+    assert "done" not in text  # the plain-line format is for non-terminals
+    bar_text = text.split("Training finished")[0]
+    assert "train_loss=" in bar_text and "val_loss" not in bar_text  # prog_bar metrics only
+    final = text.split("Training finished")[1].splitlines()[0]
+    assert final.startswith(": 2 epoch(s), 8 steps in ")
+    assert set(_metrics(final)) == {"train_loss", "val_loss"}
