@@ -73,6 +73,14 @@ class Catalog:
             return claims[0]
         if not claims:
             installed = self.names(kind)
+            elsewhere = [i for i in self.infos if i.name == name]
+            if elsewhere:
+                other = elsewhere[0].kind
+                how = f"-p {name}" if other == "callback" else f"--{other} {name}"
+                raise PluginError(
+                    f"{name!r} is a {other} plugin, not a {kind}; select it with {how}. "
+                    f"Installed {kind} plugins: {', '.join(installed) or '(none)'}."
+                )
             raise PluginError(
                 f"unknown {kind} {name!r}. Installed {kind} plugins: "
                 f"{', '.join(installed) or '(none)'}.{closest(name, installed)} "

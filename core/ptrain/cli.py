@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, NoReturn, Sequence
 
-from ptrain.catalog import Catalog
+from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
 from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError
 from ptrain.options import OptionGroup, closest
@@ -91,9 +91,16 @@ def _preparse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     pre.add_argument("--print-config", action="store_true")
     pre.add_argument("-p", dest="plugins", action="append", default=[])
     pre.add_argument("--no-progress-bar", action="store_true")
-    for kind in ("accelerator", "strategy", "precision"):
-        pre.add_argument(f"--{kind}")
-    return pre.parse_known_args(argv)
+    for kind in EXCLUSIVE_KINDS:
+        pre.add_argument(f"--{kind}", action="append", default=[])
+    args, rest = pre.parse_known_args(argv)
+    for kind in EXCLUSIVE_KINDS:
+        given = getattr(args, kind)
+        if len(set(given)) > 1:
+            raise PluginError(f"one {kind} at a time: --{kind} was given {len(given)} times "
+                              f"({', '.join(given)}); keep one.")
+        setattr(args, kind, given[-1] if given else None)
+    return args, rest
 
 
 def _split_init_args(argv: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
@@ -239,7 +246,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         file_trainer.get("callbacks", []), f"[trainer] callbacks in {pre.config}")
     callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
     selection = {k: getattr(pre, k) or file_trainer.get(k) or core_options().options[k].default
-                 for k in ("accelerator", "strategy", "precision")}
+                 for k in EXCLUSIVE_KINDS}
 
     from ptrain.selection import select_plugins
 

@@ -14,7 +14,7 @@ import torch
 
 from ptrain import checkpoint_io
 from ptrain.builtins.loop_defaults import LoopDefaults
-from ptrain.catalog import Catalog
+from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
 from ptrain.errors import (CheckpointError, ConfigError, ModelError, NonFiniteLossError,
                            PluginError)
@@ -51,7 +51,7 @@ class Trainer:
     def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,
                  catalog: Catalog | None = None, **options: Any):
         objects = {k: v for k, v in options.items()
-                   if k in ("accelerator", "strategy", "precision") and not isinstance(v, str)}
+                   if k in EXCLUSIVE_KINDS and not isinstance(v, str)}
         callbacks = list(options.get("callbacks") or [])
         named = {k: v for k, v in options.items() if k not in objects}
         named["callbacks"] = [c for c in callbacks if isinstance(c, str)]

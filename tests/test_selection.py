@@ -1,0 +1,72 @@
+"""Selecting plugins and data by name, in-process through ``ptrain.cli.main`` and ``Trainer``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ptrain
+from ptrain.cli import main
+from tests.conftest import TinyRegressor, make_regression_data
+
+
+class RegressionData(ptrain.DataModule):
+    """Data kept apart from the model; ``setup`` is called once before the loaders."""
+
+    def __init__(self, n: int = 32, batch_size: int = 8):
+        self.n, self.batch_size = n, batch_size
+        self.stages: list[str] = []
+
+    def setup(self, stage):
+        self.stages.append(stage)
+        self.train_set = make_regression_data(self.n, seed=0)
+        self.val_set = make_regression_data(8, seed=1)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+
+def test_a_datamodule_replaces_the_module_s_own_data(make_trainer):
+    data = RegressionData(n=48, batch_size=12)
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(TinyRegressor(n=8, batch_size=8), datamodule=data)
+    assert data.stages == ["fit"] and trainer.global_step == 4
+    trainer.validate(TinyRegressor(), datamodule=data)
+    assert data.stages == ["fit", "validate"]
+
+
+def test_data_and_init_arguments_from_the_command_line(tmp_path, capsys):
+    code = main(["fit", "--model", "tests.conftest:TinyRegressor", "--model.lr", "0.05",
+                 "--data", "tests.test_selection:RegressionData", "--data.n", "40",
+                 "--data.batch_size", "20", "--max-epochs", "2", "--no-progress-bar",
+                 "--default-root-dir", str(tmp_path)])
+    assert code == 0
+    checkpoint = torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt",
+                            weights_only=True)
+    assert checkpoint["loop"]["global_step"] == 4  # 40 samples / 20 per batch, 2 epochs
+    assert checkpoint["config"]["data"]["init_args"] == {"n": 40, "batch_size": 20}
+    assert checkpoint["config"]["model"]["init_args"] == {"lr": 0.05}
+
+
+def test_two_plugins_of_an_exclusive_kind_is_a_usage_error(capsys):
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", "--precision", "32-true",
+                 "--precision", "64-true"]) == 2
+    err = capsys.readouterr().err
+    assert "one precision at a time" in err and "32-true, 64-true" in err
+
+
+def test_a_plugin_of_another_kind_is_named_with_the_right_flag(capsys):
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", "-p", "32-true"]) == 2
+    assert "'32-true' is a precision plugin, not a callback; select it with --precision " \
+           "32-true" in capsys.readouterr().err
+    with pytest.raises(ptrain.PluginError, match="is a callback plugin, not a strategy"):
+        ptrain.Trainer(strategy="checkpoint")
+
+
+def test_auto_accelerator_falls_back_to_cpu():
+    trainer = ptrain.Trainer(accelerator="auto", callbacks=["no:progress-bar"])
+    assert type(trainer.plugins["cpu"]).__name__ == "CPUAccelerator"
