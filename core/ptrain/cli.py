@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
@@ -226,26 +227,30 @@ def _help_groups(catalog: Catalog) -> tuple[list[tuple[OptionGroup, str, str]], 
     return groups, broken
 
 
-def cmd_run(stage: str, argv: list[str]) -> int:
+@dataclass
+class RunSpec:
+    """Everything a ``fit``/``validate`` command resolved from its config file and flags."""
+
+    trainer_options: dict[str, Any]
+    plugin_options: dict[str, dict[str, Any]]
+    model: dict[str, Any]
+    data: dict[str, Any]
+    ckpt_path: str | None
+    print_config: bool
+
+
+def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
+    """Merge option defaults < config file < flags; imports only the selected plugins."""
     argv, init_args = _split_init_args(argv)
     pre, _ = _preparse(argv)
-    catalog = Catalog.discover()
-    if pre.help:
-        groups, broken = _help_groups(catalog)
-        parser = _build_parser(stage, groups)
-        parser.print_help()
-        if broken:
-            print("\nplugins that failed to import (their options are not shown):")
-            print("\n".join(f"  {b}" for b in broken))
-        return 0
-
     file_config = load_config_file(pre.config) if pre.config else {}
     file_trainer = dict(file_config.get("trainer", {}))
-    core_options().resolve(file_trainer, f"[trainer] in {pre.config}")  # names the file on error
-    callbacks = core_options().options["callbacks"].convert(
-        file_trainer.get("callbacks", []), f"[trainer] callbacks in {pre.config}")
+    core = core_options()
+    core.resolve(file_trainer, f"[trainer] in {pre.config}")  # an error names the file
+    callbacks = core.options["callbacks"].convert(file_trainer.get("callbacks", []),
+                                                  f"[trainer] callbacks in {pre.config}")
     callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
-    selection = {k: getattr(pre, k) or file_trainer.get(k) or core_options().options[k].default
+    selection = {k: getattr(pre, k) or file_trainer.get(k) or core.options[k].default
                  for k in EXCLUSIVE_KINDS}
 
     from ptrain.selection import select_plugins
@@ -259,66 +264,69 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         _unknown_flag(unknown[0], parser, catalog, {p.name for p in selected})
 
     trainer_options = dict(file_trainer)
-    plugin_options: dict[str, dict[str, Any]] = {
-        name: dict(values) for name, values in file_config.get("plugins", {}).items()}
+    plugin_options = {name: dict(values)
+                      for name, values in file_config.get("plugins", {}).items()}
     for dest, value in vars(args).items():
-        if "\0" not in dest:
-            continue
-        owner, name = dest.split("\0")
-        if owner == "trainer":
-            trainer_options[name] = value
-        else:
-            plugin_options.setdefault(owner, {})[name] = value
+        if "\0" in dest:  # an option of the core or a plugin (see _add_group)
+            owner, name = dest.split("\0")
+            target = trainer_options if owner == "trainer" else plugin_options.setdefault(owner, {})
+            target[name] = value
     trainer_options.update(selection, callbacks=callbacks)
 
-    model_cfg = dict(file_config.get("model", {}))
-    data_cfg = dict(file_config.get("data", {}))
-    if args.model:
-        model_cfg["class_path"] = args.model
-    if args.data:
-        data_cfg["class_path"] = args.data
-    for cfg, table in ((model_cfg, "model"), (data_cfg, "data")):
+    components = {}
+    for table, class_path in (("model", args.model), ("data", args.data)):
+        cfg = dict(file_config.get(table, {}))
+        if class_path:
+            cfg["class_path"] = class_path
         if cfg or init_args[table]:
             cfg["init_args"] = {**cfg.get("init_args", {}), **init_args[table]}
-    if data_cfg and not data_cfg.get("class_path"):
+        components[table] = cfg
+    if components["data"] and not components["data"].get("class_path"):
         raise ModelError("--data.KEY arguments were given without --data MODULE:CLASS.")
-    ckpt_path = args.ckpt_path or file_config.get("ckpt_path")
+    return RunSpec(trainer_options, plugin_options, components["model"], components["data"],
+                   args.ckpt_path or file_config.get("ckpt_path"),
+                   args.print_config or pre.print_config)
 
-    from ptrain.trainer import Trainer, seed_everything
 
-    trainer = Trainer(plugin_options=plugin_options, catalog=catalog, **trainer_options)
-    config = {**trainer.config, "model": model_cfg, "data": data_cfg}
-    if args.print_config or pre.print_config:
-        if ckpt_path:
-            config["ckpt_path"] = ckpt_path
-        text = dump_config({k: v for k, v in config.items() if k != "ckpt_path"})
-        print((f"ckpt_path = {json.dumps(ckpt_path)}\n\n" if ckpt_path else "") + text, end="")
+def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
+    """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it."""
+    cls = _import_object(cfg["class_path"], flag)
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
+                         f"(it is {cls!r}).")
+    return _instantiate(cls, cfg.get("init_args", {}), flag.lstrip("-"))
+
+
+def cmd_run(stage: str, argv: list[str]) -> int:
+    catalog = Catalog.discover()
+    if _preparse(_split_init_args(argv)[0])[0].help:
+        groups, broken = _help_groups(catalog)
+        _build_parser(stage, groups).print_help()
+        if broken:
+            print("\nplugins that failed to import (their options are not shown):")
+            print("\n".join(f"  {b}" for b in broken))
         return 0
-    trainer.config.update(model=model_cfg, data=data_cfg)
-    if not model_cfg.get("class_path"):
-        raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), or "
-                         "set class_path in the [model] table of --config.")
+    spec = _resolve_run(stage, argv, catalog)
 
     from ptrain.module import DataModule, TrainModule
+    from ptrain.trainer import Trainer, seed_everything
 
+    trainer = Trainer(plugin_options=spec.plugin_options, catalog=catalog,
+                      **spec.trainer_options)
+    trainer.config.update(model=spec.model, data=spec.data)
+    if spec.print_config:
+        resume = f"ckpt_path = {json.dumps(spec.ckpt_path)}\n\n" if spec.ckpt_path else ""
+        print(resume + dump_config(trainer.config), end="")
+        return 0
+    if not spec.model.get("class_path"):
+        raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), or "
+                         "set class_path in the [model] table of --config.")
     if trainer.seed is not None:
         seed_everything(trainer.seed)  # before the model is built: its initial weights count
-    model_cls = _import_object(model_cfg["class_path"], "--model")
-    if not (inspect.isclass(model_cls) and issubclass(model_cls, TrainModule)):
-        raise ModelError(f"--model {model_cfg['class_path']!r} is not a ptrain.TrainModule "
-                         f"subclass (it is {model_cls!r}).")
-    module = _instantiate(model_cls, model_cfg.get("init_args", {}), "model")
-    datamodule = None
-    if data_cfg:
-        data_cls = _import_object(data_cfg["class_path"], "--data")
-        if not (inspect.isclass(data_cls) and issubclass(data_cls, DataModule)):
-            raise ModelError(f"--data {data_cfg['class_path']!r} is not a ptrain.DataModule "
-                             f"subclass (it is {data_cls!r}).")
-        datamodule = _instantiate(data_cls, data_cfg.get("init_args", {}), "data")
-    if stage == "fit":
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    else:
-        trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    module = _build_component(spec.model, TrainModule, "--model")
+    datamodule = _build_component(spec.data, DataModule, "--data") if spec.data else None
+    run = trainer.fit if stage == "fit" else trainer.validate
+    run(module, datamodule=datamodule, ckpt_path=spec.ckpt_path)
     return 0
 
 

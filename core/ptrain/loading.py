@@ -141,9 +141,12 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
             )
 
 
+def call_impl(impl: Any, **kwargs: Any) -> Any:
+    """Call one hook implementation with the arguments it declares."""
+    return impl.function(**{name: kwargs[name] for name in impl.argnames})
+
+
 def call_per_plugin(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[str, Any]:
     """Call each plugin's implementation of ``hook_name`` on its own; results keyed by plugin."""
-    results = {}
-    for impl in getattr(pm.hook, hook_name).get_hookimpls():
-        results[impl.plugin_name] = impl.function(**{a: kwargs[a] for a in impl.argnames})
-    return results
+    return {impl.plugin_name: call_impl(impl, **kwargs)
+            for impl in getattr(pm.hook, hook_name).get_hookimpls()}

@@ -19,7 +19,8 @@ from ptrain.config import core_options
 from ptrain.errors import (CheckpointError, ConfigError, ModelError, NonFiniteLossError,
                            PluginError)
 from ptrain.hook_calls import StepHooks
-from ptrain.loading import call_per_plugin, create_plugin_manager, instantiate, register
+from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
+                            register)
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule
 from ptrain.optimizers import OptimizerSetup, configure_optimizers
@@ -323,10 +324,9 @@ class Trainer:
             for stage_name, sums in checkpoint.get("metrics", {}).items():
                 self.metrics.epoch_sums[stage_name] = {k: list(v) for k, v in sums.items()}
         saved = checkpoint.get("plugins", {})
-        for impl in self.hook.load_state_dict.get_hookimpls():
+        for impl in self.hook.load_state_dict.get_hookimpls():  # per plugin: its own state
             if impl.plugin_name in saved:
-                impl.function(**{a: {"trainer": self, "state": saved[impl.plugin_name]}[a]
-                                 for a in impl.argnames})
+                call_impl(impl, trainer=self, state=saved[impl.plugin_name])
         return checkpoint
 
 
