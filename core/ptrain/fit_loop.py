@@ -38,12 +38,15 @@ def check_losses_finite(trainer: Trainer) -> None:
     window = trainer.loss_window
     if not window:
         return
-    losses = torch.stack([loss.float().reshape(()) for _, _, _, loss in window])
+    try:  # the usual case: 0-dim losses of one dtype, stacked without a copy each
+        losses = torch.stack([entry[3] for entry in window])
+    except RuntimeError:  # shapes or dtypes differ
+        losses = torch.stack([entry[3].float().reshape(()) for entry in window])
     finite = torch.isfinite(losses)
     if bool(finite.all()):
         window.clear()
         return
-    first = int((~finite).nonzero()[0, 0])
+    first = int((~finite).reshape(len(window), -1).any(dim=1).nonzero()[0, 0])
     epoch, batch_idx, step, loss = window[first]
     window.clear()
     saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None

@@ -11,6 +11,7 @@ The callers are built after every plugin is registered, so they see the final se
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import pluggy
@@ -22,10 +23,17 @@ PER_STEP_HOOKS = (
 
 
 def _bind(impl: Any, spec_args: tuple[str, ...]) -> Callable[..., Any]:
+    """``impl``'s function, called with the keyword arguments of a hook call (it may declare
+    fewer than the specification has: pluggy's opt-in arguments)."""
     function, wanted = impl.function, tuple(impl.argnames)
     if wanted == spec_args:
         return function
-    return lambda **kwargs: function(**{name: kwargs[name] for name in wanted})
+    if not wanted:
+        return lambda **kwargs: function()
+    pick = operator.itemgetter(*wanted)
+    if len(wanted) == 1:
+        return lambda **kwargs: function(pick(kwargs))
+    return lambda **kwargs: function(*pick(kwargs))
 
 
 def direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:

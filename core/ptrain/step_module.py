@@ -20,8 +20,10 @@ class StepModule(nn.Module):
     def __init__(self, module: TrainModule):
         super().__init__()
         self.module = module
+        # a plain attribute as well: reading it per step skips nn.Module.__getattr__
+        self.__dict__["_user_module"] = module
 
     def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
         if stage == "train":
-            return self.module.training_step(batch, batch_idx)
-        return self.module.validation_step(batch, batch_idx)
+            return self._user_module.training_step(batch, batch_idx)
+        return self._user_module.validation_step(batch, batch_idx)

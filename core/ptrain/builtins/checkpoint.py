@@ -40,7 +40,7 @@ class ModelCheckpoint:
         self._last_saved_step = trainer.global_step
 
     @hookimpl
-    def on_train_batch_end(self, trainer) -> None:
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:  # all: see hook_calls
         n = self.every_n_train_steps
         # only where an optimizer step just happened: mid-window gradients are not saved
         if (n and trainer.sync_gradients and trainer.global_step % n == 0

@@ -20,3 +20,9 @@ class CPUAccelerator:
     @hookimpl
     def setup_device(self) -> torch.device:
         return torch.device("cpu")
+
+    @hookimpl
+    def transfer_batch(self, trainer, batch):
+        """Batches are used where the DataLoader made them: in host memory, already on the
+        device (walking the batch to call ``.to("cpu")`` on each tensor would change nothing)."""
+        return batch

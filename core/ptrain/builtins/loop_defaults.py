@@ -2,6 +2,9 @@
 
 Any plugin takes over one of these hooks by returning a value from its own implementation. This
 plugin is not an entry point and can't be blocked: without it the loop has no defaults.
+
+The per-step implementations take every argument of their hook, used or not: the direct caller
+(``ptrain.hook_calls``) then calls them without an adapter.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class LoopDefaults:
         return trainer.model(stage, batch, batch_idx)
 
     @hookimpl(trylast=True)
-    def backward(self, loss: torch.Tensor) -> bool:
+    def backward(self, trainer: Trainer, loss: torch.Tensor) -> bool:
         loss.backward()
         return True
 
@@ -60,7 +63,7 @@ class LoopDefaults:
         return True
 
     @hookimpl(trylast=True)
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
         optimizer.step()
         return True
 

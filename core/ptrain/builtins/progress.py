@@ -72,7 +72,7 @@ class ProgressBar:
         return f"{(batches_done - self.start_batch) / elapsed:.1f} it/s" if elapsed > 0 else ""
 
     @hookimpl
-    def on_train_batch_end(self, trainer, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer, batch, batch_idx: int, loss) -> None:  # see hook_calls
         if not self.enabled:
             return
         now = time.monotonic()
