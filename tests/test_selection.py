@@ -70,3 +70,20 @@ def test_a_plugin_of_another_kind_is_named_with_the_right_flag(capsys):
 def test_auto_accelerator_falls_back_to_cpu():
     trainer = ptrain.Trainer(accelerator="auto", callbacks=["no:progress-bar"])
     assert type(trainer.plugins["cpu"]).__name__ == "CPUAccelerator"
+
+
+def test_validate_command_restores_a_checkpoint_and_reports(tmp_path, capsys):
+    common = ["--model", "tests.conftest:TinyRegressor", "--default-root-dir", str(tmp_path)]
+    assert main(["fit", *common, "--max-epochs", "1", "--no-progress-bar"]) == 0
+    capsys.readouterr()
+    assert main(["validate", *common, "--ckpt-path", "last"]) == 0
+    out = capsys.readouterr().out
+    assert "Validation finished." in out and "val_loss=" in out
+    module = TinyRegressor()
+    state = torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt",
+                       weights_only=True)["model"]
+    module.load_state_dict(state)
+    x, y = module.val_set.tensors
+    expected = torch.nn.functional.mse_loss(module(x), y).item()
+    reported = float(out.split("val_loss=")[1].split()[0])
+    assert reported == pytest.approx(expected, rel=1e-3)
