@@ -25,7 +25,7 @@ from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule
 from ptrain.optimizers import OptimizerSetup, configure_optimizers
 from ptrain.precision_policy import PrecisionPolicy
-from ptrain.selection import SelectedPlugin, select_plugins
+from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
 from ptrain.step_module import StepModule
 
 #: Where, inside a run folder, the checkpoint that ``ckpt_path="last"`` resumes from lives.
@@ -57,12 +57,12 @@ class Trainer:
         named = {k: v for k, v in options.items() if k not in objects}
         named["callbacks"] = [c for c in callbacks if isinstance(c, str)]
         self.options = core_options().resolve(named, "Trainer(...)")
+        self.options.update({kind: object_name(plugin) for kind, plugin in objects.items()})
         self.catalog = catalog if catalog is not None else Catalog.discover()
         selected = select_plugins(
             self.catalog,
-            objects.get("accelerator", self.options["accelerator"]),
-            objects.get("strategy", self.options["strategy"]),
-            objects.get("precision", self.options["precision"]),
+            *(objects.get(kind, self.options[kind]) for kind in ("accelerator", "strategy",
+                                                                   "precision")),
             callbacks,
         )
         self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
@@ -77,7 +77,6 @@ class Trainer:
             setattr(self, name, value)
         if self.max_epochs is None and self.max_steps is None and self.max_time is None:
             self.max_epochs = 1000
-        self.default_root_dir = self.options["default_root_dir"]
         self.log_dir: Path | None = None
         self.current_epoch = 0
         self.global_step = 0
@@ -100,12 +99,13 @@ class Trainer:
         self.exception: BaseException | None = None
         self.metrics = MetricStore(self)
         self.loop_state: dict[str, Any] = {}
+        self.loss_window: list[tuple[int, int, int, torch.Tensor]] = []  # checked at check points
 
     @staticmethod
     def _instantiate(selected: list[SelectedPlugin], plugin_options: dict[str, dict[str, Any]],
                      callbacks: list[Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         by_name = {p.name: p for p in selected}
-        blocked = {c[3:] for c in callbacks if isinstance(c, str) and c.startswith("no:")}
+        blocked = split_callbacks(callbacks)[1]
         for name in plugin_options:
             if name not in by_name and name not in blocked:
                 raise ConfigError(
