@@ -66,7 +66,6 @@ def run_validation(trainer: Trainer) -> None:
         return
     hooks = trainer.step_hooks
     num_batches = _limit(_length(loader), trainer.limit_val_batches)
-    trainer.num_val_batches = num_batches
     previous_stage, trainer.stage = trainer.stage, "validate"
     modes = [(m, m.training) for m in trainer.model.modules()]
     trainer.model.eval()
@@ -94,7 +93,7 @@ class FitLoop:
         self.hook = trainer.hook
         self.step_hooks = trainer.step_hooks
         self.accumulate = trainer.accumulate_grad_batches
-        self.automatic = bool(getattr(trainer.module, "automatic_optimization", True))
+        self.automatic = trainer.module.automatic_optimization
         self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
         trainer.num_training_batches = self.num_batches
         if self.num_batches == 0:

@@ -27,7 +27,6 @@ from ptrain.errors import PluginError
 from ptrain.options import OptionGroup, closest
 
 IMPL_MARK = f"{hookspecs.PROJECT_NAME}_impl"  # the attribute pluggy's HookimplMarker sets
-DECLARATION_HOOKS = ("add_options", "check_available")
 SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
 HOOK_NAMES = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), SPEC_MARK))
 

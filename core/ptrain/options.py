@@ -165,9 +165,6 @@ class OptionGroup:
             flag=flag,
         )
 
-    def defaults(self) -> dict[str, Any]:
-        return {name: opt.default for name, opt in self.options.items()}
-
     def resolve(self, given: dict[str, Any], source: str) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (already-merged config and flags), every value checked.
         Unknown keys are an error naming the closest valid key."""

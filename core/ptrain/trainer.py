@@ -16,8 +16,7 @@ from ptrain import checkpoint_io
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
-from ptrain.errors import (CheckpointError, ConfigError, ModelError, NonFiniteLossError,
-                           PluginError)
+from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
                             register)
@@ -253,7 +252,7 @@ class Trainer:
             self.hook.teardown(trainer=self, stage=stage)
 
     def _wrap_optimizers(self, setup: OptimizerSetup) -> None:
-        if module_is_automatic(self.module) and len(setup.optimizers) > 1:
+        if self.module.automatic_optimization and len(setup.optimizers) > 1:
             raise ModelError(
                 f"configure_optimizers returned {len(setup.optimizers)} optimizers; automatic "
                 f"optimization steps one. Set `automatic_optimization = False` on the module and "
@@ -330,10 +329,6 @@ class Trainer:
         return checkpoint
 
 
-def module_is_automatic(module: TrainModule) -> bool:
-    return bool(getattr(module, "automatic_optimization", True))
-
-
 def _versions(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
@@ -358,4 +353,4 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-__all__ = ["Trainer", "seed_everything", "NonFiniteLossError"]
+__all__ = ["Trainer", "seed_everything"]

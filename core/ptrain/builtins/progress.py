@@ -35,11 +35,10 @@ class ProgressBar:
                     help="seconds between redraws of the bar on a terminal")
 
     @hookimpl
-    def setup(self, trainer, stage: str) -> None:
+    def setup(self, trainer) -> None:
         self.enabled = trainer.is_global_zero
         self.terminal = sys.stdout.isatty()
         self.fit_start = time.monotonic()
-        self.stage = stage
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
