@@ -87,3 +87,9 @@ def test_validate_command_restores_a_checkpoint_and_reports(tmp_path, capsys):
     expected = torch.nn.functional.mse_loss(module(x), y).item()
     reported = float(out.split("val_loss=")[1].split()[0])
     assert reported == pytest.approx(expected, rel=1e-3)
+
+
+def test_single_device_refuses_more_than_one_device(make_trainer):
+    with pytest.raises(ptrain.ConfigError, match="single-device strategy trains on one device"):
+        make_trainer(devices=2, max_epochs=1).fit(TinyRegressor())
+    make_trainer(devices=[0], max_epochs=1).fit(TinyRegressor(n=8))  # one index is one device

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
 
 
 class SingleDeviceStrategy:
-    """The default strategy. Places the model on ``trainer.device``; ``--devices`` must be 1."""
+    """The default strategy: the loop's defaults as they are (the model moved to
+    ``trainer.device``, no wrapping, no reduction); it only checks that one device was asked for."""
 
     @hookimpl
     def launch(self, trainer) -> None:
@@ -22,7 +21,3 @@ class SingleDeviceStrategy:
                 f"multi-process strategy (e.g. --strategy ddp) or --devices 1."
             )
         return None
-
-    @hookimpl
-    def wrap_model(self, trainer, model: torch.nn.Module) -> torch.nn.Module:
-        return model.to(trainer.device)
