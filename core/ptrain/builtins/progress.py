@@ -84,14 +84,19 @@ class ProgressBar:
     def _draw(self, trainer, done: int, final: bool = False) -> None:
         metrics = _format(trainer.metrics.progress_values())
         rate = self._rate(done)
-        if self.terminal:
+        if self.terminal and not final:
             self.live.update(self.task, completed=done, rate=rate, metrics=metrics)
             self.live.refresh()
+            return
+        total = f"/{self.total}" if self.total is not None else ""
+        line = (f"{self._epoch_label(trainer)}  batch {done}{total}  step {trainer.global_step}  "
+                f"{rate}  {metrics}  {'done' if final else '...'}").rstrip()
+        if self.terminal:  # a finished epoch becomes a line above the one live bar
+            self.live.remove_task(self.task)
+            self.live.console.print(line, highlight=False)
+            self.live.refresh()
         else:
-            total = f"/{self.total}" if self.total is not None else ""
-            end = "done" if final else "..."
-            print(f"{self._epoch_label(trainer)}  batch {done}{total}  step "
-                  f"{trainer.global_step}  {rate}  {metrics}  {end}".rstrip(), flush=True)
+            print(line, flush=True)
 
     @hookimpl
     def on_epoch_end(self, trainer) -> None:
