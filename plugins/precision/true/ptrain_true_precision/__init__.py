@@ -1,0 +1,59 @@
+"""Precisions that hold the whole model in one dtype: ``bf16-true``, ``16-true`` and ``64-true``.
+
+The model's floating-point parameters and buffers are cast before the strategy wraps the model
+(so the optimizer, built afterwards, keeps its state in the same dtype), and every floating-point
+tensor of each batch is cast on its way to the device. No autocast, no loss scaling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ptrain import PrecisionPolicy, hookimpl
+from ptrain.data import apply_to_tensors
+
+
+class TruePrecision:
+    """Parameters, buffers, inputs and optimizer state all in :attr:`dtype`."""
+
+    dtype: torch.dtype = torch.float32
+
+    @hookimpl
+    def precision_policy(self) -> PrecisionPolicy:
+        return PrecisionPolicy(param_dtype=self.dtype, compute_dtype=self.dtype,
+                               reduce_dtype=self.dtype)
+
+    @hookimpl(wrapper=True)
+    def wrap_model(self, model: torch.nn.Module):
+        model.to(dtype=self.dtype)  # in place, before the strategy wraps or shards it
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def transfer_batch(self, batch: Any):
+        moved = yield
+        return apply_to_tensors(moved, self._cast)
+
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+
+class BF16TruePrecision(TruePrecision):
+    """``bf16-true``: half the memory of float32 for weights, gradients and optimizer state;
+    bfloat16 keeps float32's range, so no loss scaling is needed."""
+
+    dtype = torch.bfloat16
+
+
+class Float16TruePrecision(TruePrecision):
+    """``16-true``: float16 everywhere. Its narrow range can overflow or underflow without loss
+    scaling: prefer ``bf16-true`` where the hardware has bfloat16."""
+
+    dtype = torch.float16
+
+
+class Float64TruePrecision(TruePrecision):
+    """``64-true``: double precision, for numerical checks (gradient checks, reference runs)."""
+
+    dtype = torch.float64

@@ -1,0 +1,134 @@
+"""The precision plugins ``bf16-mixed``, ``bf16-true``, ``16-true`` and ``64-true``: selected by
+name from their installed distributions, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ptrain
+from ptrain.catalog import Catalog
+from examples.digits import DigitsClassifier
+from tests.conftest import TinyRegressor
+
+#: Stated tolerance: a precision plugin reaches 32-true's validation accuracy on the digits
+#: example (10 epochs, seed 0) within this many percentage points.
+ACCURACY_TOLERANCE = 0.02
+
+
+def test_installed_distributions_register_the_names():
+    catalog = Catalog.discover()
+    for name, dist in [("bf16-mixed", "ptrain-mixed-precision"),
+                       ("bf16-true", "ptrain-true-precision"),
+                       ("16-true", "ptrain-true-precision"),
+                       ("64-true", "ptrain-true-precision")]:
+        assert catalog.get("precision", name).distribution == dist
+
+
+def _digits_accuracy(make_trainer, precision: str) -> float:
+    torch.manual_seed(0)
+    module = DigitsClassifier()
+    trainer = make_trainer(precision=precision, max_epochs=10, seed=0)
+    trainer.fit(module)
+    return float(trainer.callback_metrics["val_acc"])
+
+
+@pytest.fixture(scope="module")
+def reference_accuracy(tmp_path_factory):
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=10, seed=0,
+                             default_root_dir=str(tmp_path_factory.mktemp("ref")),
+                             callbacks=["no:progress-bar"])
+    trainer.fit(DigitsClassifier())
+    return float(trainer.callback_metrics["val_acc"])
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_trains_the_example_as_well_as_32_true(make_trainer, reference_accuracy,
+                                                    precision):
+    accuracy = _digits_accuracy(make_trainer, precision)
+    assert accuracy >= reference_accuracy - ACCURACY_TOLERANCE, (accuracy, reference_accuracy)
+
+
+class AutocastProbe(TinyRegressor):
+    """Records, inside training_step, whether autocast is on and the dtype of its output."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self(x)
+        loss = nn.functional.mse_loss(out, y)
+        self.seen = (torch.is_autocast_enabled("cpu"), out.dtype, x.dtype, loss.dtype)
+        return loss
+
+
+class StepProbe:
+    name = "step-probe"
+
+    @ptrain.hookimpl
+    def backward(self, loss):
+        self.in_backward = torch.is_autocast_enabled("cpu")
+
+    @ptrain.hookimpl
+    def on_before_optimizer_step(self, optimizer):
+        self.before_step = torch.is_autocast_enabled("cpu")
+
+    @ptrain.hookimpl
+    def optimizer_step(self, optimizer):
+        self.in_step = torch.is_autocast_enabled("cpu")
+
+
+def test_bf16_mixed_autocasts_forward_and_loss_but_not_backward_or_step(make_trainer):
+    module, probe = AutocastProbe(n=16), StepProbe()
+    trainer = make_trainer(precision="bf16-mixed", callbacks=["no:progress-bar", probe],
+                           max_epochs=1)
+    trainer.fit(module)
+    autocast_on, out_dtype, input_dtype, _ = module.seen
+    assert autocast_on and out_dtype == torch.bfloat16 and input_dtype == torch.float32
+    assert (probe.in_backward, probe.before_step, probe.in_step) == (False, False, False)
+    assert all(p.dtype == torch.float32 for p in module.parameters())
+    assert trainer.precision_policy.compute_dtype == torch.bfloat16
+    assert trainer.precision_policy.param_dtype == torch.float32
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16),
+                                              ("16-true", torch.float16),
+                                              ("64-true", torch.float64)])
+def test_true_precisions_cast_parameters_inputs_and_optimizer_state(make_trainer, precision,
+                                                                    dtype):
+    module = AutocastProbe(n=16, optimizer="adam", lr=1e-3)
+    trainer = make_trainer(precision=precision, max_epochs=1)
+    trainer.fit(module)
+    autocast_on, out_dtype, input_dtype, loss_dtype = module.seen
+    assert not autocast_on and (out_dtype, input_dtype, loss_dtype) == (dtype, dtype, dtype)
+    assert all(p.dtype == dtype for p in module.parameters())
+    state = trainer.optimizers[0].state
+    assert all(s["exp_avg"].dtype == dtype for s in state.values())
+    assert trainer.precision_policy.param_dtype == trainer.precision_policy.compute_dtype == dtype
+
+
+def test_64_true_equals_a_hand_written_float64_loop(make_trainer):
+    torch.manual_seed(0)
+    module = TinyRegressor(n=32, batch_size=8, lr=0.05, with_val=False)
+    reference = TinyRegressor(n=32, batch_size=8, lr=0.05, with_val=False)
+    reference.load_state_dict(module.state_dict())
+    reference.double()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for _ in range(2):
+        for x, y in reference.train_dataloader():
+            loss = nn.functional.mse_loss(reference(x.double()), y.double())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    make_trainer(precision="64-true", max_epochs=2).fit(module)
+    for ours, theirs in zip(module.parameters(), reference.parameters()):
+        assert torch.equal(ours, theirs)
+
+
+def test_bf16_true_resumes_with_its_optimizer_state_in_bfloat16(make_trainer):
+    make_trainer(precision="bf16-true", max_epochs=1).fit(TinyRegressor(n=16, optimizer="adam"))
+    trainer = make_trainer(precision="bf16-true", max_epochs=2)
+    module = TinyRegressor(n=16, optimizer="adam")
+    trainer.fit(module, ckpt_path="last")
+    assert trainer.global_step == 4
+    assert all(s["exp_avg"].dtype == torch.bfloat16 for s in trainer.optimizers[0].state.values())
