@@ -2,7 +2,7 @@
 
     python tests/_resume_script.py --root DIR --out PARAMS.pt [--resume] [--kill-step K]
         [--kill-at EPOCH:BATCH] [--max-epochs N] [--every-n-train-steps N] [--every-n-epochs N]
-        [--val-check-interval X] [--accumulate N] [--seed S]
+        [--val-check-interval X] [--accumulate N] [--seed S] [--precision NAME]
 
 It trains ``TinyRegressor`` (shuffled data, dropout, Adam, a per-step LR scheduler: every source
 of randomness and state a resume has to restore) and writes the final parameters plus a few
@@ -75,12 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val-check-interval", type=float, default=1.0)
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default="32-true")
     args = p.parse_args(argv)
 
     at = tuple(int(v) for v in args.kill_at.split(":")) if args.kill_at else None
     model = build_model(args.seed)
     trainer = ptrain.Trainer(
         default_root_dir=args.root, accelerator="cpu", max_epochs=args.max_epochs, seed=args.seed,
+        precision=args.precision,
         val_check_interval=args.val_check_interval, accumulate_grad_batches=args.accumulate,
         callbacks=["no:progress-bar", "no:tensorboard", Killer(args.kill_step, at)],
         plugin_options={"checkpoint": {"every_n_train_steps": args.every_n_train_steps,
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
                 "lr": trainer.optimizers[0].param_groups[0]["lr"],
                 "optimizer": trainer.optimizers[0].state_dict(),
                 "scheduler": trainer.lr_schedulers[0]["scheduler"].state_dict(),
-                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}, args.out)
+                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+                "precision_state": getattr(trainer.plugins[args.precision], "state_dict",
+                                           lambda: None)()}, args.out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The precision plugins ``bf16-mixed``, ``bf16-true``, ``16-true`` and ``64-true``: selected by
-name from their installed distributions, on the CPU."""
+"""The precision plugins ``bf16-mixed``, ``16-mixed`` (its scaler: test_16_mixed.py),
+``bf16-true``, ``16-true`` and ``64-true``: selected by name from their installed
+distributions, on the CPU."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ ACCURACY_TOLERANCE = 0.02
 def test_installed_distributions_register_the_names():
     catalog = Catalog.discover()
     for name, dist in [("bf16-mixed", "ptrain-mixed-precision"),
+                       ("16-mixed", "ptrain-mixed-precision"),
                        ("bf16-true", "ptrain-true-precision"),
                        ("16-true", "ptrain-true-precision"),
                        ("64-true", "ptrain-true-precision")]:
@@ -44,9 +46,8 @@ def reference_accuracy(tmp_path_factory):
     return float(trainer.callback_metrics["val_acc"])
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
-def test_bf16_trains_the_example_as_well_as_32_true(make_trainer, reference_accuracy,
-                                                    precision):
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "16-mixed"])
+def test_trains_the_example_as_well_as_32_true(make_trainer, reference_accuracy, precision):
     accuracy = _digits_accuracy(make_trainer, precision)
     assert accuracy >= reference_accuracy - ACCURACY_TOLERANCE, (accuracy, reference_accuracy)
 
@@ -78,16 +79,19 @@ class StepProbe:
         self.in_step = torch.is_autocast_enabled("cpu")
 
 
-def test_bf16_mixed_autocasts_forward_and_loss_but_not_backward_or_step(make_trainer):
+@pytest.mark.parametrize("precision, dtype", [("bf16-mixed", torch.bfloat16),
+                                              ("16-mixed", torch.float16)])
+def test_mixed_autocasts_forward_and_loss_but_not_backward_or_step(make_trainer, precision,
+                                                                   dtype):
     module, probe = AutocastProbe(n=16), StepProbe()
-    trainer = make_trainer(precision="bf16-mixed", callbacks=["no:progress-bar", probe],
+    trainer = make_trainer(precision=precision, callbacks=["no:progress-bar", probe],
                            max_epochs=1)
     trainer.fit(module)
     autocast_on, out_dtype, input_dtype, _ = module.seen
-    assert autocast_on and out_dtype == torch.bfloat16 and input_dtype == torch.float32
+    assert autocast_on and out_dtype == dtype and input_dtype == torch.float32
     assert (probe.in_backward, probe.before_step, probe.in_step) == (False, False, False)
     assert all(p.dtype == torch.float32 for p in module.parameters())
-    assert trainer.precision_policy.compute_dtype == torch.bfloat16
+    assert trainer.precision_policy.compute_dtype == dtype
     assert trainer.precision_policy.param_dtype == torch.float32
 
 

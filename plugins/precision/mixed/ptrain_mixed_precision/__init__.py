@@ -1,19 +1,31 @@
 """Mixed precision: float32 weights, the forward pass and the loss under ``torch.autocast``.
 
-``bf16-mixed`` autocasts to bfloat16 on the CPU and on CUDA. The backward pass and the optimizer
-step run outside autocast, on the float32 weights. bfloat16 has float32's range, so there is no
-loss scaling. (``16-mixed``, with a gradient scaler, is still to come.)
+- ``bf16-mixed`` autocasts to bfloat16. bfloat16 has float32's range: no loss scaling.
+- ``16-mixed`` autocasts to float16 and scales the loss with one ``torch.amp.GradScaler`` shared
+  by all optimizers (as PyTorch's AMP recipe has it): the loss is scaled before backward, the
+  gradients are unscaled before any callback sees them and before clipping, a step whose
+  gradients overflowed is skipped and the scale lowered, and the scale is updated once per batch
+  after every optimizer has stepped. Its state is saved in checkpoints.
+
+The backward pass and the optimizer step run outside autocast, on the float32 weights. Where the
+device's autocast does not support the dtype, start-up fails with a usage error; there is never a
+silent switch to another precision.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 import torch
 
 from ptrain import PluginError, PrecisionPolicy, hookimpl
 
 
-class BF16MixedPrecision:
-    dtype = torch.bfloat16
+class MixedPrecision:
+    dtype: torch.dtype
+    name: str
+    alternative: str  # what to use where this dtype's autocast is missing
 
     @hookimpl
     def precision_policy(self) -> PrecisionPolicy:
@@ -23,14 +35,91 @@ class BF16MixedPrecision:
     @hookimpl(wrapper=True)
     def setup_device(self):
         device = yield
-        if not torch.amp.is_autocast_available(device.type):
-            raise PluginError(f"bf16-mixed needs torch.autocast on the {device.type!r} device, "
-                              f"which this torch does not offer; use --precision bf16-true or "
-                              f"32-true there.")
+        if not self._autocast_works(device):
+            raise PluginError(
+                f"{self.name} needs {self.dtype} autocast on the {device.type!r} device, which "
+                f"this torch {torch.__version__} does not support; use --precision "
+                f"{self.alternative} instead."
+            )
+        self.device_setup(device)
         return device
+
+    def _autocast_works(self, device: torch.device) -> bool:
+        try:
+            with warnings.catch_warnings():  # torch warns and disables an unsupported dtype
+                warnings.simplefilter("ignore")
+                with torch.autocast(device_type=device.type, dtype=self.dtype):
+                    return torch.is_autocast_enabled(device.type)
+        except RuntimeError:  # no autocast at all for this device type
+            return False
+
+    def device_setup(self, device: torch.device) -> None:
+        """What a subclass prepares once the device is known."""
 
     @hookimpl(wrapper=True)
     def model_step(self, trainer):
         # forward and loss only: backward and the optimizer step run after this returns
         with torch.autocast(device_type=trainer.device.type, dtype=self.dtype):
             return (yield)
+
+
+class BF16MixedPrecision(MixedPrecision):
+    """``bf16-mixed``: bfloat16 autocast, no loss scaling."""
+
+    dtype = torch.bfloat16
+    name = "bf16-mixed"
+    alternative = "bf16-true or 32-true"
+
+
+class Float16MixedPrecision(MixedPrecision):
+    """``16-mixed``: float16 autocast with dynamic loss scaling."""
+
+    dtype = torch.float16
+    name = "16-mixed"
+    alternative = "bf16-mixed (bfloat16 autocast, no loss scaling)"
+
+    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+        self.init_scale, self.growth_interval = init_scale, growth_interval
+        self.scaler: torch.amp.GradScaler | None = None
+        self._stepped = False
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        options.add("init_scale", float, default=2.0**16,
+                    help="the loss scale to start from (steps that overflow halve it)")
+        options.add("growth_interval", int, default=2000,
+                    help="double the scale after this many steps without overflow")
+
+    def device_setup(self, device: torch.device) -> None:
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=self.init_scale,
+                                           growth_interval=self.growth_interval)
+
+    @hookimpl
+    def backward(self, loss: torch.Tensor) -> bool:
+        self.scaler.scale(loss).backward()
+        return True
+
+    @hookimpl(tryfirst=True)  # before any callback or clipping looks at the gradients
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.unscale_(optimizer)
+
+    @hookimpl
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        self.scaler.step(optimizer)  # skipped when unscale_ found inf/NaN gradients
+        self._stepped = True
+        return True
+
+    @hookimpl(tryfirst=True)  # before a checkpoint written at this batch reads the scale
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:
+        if self._stepped:
+            self.scaler.update()  # once per batch, after every optimizer stepped
+            self._stepped = False
+
+    @hookimpl
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    @hookimpl
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state)
