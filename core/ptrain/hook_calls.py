@@ -11,29 +11,16 @@ The callers are built after every plugin is registered, so they see the final se
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable
 
 import pluggy
+
+from ptrain.loading import bind_impl
 
 PER_STEP_HOOKS = (
     "transfer_batch", "model_step", "backward", "on_before_optimizer_step", "clip_gradients",
     "optimizer_step", "on_train_batch_end",
 )
-
-
-def _bind(impl: Any, spec_args: tuple[str, ...]) -> Callable[..., Any]:
-    """``impl``'s function, called with the keyword arguments of a hook call (it may declare
-    fewer than the specification has: pluggy's opt-in arguments)."""
-    function, wanted = impl.function, tuple(impl.argnames)
-    if wanted == spec_args:
-        return function
-    if not wanted:
-        return lambda **kwargs: function()
-    pick = operator.itemgetter(*wanted)
-    if len(wanted) == 1:
-        return lambda **kwargs: function(pick(kwargs))
-    return lambda **kwargs: function(*pick(kwargs))
 
 
 def direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
@@ -43,7 +30,7 @@ def direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
     if any(impl.wrapper or impl.hookwrapper for impl in impls):
         return caller
     spec_args = tuple(caller.spec.argnames)
-    functions = [_bind(impl, spec_args) for impl in reversed(impls)]  # pluggy's call order
+    functions = [bind_impl(impl, spec_args) for impl in reversed(impls)]  # pluggy's call order
     if caller.spec.opts.get("firstresult"):
         if len(functions) == 1:
             return functions[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import operator
 from types import ModuleType
 from typing import Any, Callable
 
@@ -140,9 +141,24 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
             )
 
 
+def bind_impl(impl: Any, spec_args: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """``impl``'s function as a callable taking a hook call's keyword arguments, of which it
+    receives only those it declares (pluggy's opt-in arguments). When it declares exactly
+    ``spec_args``, the function itself is returned: no adapter on the per-step path."""
+    function, wanted = impl.function, tuple(impl.argnames)
+    if not wanted:
+        return lambda **kwargs: function()
+    if wanted == spec_args:
+        return function
+    pick = operator.itemgetter(*wanted)
+    if len(wanted) == 1:
+        return lambda **kwargs: function(pick(kwargs))
+    return lambda **kwargs: function(*pick(kwargs))
+
+
 def call_impl(impl: Any, **kwargs: Any) -> Any:
     """Call one hook implementation with the arguments it declares."""
-    return impl.function(**{name: kwargs[name] for name in impl.argnames})
+    return bind_impl(impl)(**kwargs)
 
 
 def call_per_plugin(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[str, Any]:

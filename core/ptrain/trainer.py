@@ -60,8 +60,7 @@ class Trainer:
         self.catalog = catalog if catalog is not None else Catalog.discover()
         selected = select_plugins(
             self.catalog,
-            *(objects.get(kind, self.options[kind]) for kind in ("accelerator", "strategy",
-                                                                   "precision")),
+            *(objects.get(kind, self.options[kind]) for kind in EXCLUSIVE_KINDS),
             callbacks,
         )
         self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
