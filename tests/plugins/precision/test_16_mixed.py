@@ -190,3 +190,28 @@ def test_resume_after_sigkill_restores_the_scaler_exactly(tmp_path):
     assert a["precision_state"] == b["precision_state"] and "scale" in a["precision_state"]
     for name in a["params"]:
         assert torch.equal(a["params"][name], b["params"][name]), name
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Five batches of 8 with no length: the last accumulation window (of 2) is incomplete and
+    is stepped after the epoch's last on_train_batch_end."""
+
+    def __iter__(self):
+        data = TinyRegressor(n=40, with_val=False).train_set
+        return iter(data[i] for i in range(len(data)))
+
+
+class StreamRegressor(TinyRegressor):
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(Stream(), batch_size=8)
+
+
+def test_the_scale_is_updated_for_a_step_taken_after_the_last_batch_of_a_stream(tmp_path,
+                                                                                make_trainer):
+    trainer = make_trainer(precision="16-mixed", max_epochs=1, accumulate_grad_batches=2,
+                           plugin_options=FITTING_SCALE, limit_val_batches=0)
+    trainer.fit(StreamRegressor(with_val=False))
+    assert trainer.global_step == 3  # batches 2 and 4 complete a window; batch 5 alone
+    assert trainer.plugins["16-mixed"].scaler.state_dict()["_growth_tracker"] == 3
+    saved = torch.load(trainer.last_checkpoint_path, weights_only=True)
+    assert saved["plugins"]["16-mixed"]["_growth_tracker"] == 3  # the epoch-end checkpoint

@@ -110,11 +110,20 @@ class Float16MixedPrecision(MixedPrecision):
         self._stepped = True
         return True
 
-    @hookimpl(tryfirst=True)  # before a checkpoint written at this batch reads the scale
-    def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:
+    def _update_scale(self) -> None:
+        """Once per batch, after every optimizer stepped (a no-op when none did)."""
         if self._stepped:
-            self.scaler.update()  # once per batch, after every optimizer stepped
+            self.scaler.update()
             self._stepped = False
+
+    # tryfirst on both: before a checkpoint written at this point reads the scale
+    @hookimpl(tryfirst=True)
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:
+        self._update_scale()
+
+    @hookimpl(tryfirst=True)  # a loader without a length steps its last window after the batch
+    def on_epoch_end(self) -> None:
+        self._update_scale()
 
     @hookimpl
     def state_dict(self) -> dict[str, Any]:
