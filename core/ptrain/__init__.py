@@ -25,6 +25,7 @@ _LAZY = {
     "CheckpointError": "ptrain.errors",
     "ModelError": "ptrain.errors",
     "NonFiniteLossError": "ptrain.errors",
+    "WorkerError": "ptrain.errors",
 }
 
 __all__ = ["hookimpl", "hookspec", *_LAZY]

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Sequence
 
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
-from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError
+from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError, WorkerError
 from ptrain.options import OptionGroup, closest
 
 USAGE_EXIT = 2
@@ -378,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PtrainError as exc:
         print(f"ptrain: error: {exc}", file=sys.stderr)
         return USAGE_EXIT
+    except WorkerError as exc:  # a worker's bug: its traceback is in the message
+        print(f"ptrain: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("ptrain: interrupted", file=sys.stderr)
         return 130

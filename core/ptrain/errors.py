@@ -26,3 +26,9 @@ class ModelError(PtrainError):
 
 class NonFiniteLossError(PtrainError, ArithmeticError):
     """The training loss became NaN or infinite; the run stopped without saving over good state."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process of a multi-process run failed with an error that is not a
+    :class:`PtrainError` (a bug, or the process was killed). Not a usage error: the CLI prints
+    the message, which names the rank and holds the worker's traceback, and exits with 1."""

@@ -33,6 +33,10 @@ class TrainModule(nn.Module):
         super().__init__()
         self._trainer: Trainer | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled for a worker process: the trainer it was last attached to stays behind
+        return {**super().__getstate__(), "_trainer": None}
+
     @property
     def trainer(self) -> Trainer:
         if self._trainer is None:

@@ -16,11 +16,15 @@ class PrecisionPolicy:
         precision, else ``param_dtype``). A sharding strategy uses it as its own mixed-precision
         setting, so precision and strategy plugins need not know each other.
     :param reduce_dtype: the dtype gradients are reduced in across processes.
+    :param loss_scaling: whether the precision scales the loss (``16-mixed``'s GradScaler). Its
+        overflow check sees every gradient only where gradients are not sharded; a sharding
+        strategy refuses it at start-up rather than let ranks disagree on skipping a step.
     """
 
     param_dtype: torch.dtype = torch.float32
     compute_dtype: torch.dtype = torch.float32
     reduce_dtype: torch.dtype = torch.float32
+    loss_scaling: bool = False
 
     @property
     def is_mixed(self) -> bool:

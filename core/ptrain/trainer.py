@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from functools import partial
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ class Trainer:
 
     def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,
                  catalog: Catalog | None = None, **options: Any):
+        self._init_kwargs = dict(options, plugin_options=plugin_options)  # to rebuild in a worker
         objects = {k: v for k, v in options.items()
                    if k in EXCLUSIVE_KINDS and not isinstance(v, str)}
         callbacks = list(options.get("callbacks") or [])
@@ -203,9 +204,24 @@ class Trainer:
         self.module, self.datamodule = module, datamodule
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
         self.log_dir = self._choose_log_dir(checkpoint_file)
-        function = partial(self._run_stage, stage, checkpoint_file)
+        function = StageFunction(self, stage, checkpoint_file)
         result = self.hook.launch(trainer=self, function=function)
-        return function() if result is None else result
+        if result is None:
+            return function()
+        if isinstance(result, WorkerResult):
+            return self._adopt(result)
+        return result
+
+    def _adopt(self, result: WorkerResult) -> dict[str, float]:
+        """Take over what rank 0 of worker processes ended with: the user's module leaves
+        ``fit`` trained, and the counters and metrics read as after a run in this process."""
+        if result.model is not None:
+            self.module.load_state_dict(result.model)
+        self.global_step, self.current_epoch = result.global_step, result.current_epoch
+        self.metrics.callback_metrics.clear()
+        self.metrics.callback_metrics.update(
+            {k: torch.tensor(v) for k, v in result.metrics.items()})
+        return result.metrics
 
     def _run_stage(self, stage: str, checkpoint_file: Path | None) -> dict[str, float]:
         from ptrain.fit_loop import FitLoop, run_validation
@@ -328,6 +344,70 @@ class Trainer:
         return checkpoint
 
 
+@dataclass
+class WorkerResult:
+    """What global rank 0 of worker processes hands back to the process that launched them."""
+
+    metrics: dict[str, float]
+    model: dict[str, torch.Tensor] | None  # the module's full state dict, on the CPU
+    global_step: int
+    current_epoch: int
+
+
+class StageFunction:
+    """The ``function`` the ``launch`` hook receives: calling it runs one stage of the trainer in
+    the calling process and returns the stage's metrics.
+
+    It is picklable, so a strategy may run it in worker processes it starts. Unpickled there, it
+    rebuilds the trainer from the arguments the original was made with (plugins selected by name
+    are instantiated anew in the worker; plugin objects, the module and the datamodule are
+    pickled), keeps the run folder chosen by the launching process, and returns a
+    :class:`WorkerResult` on global rank 0 (``None`` on the others). Gathering the weights for it
+    is a collective, so every rank takes part.
+    """
+
+    def __init__(self, trainer: Trainer, stage: str, checkpoint_file: Path | None,
+                 in_worker: bool = False):
+        self.trainer, self.stage, self.checkpoint_file = trainer, stage, checkpoint_file
+        self.in_worker = in_worker
+
+    def __call__(self) -> dict[str, float] | WorkerResult | None:
+        trainer = self.trainer
+        metrics = trainer._run_stage(self.stage, self.checkpoint_file)
+        if not self.in_worker:
+            return metrics
+        model = full_state_dict(trainer.module)
+        if not trainer.is_global_zero:
+            return None
+        return WorkerResult(metrics, model if self.stage == "fit" else None,
+                            trainer.global_step, trainer.current_epoch)
+
+    def __reduce__(self):
+        t = self.trainer
+        recipe = (t._init_kwargs, t.config, t.module, t.datamodule, t.log_dir)
+        return _rebuild_stage_function, (recipe, self.stage, self.checkpoint_file)
+
+
+def _rebuild_stage_function(recipe: tuple, stage: str,
+                            checkpoint_file: Path | None) -> StageFunction:
+    init_kwargs, config, module, datamodule, log_dir = recipe
+    trainer = Trainer(**init_kwargs)
+    trainer.config = config
+    trainer.module, trainer.datamodule, trainer.log_dir = module, datamodule, log_dir
+    return StageFunction(trainer, stage, checkpoint_file, in_worker=True)
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s state dict with every tensor whole and on the CPU. Sharded tensors (DTensors)
+    are gathered: a collective, so every rank must call it."""
+    state = {}
+    for key, value in module.state_dict().items():
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        state[key] = value.detach().cpu()
+    return state
+
+
 def _versions(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
@@ -352,4 +432,4 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-__all__ = ["Trainer", "seed_everything"]
+__all__ = ["StageFunction", "Trainer", "WorkerResult", "full_state_dict", "seed_everything"]

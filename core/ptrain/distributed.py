@@ -1,0 +1,343 @@
+"""What every multi-process strategy shares: processes, ranks, the process group, sharded data.
+
+ptrain runs on torch's own distributed engine; nothing here is a process pool of its own:
+
+- **Where the processes come from.** :func:`detect_environment` finds ranks set by a launcher
+  that already ran (``torchrun`` / torch's elastic agent, or SLURM's ``srun``); then the stage
+  runs in the process it was called in. Otherwise :func:`launch_workers` starts the workers with
+  torch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``, the engine behind
+  ``torchrun``), with c10d rendezvous, across ``num_nodes`` machines when asked.
+- **A failing worker ends the job.** The elastic agent stops every worker of a job when one
+  fails; the error of the rank that failed first is raised in the launching process (a
+  :class:`ptrain.PtrainError` as itself, anything else as :class:`WorkerError` carrying the
+  worker's traceback). Collectives have a timeout, so no rank waits for ever.
+- :class:`ProcessGroupStrategy`: hook implementations that set the ranks, create the process
+  group, give each rank its shard of the data (``DistributedSampler``, ``set_epoch`` each
+  epoch), reduce metrics across ranks and put barriers after checkpoint writes. The ``ddp``,
+  ``fsdp`` and ``zero*`` strategies subclass it and add how they wrap the model and optimizer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import re
+import tempfile
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+from ptrain.data import rebuild_dataloader
+from ptrain.errors import ConfigError, PtrainError, WorkerError
+from ptrain.hookspecs import hookimpl
+from ptrain.options import to_bool
+
+if TYPE_CHECKING:
+    from ptrain.options import OptionGroup
+    from ptrain.trainer import Trainer
+
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+# -- environment -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The ranks of this process, as a launcher that already ran set them."""
+
+    global_rank: int
+    local_rank: int
+    world_size: int
+    source: str  # "torchelastic", "slurm" or "environment"
+
+
+def detect_environment() -> Environment | None:
+    """The ranks set by a launcher that started this process, or ``None`` when none did.
+
+    torchrun (and the workers :func:`launch_workers` starts) set ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. Under SLURM, a job step started with
+    ``srun`` (one task per device) has ``SLURM_PROCID``; its rendezvous is the job's first node,
+    on a port derived from the job id, and the torch variables are set from SLURM's for
+    ``init_process_group``. An interactive allocation (``salloc`` then ``python``) is not a
+    launcher: ``SLURM_NTASKS`` is 1 there, or the job is named ``bash``/``interactive``.
+    """
+    env = os.environ
+    if all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        source = "torchelastic" if "TORCHELASTIC_RUN_ID" in env else "environment"
+        return Environment(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), source)
+    if ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+            and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")):
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1")
+        env.setdefault("MASTER_ADDR", first_host(nodelist))
+        env.setdefault("MASTER_PORT", str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+        env["RANK"], env["LOCAL_RANK"] = env["SLURM_PROCID"], env.get("SLURM_LOCALID", "0")
+        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+        return Environment(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
+                           "slurm")
+    return None
+
+
+_HOSTLIST = re.compile(r"^([^,\[]+)(?:\[([^\]]+)\])?")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: ``"gpu[03-05,09],cpu1"`` -> ``"gpu03"``."""
+    match = _HOSTLIST.match(nodelist.strip())
+    if match is None:
+        raise ConfigError(f"can't read the SLURM node list {nodelist!r}; set MASTER_ADDR.")
+    prefix, ranges = match.groups()
+    if not ranges:
+        return prefix
+    return prefix + re.split(r"[-,]", ranges)[0]
+
+
+# -- launching ---------------------------------------------------------------------------------
+
+
+def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int = 1,
+                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> Any:
+    """Run ``function`` (picklable) in ``nprocs`` new processes on this machine, joined by c10d
+    rendezvous with those of the other ``num_nodes - 1`` machines, and return what the lowest
+    global rank on this machine returned.
+
+    ``rdzv_endpoint`` (``host:port``) is where the machines meet; one machine needs none (a free
+    port on localhost is used). Raises the first failing worker's error (see module docstring).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if num_nodes > 1 and not rdzv_endpoint:
+        raise ConfigError(f"--num-nodes {num_nodes} needs a rendezvous endpoint that every "
+                          f"machine reaches: set the strategy's rdzv_endpoint option to HOST:PORT "
+                          f"of one of them (the same on all), and the same rdzv_id.")
+    config = LaunchConfig(
+        min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs,
+        run_id=rdzv_id or f"ptrain-{uuid.uuid4().hex[:12]}", rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn",
+    )
+    elastic_log = logging.getLogger("torch.distributed.elastic")
+    level = elastic_log.level
+    elastic_log.setLevel(logging.CRITICAL)  # failures are reported below, once, with the cause
+    try:
+        with tempfile.TemporaryDirectory(prefix="ptrain-workers-") as error_dir:
+            try:
+                results = elastic_launch(config, _run_worker)(function, error_dir)
+            except ChildFailedError as exc:
+                raise _first_error(exc, Path(error_dir)) from None
+    finally:
+        elastic_log.setLevel(level)
+    return results[min(results)] if results else None
+
+
+def _run_worker(function: Callable[[], Any], error_dir: str) -> Any:
+    """A worker's entry point: run ``function``. An error is written to a file for the launching
+    process (with its traceback) and the worker exits quietly: 2 for a usage error, else 1."""
+    try:
+        return function()
+    except BaseException as exc:
+        rank = os.environ.get("RANK", "0")
+        try:
+            payload = pickle.dumps(exc)
+        except Exception:  # an exception that can't travel is reported by its traceback
+            payload = None
+        record = {"rank": int(rank), "time": time.time(), "exception": payload,
+                  "traceback": traceback.format_exc()}
+        with open(os.path.join(error_dir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(record, f)
+        raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
+
+
+def _first_error(failed: Any, error_dir: Path) -> BaseException:
+    records = []
+    for path in error_dir.glob("rank*.pkl"):
+        with open(path, "rb") as f:
+            records.append(pickle.load(f))
+    if records:
+        first = min(records, key=lambda r: r["time"])
+        exc = pickle.loads(first["exception"]) if first["exception"] is not None else None
+        if isinstance(exc, PtrainError):
+            return exc
+        return WorkerError(f"rank {first['rank']} failed; the other ranks were stopped. Its "
+                           f"error:\n{first['traceback'].rstrip()}")
+    rank, failure = failed.get_first_failure()
+    how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
+           else f"exited with code {failure.exitcode}")
+    return WorkerError(f"rank {rank} {how} without reporting an error (out of memory? killed "
+                       f"from outside?); the other ranks were stopped.")
+
+
+# -- the strategy base -------------------------------------------------------------------------
+
+
+def _backend_choice(value: Any) -> str:
+    value = str(value)
+    if value not in ("auto", "gloo", "nccl", "mpi", "xccl", "hccl"):
+        raise ValueError(f"expected auto, gloo, nccl, mpi, xccl or hccl, got {value!r}")
+    return value
+
+
+class ProcessGroupStrategy:
+    """Base class of the strategies that train in several processes joined by a process group.
+
+    Subclasses add ``wrap_model`` (and ``wrap_optimizer``, checkpoint hooks) for how they
+    parallelise; the launch, ranks, process group, data sharding, metric reduction and barriers
+    come from here. A subclass with its own options declares them in its ``add_options`` and
+    calls :meth:`add_process_group_options` there.
+    """
+
+    def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
+                 rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                 distributed_sampler: bool = True):
+        self.timeout = timeout
+        self.process_group_backend = process_group_backend
+        self.rdzv_endpoint, self.rdzv_id = rdzv_endpoint, rdzv_id
+        self.distributed_sampler = distributed_sampler
+        self.environment: Environment | None = None
+
+    @staticmethod
+    def add_process_group_options(options: OptionGroup) -> None:
+        options.add("timeout", float, default=1800.0,
+                    help="seconds any collective may wait for the other ranks before the job "
+                         "fails (no rank hangs for ever)")
+        options.add("process_group_backend", _backend_choice, default="auto",
+                    help="torch.distributed backend; auto: nccl on CUDA, gloo on CPU")
+        options.add("rdzv_endpoint", str,
+                    help="HOST:PORT where the machines of a --num-nodes > 1 job meet (the same "
+                         "on every machine)")
+        options.add("rdzv_id", str, help="a job id, the same on every machine of the job")
+        options.add("distributed_sampler", to_bool, default=True,
+                    help="give each rank its shard of the data with a DistributedSampler; off: "
+                         "the dataloaders are used as they are (yours to shard)")
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def processes_per_node(self, trainer: Trainer) -> int:
+        devices = trainer.devices
+        if isinstance(devices, list):
+            return len(devices)
+        if devices == "auto":
+            accelerator = trainer.plugins.get(trainer.options["accelerator"])
+            count = getattr(accelerator, "auto_device_count", None)
+            return count() if callable(count) else 1
+        return devices
+
+    @hookimpl
+    def launch(self, trainer: Trainer, function: Callable[[], Any]) -> Any:
+        expected = self.processes_per_node(trainer) * trainer.num_nodes
+        self.environment = detect_environment()
+        if self.environment is None:
+            return launch_workers(function, nprocs=self.processes_per_node(trainer),
+                                  num_nodes=trainer.num_nodes, rdzv_endpoint=self.rdzv_endpoint,
+                                  rdzv_id=self.rdzv_id)
+        if self.environment.world_size != expected:
+            raise ConfigError(
+                f"this process was started by {self.environment.source} as one of "
+                f"{self.environment.world_size} processes, but --devices {trainer.devices} "
+                f"--num-nodes {trainer.num_nodes} asks for {expected}; make them agree (e.g. "
+                f"torchrun --nproc-per-node {trainer.devices} --nnodes {trainer.num_nodes})."
+            )
+        return None  # the processes exist: run here
+
+    @hookimpl(wrapper=True)
+    def setup_device(self, trainer: Trainer):
+        environment = self.environment or detect_environment()
+        if environment is None:
+            raise ConfigError(f"{type(self).__name__} runs in processes started by its launch "
+                              f"hook or by torchrun; none set RANK/WORLD_SIZE here.")
+        trainer.global_rank = environment.global_rank
+        trainer.local_rank = environment.local_rank
+        trainer.world_size = environment.world_size
+        device = yield
+        if not dist.is_initialized():
+            backend = self.process_group_backend
+            if backend == "auto":
+                backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
+                                    device_id=device if device.type == "cuda" else None)
+            atexit.register(_destroy_process_group)
+        # every rank writes into the run folder rank 0 chose (under torchrun each chose its own)
+        chosen = [str(trainer.log_dir) if trainer.log_dir is not None else None]
+        dist.broadcast_object_list(chosen, src=0)
+        trainer.log_dir = Path(chosen[0]) if chosen[0] is not None else None
+        return device
+
+    # -- data ----------------------------------------------------------------------------------
+
+    @hookimpl(wrapper=True)
+    def prepare_dataloader(self, trainer: Trainer, stage: str):
+        loader = yield
+        if not self.distributed_sampler or not isinstance(loader, DataLoader):
+            return loader
+        sampler = loader.sampler
+        if isinstance(sampler, DistributedSampler):
+            return loader  # the user sharded it already
+        if type(sampler) not in (RandomSampler, SequentialSampler):
+            if getattr(loader, "_dataset_kind", None) == 1:  # an IterableDataset: no sampler
+                raise ConfigError(
+                    f"the {stage} dataloader reads an IterableDataset, which a sampler can't "
+                    f"shard; shard it yourself (by torch.distributed.get_rank()) and pass "
+                    f"--{_flag_prefix(trainer)}-distributed-sampler false.")
+            raise ConfigError(
+                f"the {stage} dataloader uses its own sampler ({type(sampler).__name__}); under "
+                f"{trainer.options['strategy']} each rank must see a different shard of the data. "
+                f"Wrap it in a DistributedSampler yourself, or pass "
+                f"--{_flag_prefix(trainer)}-distributed-sampler false to use it as it is.")
+        shuffle = stage == "train" and isinstance(sampler, RandomSampler)
+        seed = trainer.seed if trainer.seed is not None else 0
+        return rebuild_dataloader(loader, sampler=DistributedSampler(
+            loader.dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
+            shuffle=shuffle, seed=seed, drop_last=False))
+
+    @hookimpl
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(trainer.current_epoch)
+
+    # -- metrics, checkpoints -----------------------------------------------------------------
+
+    @hookimpl
+    def reduce_metrics(self, trainer: Trainer, metrics: dict[str, torch.Tensor],
+                       op: str) -> dict[str, torch.Tensor]:
+        if not metrics:
+            return metrics
+        names = list(metrics)
+        shapes = [metrics[n].shape for n in names]
+        flat = torch.cat([metrics[n].detach().float().reshape(-1).to(trainer.device)
+                          for n in names])
+        dist.all_reduce(flat, op=_OPS[op])  # one collective for all of them
+        if op == "mean":
+            flat = flat / trainer.world_size
+        parts = flat.split([shape.numel() for shape in shapes])
+        return {n: part.reshape(shape) for n, part, shape in zip(names, parts, shapes)}
+
+    @hookimpl(wrapper=True)
+    def save_checkpoint(self):
+        written = yield
+        dist.barrier()  # no rank goes on (and may read it) before the file is complete
+        return written
+
+
+def _flag_prefix(trainer: Trainer) -> str:
+    return trainer.options["strategy"]
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+__all__ = ["Environment", "ProcessGroupStrategy", "detect_environment",
+           "first_host", "launch_workers"]

@@ -1,0 +1,146 @@
+"""Sharded checkpoints: a folder each rank writes its shards into, with
+``torch.distributed.checkpoint`` (DCP), and turning one into a single file.
+
+A sharded checkpoint at ``PATH`` (e.g. ``checkpoints/last.ckpt``) is a folder:
+
+- the DCP files (``__<rank>_<n>.distcp`` and ``.metadata``) hold ``model`` (the module's
+  sharded state dict) and ``optimizers`` (each optimizer's state keyed by parameter names, as
+  ``torch.distributed.checkpoint.state_dict`` gives it), so it loads on any number of ranks;
+- ``meta.pt``, written by rank 0, holds everything else of a ptrain checkpoint (loop counters,
+  random states, plugin states, the config).
+
+It is written into ``.PATH.tmp`` and renamed into place once complete, so a crash leaves the
+previous checkpoint intact. ``python -m ptrain_fsdp.checkpoint SRC DST`` (or
+:func:`consolidate`) turns it into an ordinary single-file ptrain checkpoint, which resumes with
+any single-process or ``ddp`` run and loads with ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+from ptrain import CheckpointError, PtrainError
+from ptrain.checkpoint_io import atomic_save, safe_load
+
+META = "meta.pt"
+
+
+def is_sharded(path: str | Path) -> bool:
+    return (Path(path) / ".metadata").is_file()
+
+
+def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Write ``checkpoint`` (as the core assembled it) sharded to ``path``; every rank calls it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    meta = dict(checkpoint)
+    shards = {"model": meta.pop("model"),
+              "optimizers": [get_optimizer_state_dict(trainer.module, opt)
+                             for opt in trainer.optimizers]}
+    meta.pop("optimizers")
+    meta["num_optimizers"] = len(trainer.optimizers)
+    dcp.save(shards, checkpoint_id=tmp)
+    if rank0:
+        atomic_save(meta, tmp / META)
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load(trainer, path: str | Path) -> dict[str, Any]:
+    """Read a sharded checkpoint into the trainer's (sharded) module and optimizers and return the
+    checkpoint dict the core restores from; every rank calls it."""
+    path = Path(path)
+    if not is_sharded(path):
+        raise CheckpointError(
+            f"{str(path)!r} is not a sharded checkpoint folder (no .metadata in it); "
+            f"{trainer.options['strategy']} resumes from the folders it writes. Resume a "
+            f"single-file checkpoint with --strategy ddp or single-device.")
+    meta = safe_load(path / META)
+    if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds {meta.get('num_optimizers')} "
+                              f"optimizer states; the model configures {len(trainer.optimizers)}.")
+    shards = {"model": trainer.module.state_dict(),
+              "optimizers": [get_optimizer_state_dict(trainer.module, opt)
+                             for opt in trainer.optimizers]}
+    dcp.load(shards, checkpoint_id=path)
+    for optimizer, state in zip(trainer.optimizers, shards["optimizers"]):
+        set_optimizer_state_dict(trainer.module, optimizer, state)
+    meta["model"] = shards["model"]
+    meta["optimizers"] = [opt.state_dict() for opt in trainer.optimizers]
+    return meta
+
+
+def _indexed_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter names -> keyed by position, as
+    ``Optimizer.state_dict()`` has it (positions run through the groups in order)."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            index.setdefault(name, len(index))
+            ids.append(index[name])
+        groups.append({**group, "params": ids})
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": groups}
+
+
+def consolidate(src: str | Path, dst: str | Path) -> None:
+    """Turn the sharded checkpoint folder ``src`` into the single-file checkpoint ``dst``, in this
+    process (no process group needed; it must fit in host memory)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src = Path(src)
+    if not is_sharded(src):
+        raise CheckpointError(f"{str(src)!r} is not a sharded checkpoint folder (no .metadata).")
+    checkpoint = safe_load(src / META)
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp) / "whole.pt"
+        dcp_to_torch_save(src, whole)
+        shards = torch.load(whole, map_location="cpu", weights_only=True)
+    checkpoint["model"] = shards["model"]
+    checkpoint["optimizers"] = [_indexed_optimizer_state(s) for s in shards.get("optimizers", [])]
+    checkpoint.pop("num_optimizers", None)
+    atomic_save(checkpoint, dst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ptrain-consolidate",
+        description="Turn a sharded ptrain checkpoint folder (fsdp, zero2, zero3) into one file.")
+    parser.add_argument("src", help="the sharded checkpoint folder, e.g. runs/version_0/"
+                                    "checkpoints/last.ckpt")
+    parser.add_argument("dst", help="the single-file checkpoint to write")
+    args = parser.parse_args(argv)
+    try:
+        consolidate(args.src, args.dst)
+    except PtrainError as exc:
+        print(f"ptrain-consolidate: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""FSDPStrategy: how the model is sharded, and how its checkpoints are written and read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from ptrain import ConfigError, hookimpl
+from ptrain.distributed import ProcessGroupStrategy
+from ptrain.options import to_bool, to_str_list
+from ptrain_fsdp import checkpoint as sharded
+from ptrain_fsdp.modules import checkpoint_activations, modules_to_shard
+
+
+class FSDPStrategy(ProcessGroupStrategy):
+    """``--strategy fsdp``: FSDP2 sharding of parameters, gradients and optimizer state."""
+
+    #: Whether a module's gathered parameters are freed after its forward (ZeRO-3) or kept until
+    #: its backward is done (ZeRO-2: less communication, more memory); ``None``: the option.
+    fixed_reshard_after_forward: bool | None = None
+
+    def __init__(self, wrap_classes: list[str] | None = None, reshard_after_forward: bool = True,
+                 cpu_offload: bool = False, activation_checkpointing: list[str] | None = None,
+                 **process_group_options):
+        super().__init__(**process_group_options)
+        self.wrap_classes = list(wrap_classes or ["auto"])
+        self.reshard_after_forward = (reshard_after_forward
+                                      if self.fixed_reshard_after_forward is None
+                                      else self.fixed_reshard_after_forward)
+        self.cpu_offload = cpu_offload
+        self.activation_checkpointing = list(activation_checkpointing or [])
+
+    @staticmethod
+    def add_sharding_options(options) -> None:
+        options.add("wrap_classes", to_str_list, default=["auto"],
+                    help="module classes (names) to shard as units, e.g. TransformerBlock; "
+                         "auto: the classes repeated in the model's nn.ModuleLists")
+        options.add("cpu_offload", to_bool, default=False,
+                    help="keep parameter shards, gradients and optimizer state in host memory "
+                         "(slower steps; for models that do not fit otherwise)")
+        options.add("activation_checkpointing", to_str_list, default=[],
+                    help="module classes (names) whose activations are recomputed in backward "
+                         "instead of stored (less memory, about one more forward of compute)")
+        ProcessGroupStrategy.add_process_group_options(options)
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        options.add("reshard_after_forward", to_bool, default=True,
+                    help="free gathered parameters after each module's forward (ZeRO-3); off: "
+                         "keep them until its backward (ZeRO-2, less communication)")
+        FSDPStrategy.add_sharding_options(options)
+
+    # -- model ---------------------------------------------------------------------------------
+
+    @hookimpl
+    def wrap_model(self, trainer, model: nn.Module) -> nn.Module:
+        policy = trainer.precision_policy
+        name = trainer.options["strategy"]
+        if policy.loss_scaling:
+            raise ConfigError(
+                f"--precision {trainer.options['precision']} scales the loss, and its overflow "
+                f"check would see only this rank's shard of the gradients under {name}; use "
+                f"--precision bf16-mixed (no loss scaling), or --strategy ddp for float16.")
+        checkpoint_activations(model, self.activation_checkpointing)
+        mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
+        settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
+        if policy.is_mixed:  # the precision plugin's formats, applied by FSDP itself
+            settings["mp_policy"] = MixedPrecisionPolicy(param_dtype=policy.compute_dtype,
+                                                         reduce_dtype=policy.reduce_dtype)
+        if self.cpu_offload:
+            settings["offload_policy"] = CPUOffloadPolicy(pin_memory=trainer.device.type == "cuda")
+        elif trainer.device.type != "cpu":
+            model.to(trainer.device)
+        for module in modules_to_shard(model, self.wrap_classes):
+            fully_shard(module, **settings)
+        fully_shard(model, **settings)  # the root: everything not in a unit above
+        return model
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    @hookimpl
+    def save_checkpoint(self, trainer, checkpoint: dict[str, Any], path: str) -> bool:
+        sharded.save(trainer, checkpoint, path)
+        return True
+
+    @hookimpl
+    def load_checkpoint(self, trainer, path: str) -> dict[str, Any]:
+        return sharded.load(trainer, path)
