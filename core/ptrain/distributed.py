@@ -288,12 +288,12 @@ class ProcessGroupStrategy:
                 raise ConfigError(
                     f"the {stage} dataloader reads an IterableDataset, which a sampler can't "
                     f"shard; shard it yourself (by torch.distributed.get_rank()) and pass "
-                    f"--{_flag_prefix(trainer)}-distributed-sampler false.")
+                    f"--no-{_flag_prefix(trainer)}-distributed-sampler.")
             raise ConfigError(
                 f"the {stage} dataloader uses its own sampler ({type(sampler).__name__}); under "
                 f"{trainer.options['strategy']} each rank must see a different shard of the data. "
                 f"Wrap it in a DistributedSampler yourself, or pass "
-                f"--{_flag_prefix(trainer)}-distributed-sampler false to use it as it is.")
+                f"--no-{_flag_prefix(trainer)}-distributed-sampler to use it as it is.")
         shuffle = stage == "train" and isinstance(sampler, RandomSampler)
         seed = trainer.seed if trainer.seed is not None else 0
         return rebuild_dataloader(loader, sampler=DistributedSampler(

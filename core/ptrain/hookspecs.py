@@ -140,10 +140,13 @@ def check_available() -> str | None:
 def launch(trainer: Trainer, function: Callable[[], Any]) -> Any:
     """Run ``function`` in every process the strategy needs and return rank 0's result.
 
-    Fires: once per ``fit``/``validate``, before any other loop hook. ``function`` runs the whole
-    stage (``setup_device`` onward) in the calling process. A strategy that needs several
-    processes starts them here (or detects that a launcher such as ``torchrun`` already did and
-    returns ``None``).
+    Fires: once per ``fit``/``validate``, before any other loop hook. ``function()`` runs the
+    whole stage (``setup_device`` onward) in the calling process. It is picklable: a strategy
+    that needs several processes starts them here and calls the unpickled ``function()`` in each
+    (it rebuilds the trainer there); rank 0 then returns a :class:`ptrain.trainer.WorkerResult`
+    which the launching trainer adopts (the trained weights, counters and metrics). A strategy
+    that finds the processes already started (``torchrun``, SLURM) returns ``None``.
+    :mod:`ptrain.distributed` does all of this for strategies built on torch.distributed.
 
     Result: firstresult; ``None`` means "run ``function()`` here", which the core then does.
     Implemented by: strategies.

@@ -26,11 +26,12 @@ class MixedPrecision:
     dtype: torch.dtype
     name: str
     alternative: str  # what to use where this dtype's autocast is missing
+    loss_scaling = False
 
     @hookimpl
     def precision_policy(self) -> PrecisionPolicy:
         return PrecisionPolicy(param_dtype=torch.float32, compute_dtype=self.dtype,
-                               reduce_dtype=torch.float32)
+                               reduce_dtype=torch.float32, loss_scaling=self.loss_scaling)
 
     @hookimpl(wrapper=True)
     def setup_device(self):
@@ -77,6 +78,7 @@ class Float16MixedPrecision(MixedPrecision):
     dtype = torch.float16
     name = "16-mixed"
     alternative = "bf16-mixed (bfloat16 autocast, no loss scaling)"
+    loss_scaling = True
 
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
         self.init_scale, self.growth_interval = init_scale, growth_interval

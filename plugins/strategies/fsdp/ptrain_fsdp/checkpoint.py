@@ -10,17 +10,15 @@ A sharded checkpoint at ``PATH`` (e.g. ``checkpoints/last.ckpt``) is a folder:
   random states, plugin states, the config).
 
 It is written into ``.PATH.tmp`` and renamed into place once complete, so a crash leaves the
-previous checkpoint intact. ``python -m ptrain_fsdp.checkpoint SRC DST`` (or
+previous checkpoint intact. ``ptrain-consolidate SRC DST`` (or
 :func:`consolidate`) turns it into an ordinary single-file ptrain checkpoint, which resumes with
 any single-process or ``ddp`` run and loads with ``torch.load``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from ptrain import CheckpointError, PtrainError
+from ptrain import CheckpointError
 from ptrain.checkpoint_io import atomic_save, safe_load
 
 META = "meta.pt"
@@ -123,24 +121,3 @@ def consolidate(src: str | Path, dst: str | Path) -> None:
     checkpoint["optimizers"] = [_indexed_optimizer_state(s) for s in shards.get("optimizers", [])]
     checkpoint.pop("num_optimizers", None)
     atomic_save(checkpoint, dst)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ptrain-consolidate",
-        description="Turn a sharded ptrain checkpoint folder (fsdp, zero2, zero3) into one file.")
-    parser.add_argument("src", help="the sharded checkpoint folder, e.g. runs/version_0/"
-                                    "checkpoints/last.ckpt")
-    parser.add_argument("dst", help="the single-file checkpoint to write")
-    args = parser.parse_args(argv)
-    try:
-        consolidate(args.src, args.dst)
-    except PtrainError as exc:
-        print(f"ptrain-consolidate: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.dst}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
