@@ -27,7 +27,6 @@ import re
 import tempfile
 import time
 import traceback
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -123,7 +122,7 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
                           f"of one of them (the same on all), and the same rdzv_id.")
     config = LaunchConfig(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs,
-        run_id=rdzv_id or f"ptrain-{uuid.uuid4().hex[:12]}", rdzv_backend="c10d",
+        run_id=rdzv_id or "ptrain", rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.1,
         start_method="spawn",
     )
@@ -198,7 +197,7 @@ class ProcessGroupStrategy:
     """
 
     def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
-                 rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                 rdzv_endpoint: str | None = None, rdzv_id: str = "ptrain",
                  distributed_sampler: bool = True):
         self.timeout = timeout
         self.process_group_backend = process_group_backend
@@ -216,7 +215,8 @@ class ProcessGroupStrategy:
         options.add("rdzv_endpoint", str,
                     help="HOST:PORT where the machines of a --num-nodes > 1 job meet (the same "
                          "on every machine)")
-        options.add("rdzv_id", str, help="a job id, the same on every machine of the job")
+        options.add("rdzv_id", str, default="ptrain",
+                    help="the job's id, the same on every machine of the job")
         options.add("distributed_sampler", to_bool, default=True,
                     help="give each rank its shard of the data with a DistributedSampler; off: "
                          "the dataloaders are used as they are (yours to shard)")
@@ -330,6 +330,28 @@ class ProcessGroupStrategy:
         return written
 
 
+def held_bytes(model: torch.nn.Module,
+               optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes of the parameters, gradients and optimizer state tensors this rank holds; of a
+    sharded tensor (DTensor) only the local shard counts, and of a ``ZeroRedundancyOptimizer``
+    only the state of its own partition. Gradients exist between backward and ``zero_grad``:
+    measure there (``on_before_optimizer_step``)."""
+
+    def size(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    state = 0
+    for optimizer in optimizers:
+        inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's own shard
+        for per_param in inner.state.values():
+            state += sum(size(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return {"parameters": sum(size(p) for p in params),
+            "gradients": sum(size(p.grad) for p in params if p.grad is not None),
+            "optimizer_state": state}
+
+
 def _flag_prefix(trainer: Trainer) -> str:
     return trainer.options["strategy"]
 
@@ -339,5 +361,5 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["Environment", "ProcessGroupStrategy", "detect_environment",
+__all__ = ["Environment", "ProcessGroupStrategy", "detect_environment", "held_bytes",
            "first_host", "launch_workers"]

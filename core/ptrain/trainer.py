@@ -346,7 +346,8 @@ class Trainer:
 
 @dataclass
 class WorkerResult:
-    """What global rank 0 of worker processes hands back to the process that launched them."""
+    """What a worker process hands back to the process that launched it (the launcher keeps the
+    lowest rank's)."""
 
     metrics: dict[str, float]
     model: dict[str, torch.Tensor] | None  # the module's full state dict, on the CPU
@@ -362,8 +363,8 @@ class StageFunction:
     rebuilds the trainer from the arguments the original was made with (plugins selected by name
     are instantiated anew in the worker; plugin objects, the module and the datamodule are
     pickled), keeps the run folder chosen by the launching process, and returns a
-    :class:`WorkerResult` on global rank 0 (``None`` on the others). Gathering the weights for it
-    is a collective, so every rank takes part.
+    :class:`WorkerResult` (with the weights on each machine's local rank 0). Gathering the
+    weights is a collective, so every rank takes part.
     """
 
     def __init__(self, trainer: Trainer, stage: str, checkpoint_file: Path | None,
@@ -376,10 +377,9 @@ class StageFunction:
         metrics = trainer._run_stage(self.stage, self.checkpoint_file)
         if not self.in_worker:
             return metrics
-        model = full_state_dict(trainer.module)
-        if not trainer.is_global_zero:
-            return None
-        return WorkerResult(metrics, model if self.stage == "fit" else None,
+        model = full_state_dict(trainer.module) if self.stage == "fit" else None
+        # one copy of the weights per machine travels back to its launching process
+        return WorkerResult(metrics, model if trainer.local_rank == 0 else None,
                             trainer.global_step, trainer.current_epoch)
 
     def __reduce__(self):
