@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +69,24 @@ def configure_optimizers(module: Any) -> OptimizerSetup:
     if not setup.optimizers:
         raise ModelError(f"configure_optimizers returned no optimizer; expected {_FORMS}.")
     return setup
+
+
+def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Point ``scheduler`` at ``optimizer``, which replaced the one it was built on (ZeRO).
+
+    A torch scheduler marks its optimizer's ``step`` so that it can warn when it is stepped
+    before the optimizer; the replacement gets the same mark, else every run would warn that
+    ``optimizer.step()`` "has been overridden". (Private attribute names of torch's scheduler:
+    if they change, the cost is that warning, nothing else.)"""
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+    if getattr(step, "_wrapped_by_lr_sched", False):
+        return
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True
+    optimizer.step = tracked_step

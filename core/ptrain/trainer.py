@@ -22,7 +22,7 @@ from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, i
                             register)
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule
-from ptrain.optimizers import OptimizerSetup, configure_optimizers
+from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
 from ptrain.precision_policy import PrecisionPolicy
 from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
 from ptrain.step_module import StepModule
@@ -278,7 +278,7 @@ class Trainer:
             wrapped = self.hook.wrap_optimizer(trainer=self, optimizer=optimizer)
             for entry in setup.lr_schedulers:
                 if entry["scheduler"].optimizer is optimizer and wrapped is not optimizer:
-                    entry["scheduler"].optimizer = wrapped
+                    rebind_scheduler(entry["scheduler"], wrapped)
             self.optimizers.append(wrapped)
         self.lr_schedulers = setup.lr_schedulers
 
