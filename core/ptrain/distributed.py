@@ -126,25 +126,33 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
         rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.1,
         start_method="spawn",
     )
-    elastic_log = logging.getLogger("torch.distributed.elastic")
-    level = elastic_log.level
-    elastic_log.setLevel(logging.CRITICAL)  # failures are reported below, once, with the cause
+    # Plain pickle bytes: handed over as objects, the module's tensors would be moved into
+    # shared memory (torch.multiprocessing's pickling), and every rank would update one copy.
+    payload = pickle.dumps(function)
+    # failures are reported below, once, with the cause; torch's own lines would come first
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
+                                              "torch.multiprocessing.spawn")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
     try:
         with tempfile.TemporaryDirectory(prefix="ptrain-workers-") as error_dir:
             try:
-                results = elastic_launch(config, _run_worker)(function, error_dir)
+                results = elastic_launch(config, _run_worker)(payload, error_dir)
             except ChildFailedError as exc:
                 raise _first_error(exc, Path(error_dir)) from None
     finally:
-        elastic_log.setLevel(level)
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
     return results[min(results)] if results else None
 
 
-def _run_worker(function: Callable[[], Any], error_dir: str) -> Any:
-    """A worker's entry point: run ``function``. An error is written to a file for the launching
-    process (with its traceback) and the worker exits quietly: 2 for a usage error, else 1."""
+def _run_worker(payload: bytes, error_dir: str) -> Any:
+    """A worker's entry point: unpickle the function and run it. An error is written to a file
+    for the launching process (with its traceback) and the worker exits quietly: 2 for a usage
+    error, else 1."""
     try:
-        return function()
+        return pickle.loads(payload)()
     except BaseException as exc:
         rank = os.environ.get("RANK", "0")
         try:
