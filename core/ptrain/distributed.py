@@ -219,7 +219,8 @@ class ProcessGroupStrategy:
                     help="seconds any collective may wait for the other ranks before the job "
                          "fails (no rank hangs for ever)")
         options.add("process_group_backend", _backend_choice, default="auto",
-                    help="torch.distributed backend; auto: nccl on CUDA, gloo on CPU")
+                    help="torch.distributed backend; auto: the accelerator's (nccl on CUDA, hccl on "
+                         "Gaudi, gloo on CPU)")
         options.add("rdzv_endpoint", str,
                     help="HOST:PORT where the machines of a --num-nodes > 1 job meet (the same "
                          "on every machine)")
@@ -270,8 +271,9 @@ class ProcessGroupStrategy:
         device = yield
         if not dist.is_initialized():
             backend = self.process_group_backend
-            if backend == "auto":
-                backend = "nccl" if device.type == "cuda" else "gloo"
+            if backend == "auto":  # the accelerator knows its collective library
+                accelerator = trainer.plugins.get(trainer.options["accelerator"])
+                backend = getattr(accelerator, "process_group_backend", "gloo")
             dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
                                     device_id=device if device.type == "cuda" else None)
             atexit.register(_destroy_process_group)

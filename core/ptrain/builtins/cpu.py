@@ -11,6 +11,7 @@ class CPUAccelerator:
     """Selected with ``--accelerator cpu``; ``auto`` falls back to it (lowest priority)."""
 
     priority = 0
+    process_group_backend = "gloo"  # what multi-process strategies use on this device
 
     @staticmethod
     @hookimpl
