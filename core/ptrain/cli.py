@@ -381,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WorkerError as exc:  # a worker's bug: its traceback is in the message
         print(f"ptrain: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`ptrain plugins | head -1`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("ptrain: interrupted", file=sys.stderr)
         return 130

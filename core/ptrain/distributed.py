@@ -233,13 +233,21 @@ class ProcessGroupStrategy:
     # -- processes ---------------------------------------------------------------------------
 
     def processes_per_node(self, trainer: Trainer) -> int:
+        """One process per device: ``--devices`` as a count, the length of a list of indices, or
+        for ``auto`` what the accelerator's ``auto_device_count()`` says (1 without one). A count
+        above what the accelerator sees is a usage error before any process starts."""
         devices = trainer.devices
         if isinstance(devices, list):
             return len(devices)
+        accelerator = trainer.plugins.get(trainer.options["accelerator"])
+        count = getattr(accelerator, "auto_device_count", None)
+        visible = count() if callable(count) else None
         if devices == "auto":
-            accelerator = trainer.plugins.get(trainer.options["accelerator"])
-            count = getattr(accelerator, "auto_device_count", None)
-            return count() if callable(count) else 1
+            return visible or 1
+        if visible is not None and devices > visible:
+            raise ConfigError(f"--devices {devices} asks for more devices than the "
+                              f"{trainer.options['accelerator']} accelerator sees here "
+                              f"({visible}); give at most {visible}, or --devices auto.")
         return devices
 
     @hookimpl

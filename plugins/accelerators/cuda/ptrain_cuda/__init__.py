@@ -24,13 +24,6 @@ from ptrain.options import to_bool
 _GIB = 1024**3
 
 
-def _matmul_precision(value: Any) -> str:
-    value = str(value)
-    if value not in ("highest", "high", "medium"):
-        raise ValueError(f"expected highest, high or medium, got {value!r}")
-    return value
-
-
 class CUDAAccelerator:
     """``--accelerator cuda``; ``auto`` prefers it to every other accelerator when a GPU is
     visible."""
@@ -38,7 +31,8 @@ class CUDAAccelerator:
     priority = 100
     process_group_backend = "nccl"
 
-    def __init__(self, cudnn_benchmark: bool = False, float32_matmul_precision: str | None = None,
+    def __init__(self, cudnn_benchmark: bool | None = None,
+                 float32_matmul_precision: str | None = None,
                  expandable_segments: bool = False, pin_memory: bool = True,
                  memory_snapshot: str | None = None, memory_snapshot_entries: int = 100_000):
         self.cudnn_benchmark = cudnn_benchmark
@@ -48,14 +42,16 @@ class CUDAAccelerator:
         self.memory_snapshot = memory_snapshot
         self.memory_snapshot_entries = memory_snapshot_entries
         self.snapshot_path: Path | None = None
+        self._restore: list[tuple[Any, Any]] = []  # (setter, previous value) for teardown
 
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
-        options.add("cudnn_benchmark", to_bool, default=False,
+        options.add("cudnn_benchmark", to_bool,
                     help="let cuDNN time its algorithms on the first batches and keep the "
-                         "fastest (helps convolutions with fixed input shapes)")
-        options.add("float32_matmul_precision", _matmul_precision,
+                         "fastest (helps convolutions with fixed input shapes). Default: leave "
+                         "torch's setting")
+        options.add("float32_matmul_precision", str, choices=("highest", "high", "medium"),
                     help="highest: true float32 matmuls; high: TF32 tensor cores (Ampere and "
                          "later); medium: bfloat16 passes. Default: leave torch's setting")
         options.add("expandable_segments", to_bool, default=False,
@@ -115,8 +111,13 @@ class CUDAAccelerator:
         if self.expandable_segments:
             _enable_expandable_segments()
         torch.cuda.set_device(index)
-        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        # process-wide settings: changed only when asked, and put back at teardown
+        if self.cudnn_benchmark is not None:
+            self._restore.append((_set_cudnn_benchmark, torch.backends.cudnn.benchmark))
+            torch.backends.cudnn.benchmark = self.cudnn_benchmark
         if self.float32_matmul_precision is not None:
+            self._restore.append((torch.set_float32_matmul_precision,
+                                  torch.get_float32_matmul_precision()))
             torch.set_float32_matmul_precision(self.float32_matmul_precision)
         if self.memory_snapshot is not None:
             torch.cuda.memory._record_memory_history(max_entries=self.memory_snapshot_entries)
@@ -154,6 +155,9 @@ class CUDAAccelerator:
 
     @hookimpl
     def teardown(self, trainer) -> None:
+        while self._restore:
+            setter, previous = self._restore.pop()
+            setter(previous)
         if self.memory_snapshot is None or not torch.cuda.is_initialized():
             return
         path = Path(self.memory_snapshot)
@@ -165,6 +169,10 @@ class CUDAAccelerator:
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
         self.snapshot_path = path
+
+
+def _set_cudnn_benchmark(value: bool) -> None:
+    torch.backends.cudnn.benchmark = value
 
 
 def _enable_expandable_segments() -> None:

@@ -28,11 +28,28 @@ def tpu_problem() -> str | None:
         return ("torch_xla is not installed: pip install 'torch_xla[tpu]' (the release that "
                 f"matches torch {torch.__version__.split('+')[0]}; see "
                 "https://github.com/pytorch/xla#installation)")
-    device_files = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*")
-    if not device_files and not any(os.environ.get(k) for k in ("TPU_NAME", "TPU_ACCELERATOR_TYPE")):
-        return ("torch_xla is installed but no TPU was found here (no /dev/accel* or /dev/vfio "
-                "device, TPU_NAME unset)")
+    if not (_tpu_device_present() or any(os.environ.get(k) for k in _TPU_VARIABLES)):
+        return ("torch_xla is installed but no TPU was found here (no /dev/accelN device, no "
+                "Google PCI device, TPU_NAME unset)")
     return None
+
+
+_TPU_VARIABLES = ("TPU_NAME", "TPU_ACCELERATOR_TYPE")
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def _tpu_device_present() -> bool:
+    # TPU v2-v4 VMs: /dev/accel0.. (files; Gaudi's /dev/accel/ is a folder and does not match);
+    # v5 and later: VFIO devices whose PCI vendor is Google.
+    if glob.glob("/dev/accel[0-9]*"):
+        return True
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            if open(vendor).read().strip() == _GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _sync() -> None:
