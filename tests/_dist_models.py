@@ -125,3 +125,34 @@ class GroupKiller:
         if self.step is not None and trainer.is_global_zero and trainer.global_step == self.step:
             sys.stdout.flush()
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class StopOnOneRank:
+    """A callback plugin object that asks to stop at the end of epoch ``epoch`` on global rank
+    ``rank`` only: the others must follow (the decision is agreed), or they would wait for it in
+    the next epoch's collectives."""
+
+    name = "stop-on-one-rank"
+
+    def __init__(self, rank: int, epoch: int):
+        self.rank, self.epoch = rank, epoch
+
+    @ptrain.hookimpl
+    def on_epoch_end(self, trainer):
+        if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+class NaNOnOneRank(TinyRegressor):
+    """TinyRegressor whose loss becomes NaN on ``rank`` at ``batch`` of the first epoch."""
+
+    def __init__(self, rank: int = 1, batch: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.nan_rank, self.nan_batch = rank, batch
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if (_rank() == self.nan_rank and batch_idx == self.nan_batch
+                and self.trainer.current_epoch == 0):
+            loss = loss * float("nan")
+        return loss

@@ -27,9 +27,10 @@ import pytest
 import torch
 
 from ptrain.distributed import Environment, detect_environment, first_host
-from ptrain.errors import ConfigError, WorkerError
+from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
 from tests._cli_util import assert_usage_error
-from tests._dist_models import FailingRegressor, OwnSamplerRegressor, RankRecorder, read_records
+from tests._dist_models import (FailingRegressor, NaNOnOneRank, OwnSamplerRegressor, RankRecorder,
+                                StopOnOneRank, read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -118,6 +119,33 @@ def reference_job(root: Path) -> subprocess.CompletedProcess:
                          "--out", str(root / "out.pt")], timeout=180)
 
 
+def two_node_job(root: Path) -> list[subprocess.CompletedProcess]:
+    """Two "machines" on localhost, one process each, meeting at one rendezvous endpoint: each
+    is a separate ``ptrain fit --num-nodes 2`` with its own launcher, started together."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in range(2):
+        argv = [sys.executable, "-m", "ptrain", "fit", "--model", TINY,
+                *ddp_cli(root / f"node{node}", "--devices", "1", "--num-nodes", "2",
+                         "--ddp-rdzv-endpoint", f"127.0.0.1:{port}", "--ddp-rdzv-id", "two")]
+        procs.append(subprocess.Popen(argv, cwd=REPO, env=sub_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    results = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return results
+
+
 RESUME_KILL_STEP = 7  # checkpoints every 3 steps: the last one before the kill is step 6
 
 
@@ -163,6 +191,8 @@ def jobs(request, tmp_path_factory):
     jobs.start("cli-failure", run_cli, "fit", "--model", "tests._dist_models:FailingRegressor",
                "--model.message", "cli-rank-one-broke-here", *ddp_cli(root / "cli-failure"),
                used_by=("test_failing_rank_through_the_cli",))
+    jobs.start("two-nodes", two_node_job, root / "two-nodes",
+               used_by=("test_two_machines_meet_at_the_rendezvous_endpoint",))
     # rank 0 is late, so rank 1 fails first and the launcher stops rank 0
     jobs.start("cli-usage", run_cli, "fit", "--model", "tests._dist_models:OwnSamplerRegressor",
                "--model.slow_rank", "0", "--model.delay_s", "3", *ddp_cli(root / "cli-usage"),
@@ -455,3 +485,44 @@ def test_only_rank_zero_writes(jobs, job):
     events = [f for f in files if Path(f).name.startswith("events.out.tfevents")]
     assert len(events) == 1, files
     assert sorted(set(files) - set(events)) == ["version_0/checkpoints/last.ckpt"], files
+
+
+@pytest.mark.slow
+def test_a_stop_asked_by_one_rank_is_agreed_by_all(make_trainer):
+    """Only rank 1 sets ``should_stop`` (at the end of epoch 1); both ranks stop there, so the
+    job ends instead of rank 0 waiting in epoch 2's collectives."""
+    trainer = make_trainer(strategy="ddp", devices=WORLD, accelerator="cpu", max_epochs=5,
+                           callbacks=[StopOnOneRank(rank=1, epoch=1), *QUIET],
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    start = time.monotonic()
+    trainer.fit(TinyRegressor(n=64, batch_size=8))
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    assert trainer.current_epoch == 1
+    assert trainer.global_step == 2 * steps_per_epoch(64, 8)
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_one_rank_ends_the_job_with_its_error(make_trainer):
+    """Rank 1's loss is NaN at batch 1; its NaN gradients reach rank 0 through the all-reduce,
+    so rank 0's loss is NaN from batch 2. Both ranks stop at the epoch's check point, and the
+    job ends with the error of whichever reported first, never waiting for a collective."""
+    trainer = make_trainer(strategy="ddp", devices=WORLD, accelerator="cpu", max_epochs=2,
+                           callbacks=QUIET,
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    start = time.monotonic()
+    with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 0, batch [12] "):
+        trainer.fit(NaNOnOneRank(rank=1, batch=1, n=64, batch_size=8))
+    assert time.monotonic() - start < FAILURE_BOUND_S
+
+
+@pytest.mark.slow
+def test_two_machines_meet_at_the_rendezvous_endpoint(jobs):
+    node0, node1 = jobs["two-nodes"]
+    assert node0.returncode == 0, detail(node0)
+    assert node1.returncode == 0, detail(node1)
+    # one job of 2 ranks: the data is split in two, and only global rank 0 wrote, into the run
+    # folder it chose (its own --default-root-dir)
+    written = [p for p in (jobs.root / "two-nodes").rglob("last.ckpt")]
+    assert len(written) == 1, written
+    checkpoint = torch.load(written[0], weights_only=True)
+    assert checkpoint["loop"]["global_step"] == steps_per_epoch(64, 8)
