@@ -526,3 +526,30 @@ def test_two_machines_meet_at_the_rendezvous_endpoint(jobs):
     assert len(written) == 1, written
     checkpoint = torch.load(written[0], weights_only=True)
     assert checkpoint["loop"]["global_step"] == steps_per_epoch(64, 8)
+
+
+@pytest.mark.slow
+def test_16_mixed_under_ddp_matches_32_true_and_saves_its_scaler(make_trainer, tmp_path):
+    """The precision and strategy plugins compose without knowing each other: float16 autocast
+    and loss scaling on top of DDP train to 32-true's parameters within float16's tolerance, and
+    the scaler's state is in rank 0's checkpoint."""
+    runs = {}
+    for precision in ("32-true", "16-mixed"):
+        trainer = make_trainer(strategy="ddp", devices=WORLD, accelerator="cpu", max_epochs=1,
+                               precision=precision, callbacks=["no:progress-bar"],
+                               default_root_dir=str(tmp_path / precision),
+                               plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}, **(
+                                   # a scale this small can't overflow here: no step is skipped
+                                   {"16-mixed": {"init_scale": 1024.0}}
+                                   if precision == "16-mixed" else {})})
+        module = TinyRegressor(n=64, batch_size=8)
+        torch.manual_seed(0)
+        module.net[1].reset_parameters()
+        trainer.fit(module)
+        runs[precision] = (trainer, module)
+    reference, mixed = runs["32-true"][1], runs["16-mixed"][1]
+    for a, b in zip(reference.parameters(), mixed.parameters()):
+        torch.testing.assert_close(b, a, atol=5e-3, rtol=5e-3)
+    checkpoint = torch.load(runs["16-mixed"][0].last_checkpoint_path, weights_only=True)
+    scaler = checkpoint["plugins"]["16-mixed"]
+    assert scaler["scale"] > 0 and scaler["_growth_tracker"] == steps_per_epoch(64, 8)
