@@ -138,17 +138,22 @@ class EarlyStopping:
             if trainer.is_global_zero:
                 log.info("early stopping asked at epoch %d: %s", trainer.current_epoch, reason)
 
-    def summary(self) -> str | None:
-        """One line on why the run stopped (``None`` when early stopping did not stop it)."""
+    def summary(self, last_epoch: int | None = None) -> str | None:
+        """One line on why the run stopped (``None`` when early stopping asked for no stop).
+        ``last_epoch``: the epoch the run ended at, when known; if that is later than the stop
+        was asked (``min_epochs``/``min_steps`` held it), the line says so."""
         if self.reason is None:
             return None
         best = (f"; best {self.monitor} = {self.best:.6g} at epoch {self.best_epoch} (step "
                 f"{self.best_step})" if self.best is not None else "")
-        return f"Early stopping at epoch {self.stopped_epoch}: {self.reason}{best}."
+        when = f"at epoch {self.stopped_epoch}"
+        if last_epoch is not None and last_epoch != self.stopped_epoch:
+            when = f"asked at epoch {self.stopped_epoch} (the run ended at epoch {last_epoch})"
+        return f"Early stopping {when}: {self.reason}{best}."
 
     @hookimpl
     def teardown(self, trainer, stage: str) -> None:
-        line = self.summary()
+        line = self.summary(trainer.current_epoch)
         if stage == "fit" and line is not None and trainer.is_global_zero:
             print(line, flush=True)
 
