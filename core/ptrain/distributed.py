@@ -252,10 +252,11 @@ class ProcessGroupStrategy:
 
     @hookimpl
     def launch(self, trainer: Trainer, function: Callable[[], Any]) -> Any:
-        expected = self.processes_per_node(trainer) * trainer.num_nodes
+        nprocs = self.processes_per_node(trainer)
+        expected = nprocs * trainer.num_nodes
         self.environment = detect_environment()
         if self.environment is None:
-            return launch_workers(function, nprocs=self.processes_per_node(trainer),
+            return launch_workers(function, nprocs=nprocs,
                                   num_nodes=trainer.num_nodes, rdzv_endpoint=self.rdzv_endpoint,
                                   rdzv_id=self.rdzv_id)
         if self.environment.world_size != expected:

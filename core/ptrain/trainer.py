@@ -213,8 +213,8 @@ class Trainer:
         return result
 
     def _adopt(self, result: WorkerResult) -> dict[str, float]:
-        """Take over what rank 0 of worker processes ended with: the user's module leaves
-        ``fit`` trained, and the counters and metrics read as after a run in this process."""
+        """Take over what the workers ended with (the lowest rank on this machine): the module
+        leaves ``fit`` trained, and the counters and metrics read as after a run here."""
         if result.model is not None:
             self.module.load_state_dict(result.model)
         self.global_step, self.current_epoch = result.global_step, result.current_epoch
@@ -377,10 +377,10 @@ class StageFunction:
         metrics = trainer._run_stage(self.stage, self.checkpoint_file)
         if not self.in_worker:
             return metrics
-        model = full_state_dict(trainer.module) if self.stage == "fit" else None
-        # one copy of the weights per machine travels back to its launching process
-        return WorkerResult(metrics, model if trainer.local_rank == 0 else None,
-                            trainer.global_step, trainer.current_epoch)
+        model = None
+        if self.stage == "fit":  # one copy of the weights per machine goes back to its launcher
+            model = full_state_dict(trainer.module, keep=trainer.local_rank == 0)
+        return WorkerResult(metrics, model, trainer.global_step, trainer.current_epoch)
 
     def __reduce__(self):
         t = self.trainer
@@ -397,15 +397,17 @@ def _rebuild_stage_function(recipe: tuple, stage: str,
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True)
 
 
-def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor] | None:
     """``module``'s state dict with every tensor whole and on the CPU. Sharded tensors (DTensors)
-    are gathered: a collective, so every rank must call it."""
+    are gathered one at a time: a collective, so every rank must call it; ranks that pass
+    ``keep=False`` take part in the gathering and return ``None`` (no host copy)."""
     state = {}
     for key, value in module.state_dict().items():
         if hasattr(value, "full_tensor"):
             value = value.full_tensor()
-        state[key] = value.detach().cpu()
-    return state
+        if keep:
+            state[key] = value.detach().cpu()
+    return state if keep else None
 
 
 def _versions(root: Path) -> list[tuple[int, Path]]:
