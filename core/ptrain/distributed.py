@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+                              SequentialSampler)
 
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import ConfigError, PtrainError, WorkerError
@@ -303,16 +304,16 @@ class ProcessGroupStrategy:
         if isinstance(sampler, DistributedSampler):
             return loader  # the user sharded it already
         if type(sampler) not in (RandomSampler, SequentialSampler):
-            if getattr(loader, "_dataset_kind", None) == 1:  # an IterableDataset: no sampler
+            if isinstance(loader.dataset, IterableDataset):  # no sampler to replace
                 raise ConfigError(
                     f"the {stage} dataloader reads an IterableDataset, which a sampler can't "
                     f"shard; shard it yourself (by torch.distributed.get_rank()) and pass "
-                    f"--no-{_flag_prefix(trainer)}-distributed-sampler.")
+                    f"--no-{trainer.options['strategy']}-distributed-sampler.")
             raise ConfigError(
                 f"the {stage} dataloader uses its own sampler ({type(sampler).__name__}); under "
                 f"{trainer.options['strategy']} each rank must see a different shard of the data. "
                 f"Wrap it in a DistributedSampler yourself, or pass "
-                f"--no-{_flag_prefix(trainer)}-distributed-sampler to use it as it is.")
+                f"--no-{trainer.options['strategy']}-distributed-sampler to use it as it is.")
         shuffle = stage == "train" and isinstance(sampler, RandomSampler)
         seed = trainer.seed if trainer.seed is not None else 0
         return rebuild_dataloader(loader, sampler=DistributedSampler(
@@ -369,10 +370,6 @@ def held_bytes(model: torch.nn.Module,
     return {"parameters": sum(size(p) for p in params),
             "gradients": sum(size(p.grad) for p in params if p.grad is not None),
             "optimizer_state": state}
-
-
-def _flag_prefix(trainer: Trainer) -> str:
-    return trainer.options["strategy"]
 
 
 def _destroy_process_group() -> None:
