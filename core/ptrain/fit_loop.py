@@ -94,6 +94,14 @@ class FitLoop:
         self.step_hooks = trainer.step_hooks
         self.accumulate = trainer.accumulate_grad_batches
         self.automatic = trainer.module.automatic_optimization
+        if not self.automatic and self.accumulate > 1:
+            raise ConfigError(
+                f"accumulate_grad_batches={self.accumulate} applies to automatic optimization; "
+                f"{type(trainer.module).__name__} optimizes manually, so it accumulates itself: "
+                f"step its optimizers every {self.accumulate} batches and leave the gradients "
+                f"unsynchronised in the others (ptrain_toggling.toggle_model(opt, sync_grad=False)"
+                f"). Remove accumulate_grad_batches."
+            )
         self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
         trainer.num_training_batches = self.num_batches
         if self.num_batches == 0:

@@ -35,6 +35,8 @@ The loop, with every hook where it fires (``fit``; ``validate`` runs the validat
                     clip_gradients(trainer, optimizer)       # only when clipping is configured
                     optimizer_step(trainer, optimizer)
                     optimizer.zero_grad(set_to_none=True); schedulers with interval "step"
+                # a module that optimizes manually calls, inside model_step instead:
+                #   backward (manual_backward), and per optimizer.step() the three step hooks
                 every log_every_n_steps and at the end of each epoch / validation:
                     metrics = reduce_metrics(trainer, metrics, op="mean")
                     log_metrics(trainer, metrics, step)
@@ -271,7 +273,8 @@ def model_step(trainer: Trainer, stage: str, batch: Any, batch_idx: int) -> Any:
     ``validation_step`` through any wrapper ``wrap_model`` put around it.
 
     Wrappers put contexts around the forward pass: a precision plugin's autocast; a strategy's
-    skipping of gradient synchronisation while ``trainer.sync_gradients`` is ``False``.
+    skipping of gradient synchronisation while ``trainer.sync_gradients`` is ``False``. A module
+    that optimizes manually runs its backward passes and optimizer steps inside this call.
 
     Result: firstresult; what the module's step returned. Implemented by: the core (precision and
     strategies as wrappers).
@@ -283,7 +286,11 @@ def backward(trainer: Trainer, loss: torch.Tensor) -> bool | None:
     """Compute gradients of ``loss`` (already divided by the accumulation factor).
 
     Fires: once per training batch after ``model_step``, and for each ``manual_backward`` call of
-    a module that optimizes manually.
+    a module that optimizes manually (inside ``model_step``). ``trainer.sync_gradients`` says
+    whether this backward's gradients are to be synchronised across processes. In automatic
+    optimization it is fixed for the batch (``False`` inside an accumulation window); in manual
+    optimization it is ``True`` unless the module turned it off around this call
+    (``toggle_model(optimizer, sync_grad=False)``), so a strategy decides here, not in forward.
 
     Result: firstresult; return ``True`` once the backward pass is done. Implemented by: precision
     plugins (loss scaling) and strategies (engines with their own backward). Default:

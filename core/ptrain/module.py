@@ -90,21 +90,24 @@ class TrainModule(nn.Module):
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
     def manual_backward(self, loss: torch.Tensor) -> None:
-        """Backward through the active precision and strategy plugins (the ``backward`` hook)."""
+        """Backward through the active precision and strategy plugins (the ``backward`` hook).
+        Under a multi-process strategy the gradients are synchronised unless
+        ``trainer.sync_gradients`` is ``False`` (see ``ptrain_toggling.toggle_model``)."""
         self.trainer.step_hooks.backward(trainer=self.trainer, loss=loss)
 
 
 class ManualOptimizer:
     """An optimizer as a manually-optimizing module sees it: ``step()`` goes through the trainer's
     ``on_before_optimizer_step``, ``clip_gradients`` and ``optimizer_step`` hooks and counts
-    towards ``trainer.global_step``; everything else is the optimizer's own."""
+    towards ``trainer.global_step``; everything else is the optimizer's own. ``optimizer`` is the
+    one in ``trainer.optimizers``."""
 
     def __init__(self, trainer: Trainer, optimizer: torch.optim.Optimizer):
-        self._trainer = trainer
+        self.trainer = trainer
         self.optimizer = optimizer
 
     def step(self) -> None:
-        self._trainer.run_optimizer_step(self.optimizer)
+        self.trainer.run_optimizer_step(self.optimizer)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

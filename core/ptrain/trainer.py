@@ -44,8 +44,10 @@ class Trainer:
     ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
     ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
     ``optimizers``, ``lr_schedulers``, ``default_root_dir``, ``log_dir`` (this run's folder),
-    ``stage``, ``sync_gradients``, ``precision_policy``, ``options`` (the core's resolved options),
-    ``config`` (everything resolved), ``plugins`` (name -> plugin object), ``hook``.
+    ``stage``, ``sync_gradients`` (whether the next backward's gradients are synchronised
+    across processes; see the ``backward`` hook), ``precision_policy``, ``options`` (the core's
+    resolved options), ``config`` (everything resolved), ``plugins`` (name -> plugin object),
+    ``hook``.
     """
 
     def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,

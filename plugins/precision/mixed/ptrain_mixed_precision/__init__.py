@@ -5,7 +5,11 @@
   by all optimizers (as PyTorch's AMP recipe has it): the loss is scaled before backward, the
   gradients are unscaled before any callback sees them and before clipping, a step whose
   gradients overflowed is skipped and the scale lowered, and the scale is updated once per batch
-  after every optimizer has stepped. Its state is saved in checkpoints.
+  after every optimizer has stepped. So each optimizer steps at most once per batch (a module
+  that optimizes manually and steps one optimizer twice in a training_step gets a usage error,
+  where GradScaler would fail on unscaling it twice before an update). One scaler
+  rather than one per optimizer: an overflow anywhere lowers the scale for all, which costs a
+  skipped step at worst, and a backward needs no owner. Its state is saved in checkpoints.
 
 The backward pass and the optimizer step run outside autocast, on the float32 weights. Where the
 device's autocast does not support the dtype, start-up fails with a usage error; there is never a
@@ -83,7 +87,7 @@ class Float16MixedPrecision(MixedPrecision):
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
         self.init_scale, self.growth_interval = init_scale, growth_interval
         self.scaler: torch.amp.GradScaler | None = None
-        self._stepped = False
+        self._stepped: set[int] = set()  # id() of the optimizers stepped since the last update
 
     @staticmethod
     @hookimpl
@@ -103,20 +107,28 @@ class Float16MixedPrecision(MixedPrecision):
         return True
 
     @hookimpl(tryfirst=True)  # before any callback or clipping looks at the gradients
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(self, trainer, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._stepped:
+            index = next(i for i, o in enumerate(trainer.optimizers) if o is optimizer)
+            raise PluginError(
+                f"optimizer {index} stepped twice in batch {trainer.batch_idx} under 16-mixed, "
+                f"whose one loss scale is updated once per batch; step each optimizer at most "
+                f"once per training_step (accumulate its losses in one backward, or over "
+                f"batches), or use --precision bf16-mixed, which needs no loss scaling."
+            )
         self.scaler.unscale_(optimizer)
 
     @hookimpl
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         self.scaler.step(optimizer)  # skipped when unscale_ found inf/NaN gradients
-        self._stepped = True
+        self._stepped.add(id(optimizer))
         return True
 
     def _update_scale(self) -> None:
         """Once per batch, after every optimizer stepped (a no-op when none did)."""
         if self._stepped:
             self.scaler.update()
-            self._stepped = False
+            self._stepped.clear()
 
     # tryfirst on both: before a checkpoint written at this point reads the scale
     @hookimpl(tryfirst=True)

@@ -4,6 +4,13 @@ averaged across processes by ``torch.nn.parallel.DistributedDataParallel``.
 Launching, ranks, the process group, data sharding, metric reduction and barriers come from
 :class:`ptrain.distributed.ProcessGroupStrategy`; this class adds the DDP wrapper and skips the
 gradient all-reduce inside accumulation windows.
+
+A module that optimizes manually runs its backward passes inside DDP's forward, where DDP cannot
+see them coming. Its forward therefore runs with DDP's synchronisation off, and each backward
+through the ``backward`` hook arms DDP's reducer itself when ``trainer.sync_gradients`` says so:
+one bucketed all-reduce per synchronised backward, none otherwise. Such a module's backward
+passes usually leave some parameters without gradients (those of the other optimizers), so
+``find_unused_parameters`` defaults to on for it.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from ptrain.options import to_bool
 class DDPStrategy(ProcessGroupStrategy):
     """``--strategy ddp``."""
 
-    def __init__(self, find_unused_parameters: bool = False, gradient_as_bucket_view: bool = True,
-                 **process_group_options):
+    def __init__(self, find_unused_parameters: bool | None = None,
+                 gradient_as_bucket_view: bool = True, **process_group_options):
         super().__init__(**process_group_options)
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -28,9 +35,10 @@ class DDPStrategy(ProcessGroupStrategy):
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
-        options.add("find_unused_parameters", to_bool, default=False,
+        options.add("find_unused_parameters", to_bool, default=None,
                     help="allow steps in which some parameters get no gradient (costs a graph "
-                         "walk per step; turn on only when DDP says it is needed)")
+                         "walk per backward). Default: on for a module that optimizes "
+                         "manually, off otherwise")
         options.add("gradient_as_bucket_view", to_bool, default=True,
                     help="gradients are views into DDP's communication buckets (saves one "
                          "gradient-sized copy of memory)")
@@ -38,8 +46,11 @@ class DDPStrategy(ProcessGroupStrategy):
 
     def ddp_kwargs(self, trainer) -> dict:
         device = trainer.device
+        find_unused = self.find_unused_parameters
+        if find_unused is None:
+            find_unused = not trainer.module.automatic_optimization
         return {"device_ids": [device] if device.type != "cpu" else None,
-                "find_unused_parameters": self.find_unused_parameters,
+                "find_unused_parameters": find_unused,
                 "gradient_as_bucket_view": self.gradient_as_bucket_view}
 
     @hookimpl
@@ -51,10 +62,29 @@ class DDPStrategy(ProcessGroupStrategy):
 
     @hookimpl(wrapper=True)
     def model_step(self, trainer, stage):
+        model = trainer.model
+        if stage != "train" or not isinstance(model, DistributedDataParallel):
+            return (yield)
+        if not trainer.module.automatic_optimization:
+            # Left on, DDP would arm its reducer after this forward for a backward that never
+            # comes, and the next unsynchronised backward would all-reduce. `backward` arms it.
+            with model.no_sync():
+                result = yield
+            model.require_forward_param_sync = True  # broadcast buffers before the next forward
+            return result
         # Inside an accumulation window the gradients stay local; the window's last batch
-        # all-reduces the accumulated sum once. DDP decides in forward, so only forward is wrapped.
-        if stage != "train" or trainer.sync_gradients or not isinstance(
-                trainer.model, DistributedDataParallel):
+        # all-reduces the accumulated sum once. DDP decides in forward, so forward is wrapped.
+        if trainer.sync_gradients:
             return (yield)
-        with trainer.model.no_sync():
+        with model.no_sync():
             return (yield)
+
+    @hookimpl(wrapper=True)
+    def backward(self, trainer, loss):
+        model = trainer.model
+        if (trainer.sync_gradients and not trainer.module.automatic_optimization
+                and isinstance(model, DistributedDataParallel)):
+            # what DDP's forward does for an automatic step, done for this one backward: the
+            # graph from `loss` tells the reducer which parameters will get no gradient
+            model.reducer.prepare_for_backward([loss] if model.find_unused_parameters else [])
+        return (yield)

@@ -65,6 +65,15 @@ class FSDPStrategy(ProcessGroupStrategy):
                 f"--precision {trainer.options['precision']} scales the loss, and its overflow "
                 f"check would see only this rank's shard of the gradients under {name}; use "
                 f"--precision bf16-mixed (no loss scaling), or --strategy ddp for float16.")
+        if not trainer.module.automatic_optimization:
+            # FSDP2 reduce-scatters the gradients from hooks that its forward registers on the
+            # outputs; a backward run inside that forward (manual optimization) never reaches
+            # them, and the sharded parameters would get no gradient at all.
+            raise ConfigError(
+                f"{type(trainer.module).__name__} optimizes manually, which {name} does not "
+                f"support: FSDP finalizes gradients after the model's forward, and a manual "
+                f"backward runs inside it. Use --strategy ddp or zero1 (optimizer state "
+                f"sharded), or automatic optimization.")
         checkpoint_activations(model, self.activation_checkpointing)
         mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
         settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
