@@ -21,10 +21,12 @@ every parameter gets back the ``requires_grad`` it had on entry (so toggles nest
 the user froze stays frozen). Parameters in no optimizer, and those this optimizer shares with
 another, are left alone.
 
-``sync_grad=False`` keeps the gradients of the backward passes inside local to each process
-(``trainer.sync_gradients`` is ``False`` there; DDP skips its all-reduce): accumulate over several
-batches, then take the last backward in a toggle with ``sync_grad=True`` to pay for one
-all-reduce. With one process it changes nothing.
+``sync_grad=False`` makes the backward passes inside skip the gradient all-reduce
+(``trainer.sync_gradients`` is ``False`` there): accumulate over several batches, then take the
+last backward in a toggle with ``sync_grad=True`` to pay for one all-reduce. (Under DDP, a
+synchronised backward of another part in between all-reduces its buckets, which hold the
+accumulating part's gradients too: correct, since averaging is linear, but no saving.) With one
+process it changes nothing.
 """
 
 from __future__ import annotations
