@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ptrain.errors import ConfigError
-from ptrain.options import OptionGroup, closest, to_float, to_int, to_int_or_float, to_str_list
+from ptrain.options import (
+    OptionGroup, closest, to_bool, to_float, to_int, to_int_or_float, to_str_list,
+)
 
 TABLES = ("trainer", "model", "data", "plugins")
 TOP_LEVEL_KEYS = ("ckpt_path",)  # a scalar before the tables: where to resume from
@@ -125,6 +127,9 @@ def core_options() -> OptionGroup:
     g.add("default_root_dir", str, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")
     g.add("seed", to_int, help="seed Python, NumPy and torch for a reproducible run")
+    g.add("detect_anomaly", to_bool, default=False,
+          help="debugging: name the forward operation whose backward produced a NaN/Inf "
+               "(torch.autograd anomaly mode; steps run several times slower)")
     return g
 
 

@@ -256,10 +256,13 @@ class Trainer:
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
             self.step_hooks = StepHooks(self.pm)
             self.hook.setup(trainer=self, stage=stage)
-            if stage == "fit":
-                FitLoop(self, checkpoint).run()
-            else:
-                run_validation(self)
+            # restores the previous mode on leaving; check_nan: a backward that makes a NaN
+            # raises, naming the forward operation that led to it
+            with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True):
+                if stage == "fit":
+                    FitLoop(self, checkpoint).run()
+                else:
+                    run_validation(self)
             return {k: float(v) for k, v in self.callback_metrics.items()}
         except BaseException as exc:
             self.exception = exc

@@ -8,7 +8,9 @@ unsharded baseline), in real 2-rank gloo jobs on the CPU; nothing of torch is mo
 - Sharded checkpoints: exact resume after SIGKILL of the whole job, ``ptrain-consolidate`` into
   a single file that loads with ``weights_only=True`` and resumes single-device, atomic writes.
 - Start-up errors: loss-scaling precision, ``wrap_classes`` naming no module of the model;
-  ``bf16-mixed`` and ``activation_checkpointing`` train.
+  ``bf16-mixed`` trains. (Activation checkpointing is the ``activation-checkpointing``
+  callback's, under every strategy: its fsdp run is in
+  ``tests/plugins/callbacks/test_activation_checkpointing.py``.)
 
 A 2-rank job costs ~5-10 s (a Python start and a torch import per worker), so each
 configuration runs once (the ``runs`` fixture, shared by the tests reading it) and the runs that
@@ -289,24 +291,6 @@ def test_bf16_mixed_fsdp_trains_close_to_32_true(runs):
     # trained in bfloat16 numerics, not silently in float32
     assert difference > BF16_PARAM_MIN, difference
     assert all(v.dtype == torch.float32 for v in bf16.params.values())  # float32 weights kept
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. activation_checkpointing
-
-
-def test_activation_checkpointing_trains_to_the_same_parameters(runs):
-    plain = runs.get("fsdp", "fsdp")
-    checkpointed = runs.get("fsdp-ac", "fsdp",
-                            plugin_options={"fsdp": {"activation_checkpointing": ["Block"]}})
-    assert checkpointed.global_step == STEPS
-    difference = max_difference(checkpointed.params, plain.params)
-    assert difference <= PARAM_ATOL, difference
-    # the blocks really recomputed their forward in backward: twice the calls of the plain run
-    for rank in range(WORLD_SIZE):
-        calls = plain.ranks[rank]["block_forward_calls"]
-        assert calls == [EPOCHS * 64 // (8 * WORLD_SIZE)] * 4
-        assert checkpointed.ranks[rank]["block_forward_calls"] == [2 * c for c in calls]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ptrain import ConfigError, hookimpl
 from ptrain.distributed import ProcessGroupStrategy
 from ptrain.options import to_bool, to_str_list
 from ptrain_fsdp import checkpoint as sharded
-from ptrain_fsdp.modules import checkpoint_activations, modules_to_shard
+from ptrain_fsdp.modules import modules_to_shard
 
 
 class FSDPStrategy(ProcessGroupStrategy):
@@ -23,15 +23,13 @@ class FSDPStrategy(ProcessGroupStrategy):
     fixed_reshard_after_forward: bool | None = None
 
     def __init__(self, wrap_classes: list[str] | None = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, activation_checkpointing: list[str] | None = None,
-                 **process_group_options):
+                 cpu_offload: bool = False, **process_group_options):
         super().__init__(**process_group_options)
         self.wrap_classes = list(wrap_classes or ["auto"])
         self.reshard_after_forward = (reshard_after_forward
                                       if self.fixed_reshard_after_forward is None
                                       else self.fixed_reshard_after_forward)
         self.cpu_offload = cpu_offload
-        self.activation_checkpointing = list(activation_checkpointing or [])
 
     @staticmethod
     def add_sharding_options(options) -> None:
@@ -41,9 +39,6 @@ class FSDPStrategy(ProcessGroupStrategy):
         options.add("cpu_offload", to_bool, default=False,
                     help="keep parameter shards, gradients and optimizer state in host memory "
                          "(slower steps; for models that do not fit otherwise)")
-        options.add("activation_checkpointing", to_str_list, default=[],
-                    help="module classes (names) whose activations are recomputed in backward "
-                         "instead of stored (less memory, about one more forward of compute)")
         ProcessGroupStrategy.add_process_group_options(options)
 
     @staticmethod
@@ -74,7 +69,6 @@ class FSDPStrategy(ProcessGroupStrategy):
                 f"support: FSDP finalizes gradients after the model's forward, and a manual "
                 f"backward runs inside it. Use --strategy ddp or zero1 (optimizer state "
                 f"sharded), or automatic optimization.")
-        checkpoint_activations(model, self.activation_checkpointing)
         mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
         settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
         if policy.is_mixed:  # the precision plugin's formats, applied by FSDP itself
