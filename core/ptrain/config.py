@@ -129,7 +129,7 @@ def core_options() -> OptionGroup:
     g.add("seed", to_int, help="seed Python, NumPy and torch for a reproducible run")
     g.add("detect_anomaly", to_bool, default=False,
           help="debugging: name the forward operation whose backward produced a NaN/Inf "
-               "(torch.autograd anomaly mode; steps run several times slower)")
+               "(torch.autograd anomaly mode; slower: see docs/configuration.md)")
     return g
 
 
