@@ -79,12 +79,13 @@ class DDPStrategy(ProcessGroupStrategy):
         with model.no_sync():
             return (yield)
 
-    @hookimpl(wrapper=True)
-    def backward(self, trainer, loss):
+    # tryfirst and no result, rather than a wrapper: it runs before whichever plugin does the
+    # backward, and the per-step hook keeps its direct call (no pluggy wrapper machinery)
+    @hookimpl(tryfirst=True)
+    def backward(self, trainer, loss) -> None:
         model = trainer.model
         if (trainer.sync_gradients and not trainer.module.automatic_optimization
                 and isinstance(model, DistributedDataParallel)):
             # what DDP's forward does for an automatic step, done for this one backward: the
             # graph from `loss` tells the reducer which parameters will get no gradient
             model.reducer.prepare_for_backward([loss] if model.find_unused_parameters else [])
-        return (yield)
