@@ -16,6 +16,7 @@ from ptrain import checkpoint_io
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
+from ptrain.data import stop_workers
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
@@ -269,7 +270,11 @@ class Trainer:
             raise
         finally:
             self.stage = None
-            self.hook.teardown(trainer=self, stage=stage)
+            try:
+                self.hook.teardown(trainer=self, stage=stage)
+            finally:
+                for loader in (self.train_dataloader, self.val_dataloader):
+                    stop_workers(loader)
 
     def _wrap_optimizers(self, setup: OptimizerSetup) -> None:
         if self.module.automatic_optimization and len(setup.optimizers) > 1:
