@@ -63,15 +63,17 @@ Result semantics, stated on every hook:
 - **firstresult**: implementations are called in order until one returns something other than
   ``None``; that value is the result and the rest are skipped. For hooks that *do* something
   (``backward``, ``optimizer_step``, ``clip_gradients``) an implementation returns ``True`` once it
-  has done it. The core registers a default implementation last, so a plugin takes over by
-  returning a value, and the default runs only when nobody did.
+  has done it. The core's default implementation is ``trylast`` and is registered after every
+  plugin, so it is called after all of them (a plugin's own ``trylast`` ones included): a plugin
+  takes over by returning a value, and the default runs only when nobody did.
 - **all**: every implementation is called; results are collected in a list (usually ignored).
 - **per plugin**: the core calls each plugin's implementation on its own, with arguments scoped to
   that plugin (its option group, its saved state).
 
-Order: pluggy calls the most recently registered plugin first. ptrain registers the core's
-defaults, then the accelerator, the precision, the strategy, and the callbacks in the order they
-were given; so the default order is *callbacks, strategy, precision, accelerator, core defaults*
+Order: pluggy calls the most recently registered plugin first. ptrain registers the
+accelerator, the precision, the strategy, and the callbacks in the order they were given, then the
+core's defaults (as ``trylast``); so the default order is *callbacks, strategy, precision,
+accelerator, core defaults*
 (a sharding engine's backward wins over a loss scaler's, which wins over plain ``loss.backward()``).
 ``tryfirst=True`` / ``trylast=True`` move an implementation to the front or the back. Wrappers
 (``@hookimpl(wrapper=True)``) run code around all the other implementations of a hook and may

@@ -70,9 +70,11 @@ class Trainer:
         self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
         self.config: dict[str, Any] = {"trainer": dict(self.options), "plugins": plugin_config}
         self.pm = create_plugin_manager()
-        register(self.pm, LoopDefaults(), "loop-defaults")
         for name, plugin in self.plugins.items():
             register(self.pm, plugin, name)
+        # registered after the plugins: pluggy calls the first-registered of several trylast
+        # implementations last, and each default (all trylast) must come after a plugin's own
+        register(self.pm, LoopDefaults(), "loop-defaults")
         self.hook = self.pm.hook
 
         for name, value in self.options.items():  # trainer.max_epochs, trainer.precision, ...

@@ -14,6 +14,8 @@ from ptrain.hookspecs import hookimpl
 
 
 class ModelCheckpoint:
+    name = "checkpoint"  # its entry point's name, also when given as an object
+
     def __init__(self, every_n_epochs: int = 1, every_n_train_steps: int = 0,
                  monitor: str | None = None, mode: str = "min"):
         self.every_n_epochs = every_n_epochs

@@ -171,6 +171,8 @@ class DataLoading:
     ``preload_bytes`` and ``preload_seconds``.
     """
 
+    name = "dataloading"  # its entry point's name, also when given as an object
+
     def __init__(self, apply: bool = False, preload: bool = False, preload_max_gib: float = 8.0,
                  short_epoch_batches: int = 500, cheap_batch_ms: float = 2.0,
                  cpus: int | None = None):

@@ -10,6 +10,8 @@ from ptrain.hookspecs import hookimpl
 
 
 class TensorBoardLogger:
+    name = "tensorboard"  # its entry point's name, also when given as an object
+
     def __init__(self) -> None:
         self.writer = None
 
