@@ -1,4 +1,4 @@
-"""The ``ptrain`` command: ``fit``, ``validate``, ``plugins``, ``--version``.
+"""The ``ptrain`` command: ``fit``, ``validate``, ``plugins``, ``new-plugin``, ``--version``.
 
 Errors caused by input (:class:`ptrain.PtrainError`) print one paragraph and exit with code 2;
 a traceback means a bug. ``ptrain --help`` and ``ptrain plugins`` import neither torch nor any
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
-from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
+from ptrain.catalog import EXCLUSIVE_KINDS, GROUPS, Catalog
 from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
 from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError, WorkerError
 from ptrain.options import OptionGroup, closest
@@ -79,6 +79,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def version_text() -> str:
     dists = Catalog.discover().distributions()
     return "\n".join(f"{name} {version}" for name, version in dists.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# ptrain new-plugin
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from ptrain.scaffold import new_plugin, next_steps
+
+    print(next_steps(new_plugin(args.name, args.kind, args.dir)))
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +173,9 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
                      help="enable callback plugin NAME; -p no:NAME blocks one before it is "
                           "imported (repeatable)")
     run.add_argument("--no-progress-bar", action="store_true", help="same as -p no:progress-bar")
+    run.add_argument("--trace", action="store_true",
+                     help="print every hook call to stderr: each implementation that ran, its "
+                          "time and result type (same as PTRAIN_TRACE=1; slows every step)")
     all_groups = [(core_options(), "trainer options", "")] + groups
     owners = {flag: "ptrain" for action in parser._actions for flag in action.option_strings}
     for group, _, _ in all_groups:
@@ -237,6 +251,7 @@ class RunSpec:
     data: dict[str, Any]
     ckpt_path: str | None
     print_config: bool
+    trace: bool
 
 
 def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
@@ -285,7 +300,7 @@ def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
         raise ModelError("--data.KEY arguments were given without --data MODULE:CLASS.")
     return RunSpec(trainer_options, plugin_options, components["model"], components["data"],
                    args.ckpt_path or file_config.get("ckpt_path"),
-                   args.print_config or pre.print_config)
+                   args.print_config or pre.print_config, args.trace)
 
 
 def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
@@ -308,9 +323,12 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         return 0
     spec = _resolve_run(stage, argv, catalog)
 
+    from ptrain.hook_calls import TRACE_ENV
     from ptrain.module import DataModule, TrainModule
     from ptrain.trainer import Trainer, seed_everything
 
+    if spec.trace:  # in the environment, so that the processes a strategy starts trace too
+        os.environ[TRACE_ENV] = "1"
     trainer = Trainer(plugin_options=spec.plugin_options, catalog=catalog,
                       **spec.trainer_options)
     trainer.config.update(model=spec.model, data=spec.data)
@@ -359,6 +377,17 @@ def _main_parser() -> _Parser:
     plugins.add_argument("--check", action="store_true",
                          help="also import each plugin and say whether it can run here")
     plugins.add_argument("--json", action="store_true", help="print the listing as JSON")
+    kinds = ",".join(GROUPS)
+    new = sub.add_parser("new-plugin", help="write a new plugin distribution to start from",
+                         description="Write the distribution ptrain-NAME: pyproject.toml (entry "
+                                     "point NAME), a README card, a working plugin of the kind "
+                                     "and its tests. Nothing existing is overwritten.")
+    new.add_argument("name", metavar="NAME", help="the name users will select it by: lowercase "
+                                                   "letters, digits and '-' (e.g. my-xpu)")
+    # not `choices=`: the scaffold's own check gives the better message, also from Python
+    new.add_argument("--kind", required=True, metavar=f"{{{kinds}}}", help="the plugin kind")
+    new.add_argument("--dir", metavar="PATH", help="the folder to create (new or empty; "
+                                                   "default: ./ptrain-NAME)")
     return parser
 
 
@@ -373,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "plugins":
             return cmd_plugins(args)
+        if args.command == "new-plugin":
+            return cmd_new_plugin(args)
         _main_parser().print_help()
         return 0
     except PtrainError as exc:

@@ -117,14 +117,24 @@ def instantiate(target: Any, owner: str, options: dict[str, Any]) -> Any:
 
 
 def create_plugin_manager() -> pluggy.PluginManager:
+    """A plugin manager with ptrain's hook specification; with ``PTRAIN_TRACE=1`` in the
+    environment, every hook call it makes is printed to stderr (see :mod:`ptrain.hook_calls`)."""
+    from ptrain import hook_calls  # it imports this module
+
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
+    if hook_calls.trace_requested():
+        hook_calls.observe(pm, hook_calls.StderrTracer())
     return pm
 
 
 def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     """Register ``plugin`` under ``name``; a hook signature that does not match the specification,
-    or an implementation of a hook that does not exist (a typo), is a :class:`PluginError`."""
+    or an implementation of a hook that does not exist (a typo), is a :class:`PluginError`.
+    A plugin with an ``observe_hook_call(call)`` method is an observer: from then on it receives
+    every hook call of ``pm`` (see :mod:`ptrain.hook_calls`)."""
+    from ptrain import hook_calls  # it imports this module
+
     try:
         pm.register(plugin, name=name)
     except (pluggy.PluginValidationError, ValueError) as exc:
@@ -139,6 +149,7 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
                 f"ptrain hook.{closest(attr, HOOK_NAMES)} See docs/hooks.md for the hook "
                 f"specification."
             )
+    hook_calls.on_register(pm, plugin)
 
 
 def bind_impl(impl: Any, spec_args: tuple[str, ...] = ()) -> Callable[..., Any]:

@@ -1,0 +1,339 @@
+# ruff: noqa: F811  (each part redefines names: the parts are separate examples)
+# One example implementation per hook, for docs/hooks.md. scripts/gen_hook_docs.py splits this file
+# at the "# == HOOK" lines, shows each part as it is, and checks it: every part is run on its own
+# and its classes registered against the hook specification (a misspelt hook or an argument the
+# hook does not have fails), and it must implement the hook it illustrates.
+# == add_options
+from ptrain import hookimpl
+
+
+class Warmup:
+    """As entry point ``warmup``: the flag ``--warmup-steps``, the key ``steps`` of
+    ``[plugins.warmup]``, and ``Warmup(steps=...)`` from Python."""
+
+    def __init__(self, steps: int = 100):
+        self.steps = steps
+
+    @staticmethod  # called on the class, before any instance exists
+    @hookimpl
+    def add_options(options):
+        options.add("steps", int, default=100, help="warm-up length, in optimizer steps")
+# == check_available
+import torch
+
+from ptrain import hookimpl
+
+
+class XPUAccelerator:
+    @staticmethod
+    @hookimpl
+    def check_available():
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            return "torch sees no Intel XPU: install torch's XPU build and the GPU driver"
+        return None
+# == launch
+from ptrain import ConfigError, hookimpl
+
+
+class OneProcess:
+    @hookimpl
+    def launch(self, trainer):
+        if trainer.devices not in (1, "auto"):
+            raise ConfigError(f"one process only; --devices {trainer.devices} asks for more")
+        return None  # run the stage here; a multi-process strategy starts workers instead
+# == setup_device
+import torch
+
+from ptrain import hookimpl
+
+
+class XPUAccelerator:
+    @hookimpl
+    def setup_device(self, trainer):
+        device = torch.device("xpu", trainer.local_rank)  # a strategy set local_rank before
+        torch.xpu.set_device(device)
+        return device
+# == precision_policy
+import torch
+
+from ptrain import PrecisionPolicy, hookimpl
+
+
+class BF16Mixed:
+    @hookimpl
+    def precision_policy(self):
+        return PrecisionPolicy(param_dtype=torch.float32, compute_dtype=torch.bfloat16,
+                               reduce_dtype=torch.float32)
+# == wrap_model
+import torch
+
+from ptrain import hookimpl
+
+
+class Compile:
+    @hookimpl(wrapper=True)
+    def wrap_model(self):
+        model = yield  # what the strategy returned: on the device, maybe wrapped (DDP)
+        return torch.compile(model)
+# == wrap_optimizer
+import inspect
+
+from ptrain import hookimpl
+
+
+class ShardedOptimizerState:
+    @hookimpl
+    def wrap_optimizer(self, trainer, optimizer):
+        if trainer.world_size == 1:
+            return None  # nothing to shard: the next implementation decides (the default keeps it)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return ZeroRedundancyOptimizer([dict(g) for g in optimizer.param_groups],
+                                       optimizer_class=type(optimizer), **defaults)
+# == prepare_dataloader
+from ptrain import hookimpl
+from ptrain.data import rebuild_dataloader
+
+
+class PinMemory:
+    @hookimpl(wrapper=True)
+    def prepare_dataloader(self, dataloader, stage):
+        loader = yield  # what the other implementations made of it (a sharded sampler, ...)
+        return loader if loader.pin_memory else rebuild_dataloader(loader, pin_memory=True)
+# == setup
+import time
+
+from ptrain import hookimpl
+
+
+class WallClock:
+    @hookimpl
+    def setup(self, trainer, stage):
+        self.started = time.perf_counter()
+        if trainer.is_global_zero:
+            print(f"{stage}: {trainer.world_size} process(es) on {trainer.device}")
+# == teardown
+import time
+
+from ptrain import hookimpl
+
+
+class WallClock:
+    @hookimpl
+    def setup(self):
+        self.started = time.perf_counter()
+
+    @hookimpl
+    def teardown(self, trainer, stage):
+        if trainer.is_global_zero:
+            outcome = "failed" if trainer.exception is not None else "done"
+            print(f"{stage} {outcome} after {time.perf_counter() - self.started:.1f} s")
+# == transfer_batch
+from ptrain import hookimpl
+from ptrain.data import move_to_device
+
+
+class XPUAccelerator:
+    @hookimpl
+    def transfer_batch(self, trainer, batch):
+        # from pinned memory the copy is asynchronous: the step does not wait for it
+        return move_to_device(batch, trainer.device, non_blocking=True)
+# == model_step
+import torch
+
+from ptrain import hookimpl
+
+
+class BF16Autocast:
+    @hookimpl(wrapper=True)
+    def model_step(self, trainer):
+        with torch.autocast(trainer.device.type, dtype=torch.bfloat16):
+            return (yield)  # the forward pass and the loss run inside
+# == backward
+import torch
+
+from ptrain import hookimpl
+
+
+class LossScaling:
+    def __init__(self):
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    @hookimpl
+    def backward(self, loss):
+        self.scaler.scale(loss).backward()
+        return True  # done: the default loss.backward() does not run
+# == on_before_optimizer_step
+import torch
+
+from ptrain import hookimpl
+
+
+class GradNormWatch:
+    @hookimpl
+    def on_before_optimizer_step(self, optimizer):
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if grads:  # kept as a tensor: reading it here would make every step wait for the device
+            self.last_norm = torch.nn.utils.get_total_norm(grads)
+# == clip_gradients
+import torch
+
+from ptrain import hookimpl
+
+
+class ClipEachParameter:
+    """Clip each parameter's gradient norm on its own instead of the global norm."""
+
+    @hookimpl
+    def clip_gradients(self, trainer, optimizer):
+        if trainer.gradient_clip_algorithm != "norm":
+            return None  # leave value clipping to the next implementation (the default)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    torch.nn.utils.clip_grad_norm_([p], trainer.gradient_clip_val)
+        return True
+# == optimizer_step
+import torch
+
+from ptrain import hookimpl
+
+
+class LossScaling:
+    def __init__(self):
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    @hookimpl
+    def optimizer_step(self, optimizer):
+        self.scaler.step(optimizer)  # skips the step if the gradients overflowed
+        self.scaler.update()
+        return True
+# == on_train_batch_end
+from ptrain import hookimpl
+
+
+class StopAfter:
+    def __init__(self, steps: int = 1000):
+        self.steps = steps
+
+    @hookimpl
+    def on_train_batch_end(self, trainer):
+        if trainer.global_step >= self.steps:  # a Python int: no wait for the device
+            trainer.should_stop = True
+# == on_epoch_start
+from ptrain import hookimpl
+
+
+class ReshuffleEachEpoch:
+    @hookimpl
+    def on_epoch_start(self, trainer):
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):  # a DistributedSampler shuffles by epoch
+            sampler.set_epoch(trainer.current_epoch)
+# == on_epoch_end
+from ptrain import hookimpl
+
+
+class PrintMetrics:
+    @hookimpl
+    def on_epoch_end(self, trainer):
+        if trainer.is_global_zero:  # numbers once per epoch: waiting for the device is fine here
+            metrics = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()}
+            print(f"epoch {trainer.current_epoch}: {metrics}")
+# == on_validation_end
+from ptrain import hookimpl
+
+
+class StopAtAccuracy:
+    def __init__(self, target: float = 0.99):
+        self.target = target
+
+    @hookimpl
+    def on_validation_end(self, trainer):
+        accuracy = trainer.callback_metrics.get("val_acc")  # reduced over every process
+        if accuracy is not None and float(accuracy) >= self.target:
+            trainer.should_stop = True
+# == reduce_metrics
+import torch
+import torch.distributed as dist
+
+from ptrain import hookimpl
+
+OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class AllReduceMetrics:
+    @hookimpl
+    def reduce_metrics(self, trainer, metrics, op):
+        names = list(metrics)
+        flat = torch.cat([metrics[n].float().reshape(-1) for n in names])
+        dist.all_reduce(flat, op=OPS[op])  # one collective for all of them
+        if op == "mean":
+            flat = flat / trainer.world_size
+        parts = flat.split([metrics[n].numel() for n in names])
+        return {n: part.reshape(metrics[n].shape) for n, part in zip(names, parts)}
+# == log_metrics
+import csv
+from pathlib import Path
+
+from ptrain import hookimpl
+
+
+class CSVLogger:
+    @hookimpl
+    def log_metrics(self, trainer, metrics, step):
+        if not trainer.is_global_zero:
+            return
+        with open(Path(trainer.log_dir) / "metrics.csv", "a", newline="") as f:
+            csv.writer(f).writerows([step, name, value] for name, value in metrics.items())
+# == state_dict
+from ptrain import hookimpl
+
+
+class BatchCounter:
+    def __init__(self):
+        self.batches = 0
+
+    @hookimpl
+    def on_train_batch_end(self):
+        self.batches += 1
+
+    @hookimpl
+    def state_dict(self):
+        return {"batches": self.batches}  # stored under this plugin's name
+# == load_state_dict
+from ptrain import hookimpl
+
+
+class BatchCounter:
+    def __init__(self):
+        self.batches = 0
+
+    @hookimpl
+    def load_state_dict(self, state):
+        self.batches = state["batches"]  # what state_dict returned when the checkpoint was saved
+# == save_checkpoint
+import torch.distributed as dist
+
+from ptrain import hookimpl
+
+
+class BarrierAfterSave:
+    @hookimpl(wrapper=True)
+    def save_checkpoint(self, trainer):
+        written = yield  # whichever implementation wrote the file
+        if trainer.world_size > 1:
+            dist.barrier()  # no process reads the checkpoint before it is complete
+        return written
+# == load_checkpoint
+import torch
+
+from ptrain import hookimpl
+
+
+class LoadOnCPU:
+    @hookimpl
+    def load_checkpoint(self, path):
+        return torch.load(path, map_location="cpu", weights_only=True)
