@@ -42,13 +42,7 @@ MODULES = {
     ("callback", "toggling"): TinyManualModule,  # for modules that optimize manually
 }
 #: (kind, name, test) -> why it fails: a finding about the plugin, not a weaker suite.
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("callback", "lr-finder", "test_fit_trains"): (
-        "on TinyModule (4 batches, per-batch losses 1.7-1.9) the LR range test's smoothed curve "
-        "falls most steeply between its first two points, which are batch noise, so lr-finder "
-        "suggests its min_lr 1e-7 and the run does not train (loss 1.8034 -> 1.8034); the "
-        "steepest-descent search should leave out the first points of the curve"),
-}
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _installed_from_repo(dist: metadata.Distribution) -> bool:

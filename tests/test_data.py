@@ -4,7 +4,8 @@ from collections import namedtuple
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, \
+    TensorDataset
 
 from ptrain.data import apply_to_tensors, rebuild_dataloader
 
@@ -42,3 +43,13 @@ def test_apply_to_tensors_keeps_structure():
     assert isinstance(doubled["b"], Pair) and doubled["b"].y == 3
     assert doubled["a"][0].item() == 2 and doubled["a"][1][1] == "text"
     assert torch.equal(doubled["b"].x, torch.full((2,), 2.0))
+
+
+def test_rebuild_dataloader_keeps_an_iterable_dataset_loader():
+    """Its loader's sampler is DataLoader's internal one, which DataLoader refuses to be given."""
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(10))
+
+    rebuilt = rebuild_dataloader(DataLoader(Stream(), batch_size=4), batch_size=5)
+    assert [b.tolist() for b in rebuilt] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 
 def apply_to_tensors(batch: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -57,6 +57,8 @@ def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
                 f"sampler, or build the change into your batch sampler."
             )
         kwargs.update(batch_sampler=batch_sampler, batch_size=1, drop_last=False, sampler=None)
+    if isinstance(dataset, IterableDataset):  # its loader's sampler is internal and refused
+        kwargs["sampler"] = None
     kwargs.update(changes)
     if kwargs.get("num_workers", 0) == 0:  # DataLoader refuses these without workers
         kwargs.update(prefetch_factor=None, persistent_workers=False)

@@ -27,6 +27,7 @@ class ProgressBar:
         self.live = None
         self.task = None
         self.fit_start = 0.0
+        self.epoch_started = False  # in this run: else no epoch is under way to count
 
     @staticmethod
     @hookimpl
@@ -39,12 +40,14 @@ class ProgressBar:
         self.enabled = trainer.is_global_zero
         self.terminal = sys.stdout.isatty()
         self.fit_start = time.monotonic()
+        self.epoch_started = False
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
         if not self.enabled:
             return
         self.epoch_start = self.last_draw = time.monotonic()
+        self.epoch_started = True
         self.start_batch = trainer.loop_state.get("batch", 0)
         total = trainer.num_training_batches
         self.total = None if total == float("inf") else int(total)
@@ -113,7 +116,10 @@ class ProgressBar:
         if trainer.exception is None:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             seconds = time.monotonic() - self.fit_start
-            what = (f"Training finished: {trainer.current_epoch + 1} epoch(s), "
+            # the epochs begun (the last may have stopped early), resumed ones included
+            epochs = (trainer.current_epoch + 1 if self.epoch_started
+                      else trainer.loop_state.get("epoch", 0))
+            what = (f"Training finished: {epochs} epoch(s), "
                     f"{trainer.global_step} steps in {seconds:.1f} s." if stage == "fit"
                     else "Validation finished.")
             print(f"{what} {_format(metrics)}".rstrip(), flush=True)
