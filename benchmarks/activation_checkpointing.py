@@ -33,9 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,32 +41,8 @@ sys.path.insert(0, str(REPO))
 import ptrain  # noqa: E402
 from benchmarks.overhead import TinyTransformer, token_data  # noqa: E402
 from ptrain.module_classes import checkpoint_activations  # noqa: E402
+from ptrain.testing import LiveStorages  # noqa: E402
 from ptrain_activation_checkpointing import ActivationCheckpointing  # noqa: E402
-
-
-class LiveStorages(TorchDispatchMode):
-    """Records each storage an operator creates while the mode is on; ``live()``: the bytes of
-    those still alive; ``peak``: the most seen alive after any operator (if ``poll``)."""
-
-    def __init__(self, poll: bool = False):
-        super().__init__()
-        self.poll, self.peak = poll, 0
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if key not in self.storages or self.storages[key][0].expired():
-                    self.storages[key] = (StorageWeakRef(s), s.nbytes())
-        if self.poll:
-            self.peak = max(self.peak, self.live())
-        return out
-
-    def live(self) -> int:
-        return sum(n for ref, n in self.storages.values() if not ref.expired())
 
 
 def memory(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:

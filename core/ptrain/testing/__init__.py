@@ -29,6 +29,7 @@ _LAZY = {
     "CallbackSuite": "ptrain.testing.suites",
     "SuiteRun": "ptrain.testing.suites",
     "assert_same_state": "ptrain.testing.suites",
+    "LiveStorages": "ptrain.testing.memory",
     "PUBLIC_MODULES": "ptrain.testing.public_api",
     "private_imports": "ptrain.testing.public_api",
 }

@@ -1,7 +1,7 @@
 """The ``activation-checkpointing`` callback and :mod:`ptrain.module_classes`, on real models.
 
 Nothing of torch is replaced. Memory is measured exactly, not timed: a ``TorchDispatchMode``
-records every tensor storage an operator creates during a forward pass, and weak references to
+(:class:`ptrain.testing.LiveStorages`) records every tensor storage an operator creates during a forward pass, and weak references to
 the storages tell which ones the autograd graph still keeps alive when the forward returns. That
 counts everything kept for backward, checkpointing's own kept block inputs included (a
 ``saved_tensors_hooks`` count would not see them: checkpointing installs its own hooks inside
@@ -16,15 +16,13 @@ import json
 import pytest
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ptrain
 from ptrain import ConfigError
 from ptrain.module_classes import (checkpoint_activations, is_checkpointed, modules_of_classes,
                                    qualified_name)
+from ptrain.testing import LiveStorages
 from ptrain_activation_checkpointing import ActivationCheckpointing
 from tests._cli_util import assert_usage_error
 from tests._shard_models import Block, RunProbe, ShardNet
@@ -121,26 +119,6 @@ def test_blocks_recompute_their_forward_in_backward_and_train_the_same(tmp_path)
 
 
 # -- what it saves --------------------------------------------------------------------------------
-
-
-class LiveStorages(TorchDispatchMode):
-    """Records each storage an operator creates while the mode is on; ``live()`` is the bytes of
-    those still alive."""
-
-    def __init__(self):
-        super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                self.storages[s.data_ptr()] = (StorageWeakRef(s), s.nbytes())
-        return out
-
-    def live(self) -> int:
-        return sum(n for ref, n in self.storages.values() if not ref.expired())
 
 
 def held_after_forward(model: nn.Module, x, y) -> int:
