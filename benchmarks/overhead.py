@@ -704,13 +704,17 @@ def target_lines(results: dict[str, dict[str, RunnerResult]],
     return lines
 
 
-def machine_line() -> str:
-    cpu = "unknown CPU"
+def cpu_name() -> str:
+    """The CPU's model name (Linux), or "unknown CPU"."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def machine_line() -> str:
+    cpu = cpu_name()
     lightning_version = "not installed"
     if HAVE_LIGHTNING:
         import lightning

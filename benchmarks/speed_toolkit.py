@@ -75,6 +75,7 @@ from benchmarks.overhead import (  # noqa: E402
     CpuLoad,
     PtrainModule,
     TinyTransformer,
+    cpu_name,
     markdown_table,
     quiet,
     source_revision,
@@ -856,12 +857,7 @@ def run_workload(ctx, work: Workload, args: argparse.Namespace, scratch: Path,
 
 
 def machine_line() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_name()
     lightning = (importlib.metadata.version("lightning") if HAVE_LIGHTNING
                  else "not installed")
     return (f"{os.cpu_count()} CPU cores ({cpu}); Python {sys.version.split()[0]}; torch "
