@@ -6,10 +6,14 @@ by changing its imports.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+from ptrain.errors import ModelError
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -17,7 +21,121 @@ if TYPE_CHECKING:
     from ptrain.trainer import Trainer
 
 
-class TrainModule(nn.Module):
+#: Types a hyperparameter may have: they travel in checkpoints (safe loading) and to loggers.
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+class HyperParameters(dict):
+    """``self.hparams``: a dict whose keys also read as attributes (``self.hparams.lr``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter {name!r}; saved: "
+                                 f"{', '.join(self) or '(none)'}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+class HyperParametersMixin:
+    """``save_hyperparameters()`` and ``hparams``, shared by :class:`TrainModule` and
+    :class:`DataModule`."""
+
+    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None) -> None:
+        """Record the ``__init__`` arguments as ``self.hparams``: they go into every checkpoint
+        (so ``ptrain test --ckpt-path PATH`` and ``load_from_checkpoint`` rebuild the module
+        without its arguments), into the run folder's ``hparams.toml`` and to the loggers.
+
+        Call it in ``__init__``. With no arguments every init argument is kept; with names only
+        those; with one dict, that dict. ``ignore`` leaves names out. Values must be plain
+        (None, bool, int, float, str, and lists/tuples/dicts of them): an ``nn.Module`` argument
+        is left out with a warning (its weights are in the checkpoint already); any other object
+        is a :class:`ModelError` naming it, since a checkpoint could not hold it safely.
+        """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if len(args) == 1 and isinstance(args[0], dict):
+            values = dict(args[0])
+        else:
+            values = self._init_arguments(inspect.currentframe().f_back)
+            unknown = [a for a in args if a not in values]
+            if unknown or any(not isinstance(a, str) for a in args):
+                raise ModelError(
+                    f"save_hyperparameters({', '.join(map(repr, args))}) names no init argument "
+                    f"of {type(self).__qualname__} for {unknown}; its init arguments: "
+                    f"{', '.join(values) or '(none)'}. Pass names of __init__ arguments, or one "
+                    f"dict.")
+            if args:
+                values = {k: values[k] for k in args}
+        kept = {}
+        for key, value in values.items():
+            if key in ignored:
+                continue
+            if isinstance(value, nn.Module):
+                warnings.warn(
+                    f"{type(self).__qualname__}.save_hyperparameters left out {key!r}: it is an "
+                    f"nn.Module, whose weights are in the checkpoint already; pass "
+                    f"ignore=[{key!r}] to say so and silence this.", stacklevel=2)
+                continue
+            if not _plain(value):
+                raise ModelError(
+                    f"{type(self).__qualname__}.save_hyperparameters can't keep {key!r}: a "
+                    f"{type(value).__qualname__} is not a plain value (None, bool, int, float, "
+                    f"str, or lists/dicts of them), so no checkpoint could hold it safely. Pass "
+                    f"ignore=[{key!r}] and rebuild it from plain arguments.")
+            kept[key] = value
+        self.__dict__["_hparams"] = HyperParameters(kept)
+
+    def _init_arguments(self, frame: Any) -> dict[str, Any]:
+        """The arguments of the ``__init__`` call on the stack (``frame`` and its callers) that
+        is constructing ``self``; a subclass's ``__init__`` calling ``super().__init__`` counts
+        as the outermost one."""
+        found: dict[str, Any] = {}
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "__init__" and frame.f_locals.get("self") is self:
+                names = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+                local = frame.f_locals
+                values = {n: local[n] for n in names if n in local}
+                if code.co_flags & inspect.CO_VARKEYWORDS:
+                    values.update(local.get(code.co_varnames[code.co_argcount
+                                                             + code.co_kwonlyargcount
+                                                             + bool(code.co_flags
+                                                                    & inspect.CO_VARARGS)], {}))
+                found = {**found, **values}  # the outermost __init__ decides a shared name
+            frame = frame.f_back
+        if not found:
+            raise ModelError(f"{type(self).__qualname__}.save_hyperparameters() must be called "
+                             f"inside __init__ (it reads the init arguments); elsewhere pass a "
+                             f"dict.")
+        return found
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters :meth:`save_hyperparameters` recorded (empty before)."""
+        if "_hparams" not in self.__dict__:
+            self.__dict__["_hparams"] = HyperParameters()
+        return self.__dict__["_hparams"]
+
+
+def class_path(obj: Any) -> str:
+    """``MODULE:QUALNAME`` of ``obj``'s class: what ``--model`` takes and checkpoints record."""
+    cls = type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class TrainModule(HyperParametersMixin, nn.Module):
     """A model plus how to train it.
 
     Override ``training_step`` (return the loss tensor, or a dict with ``"loss"``),
@@ -63,6 +181,26 @@ class TrainModule(nn.Module):
 
     def val_dataloader(self) -> DataLoader | None:
         return None
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None,
+                             **overrides: Any) -> TrainModule:
+        """A new module built from the hyperparameters saved in the checkpoint (``overrides``
+        replace or add init arguments; those ``__init__`` does not take are left out unless it
+        has ``**kwargs``), holding the checkpoint's weights, in eval mode."""
+        from ptrain.checkpoint_io import safe_load
+
+        checkpoint = safe_load(checkpoint_path)
+        arguments = {**(checkpoint.get("hyper_parameters") or {}), **overrides}
+        params = inspect.signature(cls).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            # hyperparameters recorded by a base class's __init__ that this class does not take
+            arguments = {k: v for k, v in arguments.items() if k in params}
+        module = cls(**arguments)
+        module.load_state_dict(checkpoint["model"])
+        if map_location is not None:
+            module.to(map_location)
+        return module.eval()
 
     # -- to call -----------------------------------------------------------------------------
 
@@ -116,7 +254,7 @@ class ManualOptimizer:
         return getattr(self.optimizer, name)
 
 
-class DataModule:
+class DataModule(HyperParametersMixin):
     """Data kept apart from the model: ``train_dataloader()`` and ``val_dataloader()``.
 
     ``setup(stage)`` is called once before the dataloaders are requested (``"fit"`` or

@@ -22,7 +22,7 @@ from ptrain.hook_calls import StepHooks
 from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
                             register)
 from ptrain.metrics import MetricStore
-from ptrain.module import DataModule, TrainModule
+from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
 from ptrain.precision_policy import PrecisionPolicy
 from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
@@ -170,6 +170,8 @@ class Trainer:
             "format_version": checkpoint_io.FORMAT_VERSION,
             "ptrain_version": _core_version(),
             "model": self.module.state_dict(),
+            "module_class": class_path(self.module),
+            "hyper_parameters": dict(self.module.hparams),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
             "lr_schedulers": [s["scheduler"].state_dict() for s in self.lr_schedulers],
             "loop": dict(self.loop_state, global_step=self.global_step, elapsed=self._elapsed()),
@@ -181,6 +183,9 @@ class Trainer:
                         if state is not None},
             "config": self.config,
         }
+        if self.datamodule is not None:
+            checkpoint["datamodule_class"] = class_path(self.datamodule)
+            checkpoint["datamodule_hyper_parameters"] = dict(self.datamodule.hparams)
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
 
     def run_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

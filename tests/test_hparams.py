@@ -1,0 +1,107 @@
+"""``save_hyperparameters()``/``hparams`` and ``load_from_checkpoint``: what is recorded, what is
+refused, and that a checkpoint rebuilds the module without its arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ptrain
+from conftest import TinyRegressor
+
+
+class Saved(TinyRegressor):
+    def __init__(self, lr: float = 0.1, hidden: int = 4, name: str = "x", *, tags=("a",),
+                 **extra):
+        super().__init__(lr=lr)
+        self.save_hyperparameters()
+
+
+class Child(Saved):
+    def __init__(self, width: int = 3, lr: float = 0.05):
+        super().__init__(lr=lr, hidden=width)
+        self.width = width
+
+
+def test_every_init_argument_is_recorded_with_its_value():
+    module = Saved(0.2, name="y", colour="red")
+    assert dict(module.hparams) == {"lr": 0.2, "hidden": 4, "name": "y", "tags": ("a",),
+                                    "colour": "red"}
+    assert module.hparams.lr == 0.2  # attribute access, like Lightning's AttributeDict
+
+
+def test_the_outermost_init_decides_and_its_own_arguments_count():
+    module = Child(width=7)
+    # Saved's save_hyperparameters ran inside Child's __init__: Child's arguments are the ones
+    # a rebuild needs, Saved's fill in what Child does not name
+    assert module.hparams["width"] == 7 and module.hparams["lr"] == 0.05
+    assert module.hparams["hidden"] == 7
+
+
+def test_names_dict_and_ignore():
+    class Named(TinyRegressor):
+        def __init__(self, lr: float = 0.1, hidden: int = 4):
+            super().__init__(lr=lr)
+            self.save_hyperparameters("hidden")
+
+    class FromDict(TinyRegressor):
+        def __init__(self):
+            super().__init__()
+            self.save_hyperparameters({"depth": 2})
+
+    class Ignoring(TinyRegressor):
+        def __init__(self, lr: float = 0.1, hidden: int = 4):
+            super().__init__(lr=lr)
+            self.save_hyperparameters(ignore="lr")
+
+    assert dict(Named().hparams) == {"hidden": 4}
+    assert dict(FromDict().hparams) == {"depth": 2}
+    assert dict(Ignoring().hparams) == {"hidden": 4}
+
+
+def test_a_module_argument_is_left_out_with_a_warning_and_objects_are_refused():
+    class WithBackbone(TinyRegressor):
+        def __init__(self, backbone: nn.Module, lr: float = 0.1):
+            super().__init__(lr=lr)
+            self.save_hyperparameters()
+
+    class WithObject(TinyRegressor):
+        def __init__(self, opener=open):
+            super().__init__()
+            self.save_hyperparameters()
+
+    with pytest.warns(UserWarning, match="left out 'backbone'.*ignore=\\['backbone'\\]"):
+        assert dict(WithBackbone(nn.Linear(1, 1)).hparams) == {"lr": 0.1}
+    with pytest.raises(ptrain.ModelError, match="can't keep 'opener'.*ignore=\\['opener'\\]"):
+        WithObject()
+
+
+def test_unknown_names_and_calls_outside_init_are_errors():
+    class Typo(TinyRegressor):
+        def __init__(self, lr: float = 0.1):
+            super().__init__(lr=lr)
+            self.save_hyperparameters("lrr")
+
+    with pytest.raises(ptrain.ModelError, match="'lrr'.*init arguments: lr"):
+        Typo()
+    module = TinyRegressor()
+    with pytest.raises(ptrain.ModelError, match="inside __init__"):
+        module.save_hyperparameters()
+    assert dict(module.hparams) == {}
+
+
+def test_checkpoint_carries_the_hyperparameters_and_rebuilds_the_module(tmp_path):
+    module = Saved(lr=0.05, hidden=6)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"], seed=0)
+    trainer.fit(module)
+    path = trainer.last_checkpoint_path
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["hidden"] == 6
+    assert checkpoint["module_class"] == f"{Saved.__module__}:{Saved.__qualname__}"
+    rebuilt = Saved.load_from_checkpoint(str(path))
+    assert rebuilt.hparams["lr"] == 0.05 and not rebuilt.training
+    for (name, a), (_, b) in zip(module.state_dict().items(), rebuilt.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert Saved.load_from_checkpoint(str(path), hidden=9).hparams["hidden"] == 9
