@@ -222,6 +222,20 @@ class StopAfter:
     def on_train_batch_end(self, trainer):
         if trainer.global_step >= self.steps:  # a Python int: no wait for the device
             trainer.should_stop = True
+# == on_predict_batch_end
+from pathlib import Path
+
+import torch
+
+from ptrain import hookimpl
+
+
+class WritePredictions:
+    @hookimpl
+    def on_predict_batch_end(self, trainer, outputs, batch_idx):
+        folder = Path(trainer.log_dir) / "predictions"
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(outputs, folder / f"rank{trainer.global_rank}-batch{batch_idx}.pt")
 # == on_epoch_start
 from ptrain import hookimpl
 
@@ -274,6 +288,18 @@ class AllReduceMetrics:
             flat = flat / trainer.world_size
         parts = flat.split([metrics[n].numel() for n in names])
         return {n: part.reshape(metrics[n].shape) for n, part in zip(names, parts)}
+# == all_gather_object
+import torch.distributed as dist
+
+from ptrain import hookimpl
+
+
+class GatherObjects:
+    @hookimpl
+    def all_gather_object(self, trainer, obj):
+        gathered = [None] * trainer.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
 # == log_metrics
 import csv
 from pathlib import Path

@@ -89,7 +89,7 @@ def test_wrap_model_result_is_what_the_loop_calls(make_trainer):
     trainer = make_trainer(strategy=WrappingStrategy(), max_epochs=1)
     trainer.fit(TinyRegressor(n=32, batch_size=8, val_n=16))
     assert isinstance(trainer.model, CountingWrapper)
-    assert trainer.model.calls == 4 + 2  # 4 training and 2 validation batches
+    assert trainer.model.calls == 2 + 4 + 2  # 2 sanity-check, 4 training, 2 validation batches
 
 
 class ReplacingOptimizer:
@@ -297,8 +297,9 @@ def test_model_step_wrapper_sees_every_step(make_trainer):
     plugin = AutocastLikeWrapper()
     make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=1).fit(
         TinyRegressor(n=16, batch_size=8, val_n=16))
-    assert plugin.stages == ["train", "train", "validate", "validate"]
-    assert plugin.grad_enabled == [True, True, False, False]
+    # the sanity check's validation batches come first, like every validation without autograd
+    assert plugin.stages == ["validate", "validate", "train", "train", "validate", "validate"]
+    assert plugin.grad_enabled == [False, False, True, True, False, False]
 
 
 class SkippingStep:
@@ -545,3 +546,20 @@ def test_a_plugin_flag_that_clashes_with_another_is_an_error():
     group.add("epochs", int)  # --max-epochs: the core's flag
     with pytest.raises(PluginError, match="--max-epochs is declared by both 'trainer' and 'max'"):
         _build_parser("fit", [(group, "max", "")])
+
+
+class EveryoneSaysHello:
+    """A strategy-like plugin whose all_gather_object answers for two processes."""
+
+    name = "two-ranks"
+
+    @hookimpl
+    def all_gather_object(self, obj):
+        return [obj, "hello from rank 1"]
+
+
+def test_all_gather_object_defaults_to_one_process_and_can_be_taken_over(make_trainer):
+    plain = make_trainer(max_epochs=1)
+    assert plain.hook.all_gather_object(trainer=plain, obj={"x": 1}) == [{"x": 1}]
+    taken = make_trainer(max_epochs=1, callbacks=["no:progress-bar", EveryoneSaysHello()])
+    assert taken.hook.all_gather_object(trainer=taken, obj=3) == [3, "hello from rank 1"]

@@ -23,6 +23,8 @@ QUIET = ["no:progress-bar", "no:tensorboard", "no:checkpoint"]
 
 
 def fit(make_trainer, module, *plugins, **options):
+    # these tests count validation batches; the sanity check before training has its own tests
+    options.setdefault("num_sanity_val_steps", 0)
     trainer = make_trainer(callbacks=[*QUIET, *plugins], **options)
     trainer.fit(module)
     return trainer

@@ -100,14 +100,15 @@ def test_the_recorder_sees_every_hook_call_of_a_fit_in_order(tmp_path):
     module = TinyModule()
     trainer = run_fit(recorder, module=module, root_dir=tmp_path)
     names = recorder.names()
-    assert names[:9] == ["launch", "setup_device", "precision_policy", "wrap_model",
-                         "wrap_optimizer", "prepare_dataloader", "prepare_dataloader", "setup",
-                         "on_epoch_start"]
-    assert names[9:14] == ["transfer_batch", "model_step", "backward", "optimizer_step",
-                           "on_train_batch_end"]
+    # after setup, the sanity check runs the one validation batch before the first epoch
+    assert names[:11] == ["launch", "setup_device", "precision_policy", "wrap_model",
+                          "wrap_optimizer", "prepare_dataloader", "prepare_dataloader", "setup",
+                          "transfer_batch", "model_step", "on_epoch_start"]
+    assert names[11:16] == ["transfer_batch", "model_step", "backward", "optimizer_step",
+                            "on_train_batch_end"]
     assert names[-1] == "teardown"
     # the per-step hooks, which the core calls directly (no wrapper is registered for them)
-    val_batches = 1 * 2  # one validation batch per epoch
+    val_batches = 1 * 2 + 1  # one validation batch per epoch, and the sanity check's
     assert names.count("transfer_batch") == STEPS + val_batches
     for hook in PER_STEP[1:]:
         expected = STEPS + (val_batches if hook == "model_step" else 0)

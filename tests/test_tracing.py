@@ -54,8 +54,9 @@ def test_trace_prints_every_hook_call_of_a_fit_per_step_hooks_included(cli, tmp_
     assert "ptrain trace" not in result.stdout
     lines = parse(result.stderr)
     counts = Counter(line["hook"] for line in lines)
-    # 32 samples in batches of 16: 2 training steps; 8 validation samples: 1 batch
-    assert counts["transfer_batch"] == 3 and counts["model_step"] == 3
+    # 32 samples in batches of 16: 2 training steps; 8 validation samples: 1 batch, run by the
+    # sanity check and by the validation
+    assert counts["transfer_batch"] == 4 and counts["model_step"] == 4
     assert counts["backward"] == counts["optimizer_step"] == counts["on_train_batch_end"] == 2
     for hook in ("launch", "setup_device", "precision_policy", "wrap_model", "wrap_optimizer",
                  "setup", "on_epoch_start", "on_validation_end", "reduce_metrics", "log_metrics",
@@ -70,7 +71,7 @@ def test_trace_prints_every_hook_call_of_a_fit_per_step_hooks_included(cli, tmp_
     assert [(i["plugin"], i["result"]) for i in backward["impls"]] == [("loop-defaults", "bool")]
     transfer = by_hook["transfer_batch"][0]
     assert [i["plugin"] for i in transfer["impls"]] == ["cpu"] and transfer["result"] == "list"
-    step = by_hook["model_step"][0]
+    step = by_hook["model_step"][1]  # [0]: the sanity check's validation batch
     assert step["args"] == "stage='train', batch_idx=0" and step["result"] == "Tensor"
     assert by_hook["optimizer_step"][0]["impls"][0]["plugin"] == "loop-defaults"
     assert by_hook["launch"][0]["impls"][0]["plugin"] == "single-device"

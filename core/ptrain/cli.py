@@ -1,4 +1,5 @@
-"""The ``ptrain`` command: ``fit``, ``validate``, ``plugins``, ``new-plugin``, ``--version``.
+"""The ``ptrain`` command: ``fit``, ``validate``, ``test``, ``predict``, ``plugins``,
+``new-plugin``, ``--version``.
 
 Errors caused by input (:class:`ptrain.PtrainError`) print one paragraph and exit with code 2;
 a traceback means a bug. ``ptrain --help`` and ``ptrain plugins`` import neither torch nor any
@@ -22,7 +23,13 @@ from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError, Wor
 from ptrain.options import OptionGroup, closest
 
 USAGE_EXIT = 2
-STAGES = ("fit", "validate")
+STAGES = ("fit", "validate", "test", "predict")
+_STAGE_DESCRIPTIONS = {
+    "fit": "Train",
+    "validate": "Run one validation pass of",
+    "test": "Run one test pass (test_step over the test dataloader) of",
+    "predict": "Run predict_step over the predict dataloader of",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,17 +165,19 @@ def _add_group(parser: argparse.ArgumentParser, group: OptionGroup, title: str,
 
 def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Parser:
     parser = _Parser(prog=f"ptrain {stage}", allow_abbrev=False,
-                     description=f"{'Train' if stage == 'fit' else 'Validate'} a ptrain."
-                                 f"TrainModule with the selected plugins.")
+                     description=f"{_STAGE_DESCRIPTIONS[stage]} a ptrain.TrainModule with "
+                                 f"the selected plugins.")
     run = parser.add_argument_group("run")
     run.add_argument("--model", help="the TrainModule class, as MODULE:CLASS; init arguments "
-                                     "with --model.KEY VALUE")
+                                     "with --model.KEY VALUE (optional with --ckpt-path: the "
+                                     "checkpoint says how to rebuild the model)")
     run.add_argument("--data", help="a DataModule class, as MODULE:CLASS (optional); init "
                                     "arguments with --data.KEY VALUE")
     run.add_argument("--config", help="a TOML config file; flags override it")
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved configuration (plugin options included) and exit")
-    run.add_argument("--ckpt-path", help="resume from this checkpoint, or 'last'")
+    run.add_argument("--ckpt-path", help="resume (fit) or evaluate from this checkpoint: a path, "
+                                         "'last' or 'best'")
     run.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
                      help="enable callback plugin NAME; -p no:NAME blocks one before it is "
                           "imported (repeatable)")
@@ -336,16 +345,63 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         resume = f"ckpt_path = {json.dumps(spec.ckpt_path)}\n\n" if spec.ckpt_path else ""
         print(resume + dump_config(trainer.config), end="")
         return 0
+    ckpt_path = spec.ckpt_path
     if not spec.model.get("class_path"):
-        raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), or "
-                         "set class_path in the [model] table of --config.")
+        if not ckpt_path:
+            raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), "
+                             "set class_path in the [model] table of --config, or give "
+                             "--ckpt-path of a checkpoint to rebuild it from.")
+        ckpt_path = str(trainer.resolve_ckpt_path(ckpt_path))
+        spec.model, spec.data = _components_from_checkpoint(ckpt_path, spec.model, spec.data)
+        trainer.config.update(model=spec.model, data=spec.data)
     if trainer.seed is not None:
         seed_everything(trainer.seed)  # before the model is built: its initial weights count
     module = _build_component(spec.model, TrainModule, "--model")
     datamodule = _build_component(spec.data, DataModule, "--data") if spec.data else None
-    run = trainer.fit if stage == "fit" else trainer.validate
-    run(module, datamodule=datamodule, ckpt_path=spec.ckpt_path)
+    run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test,
+           "predict": trainer.predict}[stage]
+    result = run(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if stage == "predict" and result is not None and not trainer.fast_dev_run:
+        import torch
+
+        path = trainer.log_dir / "predictions.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(result, path)
+        print(f"Predictions of {len(result)} batch(es) written to {path} (torch.load(path, "
+              f"weights_only=True) reads them).", flush=True)
     return 0
+
+
+def _components_from_checkpoint(path: str, model: dict[str, Any],
+                                data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``[model]`` (and, when none was given, ``[data]``) recipe a checkpoint carries: the
+    CLI's own, or the classes and saved hyperparameters of a run from Python. ``model`` may hold
+    init arguments given on the command line: they override the saved ones."""
+    from pathlib import Path
+
+    from ptrain.checkpoint_io import safe_load
+
+    if Path(path).is_dir():
+        raise ModelError(f"{path!r} is a sharded checkpoint folder, which does not say how to "
+                         f"build the model here; pass --model MODULE:CLASS (and its init "
+                         f"arguments), or consolidate it to one file first (ptrain-consolidate).")
+    checkpoint = safe_load(path)
+    saved = checkpoint.get("config", {}).get("model") or {}
+    if not saved.get("class_path") and checkpoint.get("module_class"):
+        saved = {"class_path": checkpoint["module_class"],
+                 "init_args": dict(checkpoint.get("hyper_parameters") or {})}
+    if not saved.get("class_path"):
+        raise ModelError(f"checkpoint {path!r} does not say how to build its model (it was "
+                         f"written by an older ptrain); pass --model MODULE:CLASS and its init "
+                         f"arguments.")
+    model = {"class_path": saved["class_path"],
+             "init_args": {**saved.get("init_args", {}), **model.get("init_args", {})}}
+    if not data:
+        data = checkpoint.get("config", {}).get("data") or {}
+        if not data.get("class_path") and checkpoint.get("datamodule_class"):
+            data = {"class_path": checkpoint["datamodule_class"],
+                    "init_args": dict(checkpoint.get("datamodule_hyper_parameters") or {})}
+    return model, data
 
 
 def _unknown_flag(flag: str, parser: argparse.ArgumentParser, catalog: Catalog,
@@ -373,6 +429,10 @@ def _main_parser() -> _Parser:
     sub.add_parser("fit", help="train a model (ptrain fit --help for its options)",
                    add_help=False)
     sub.add_parser("validate", help="run one validation pass", add_help=False)
+    sub.add_parser("test", help="run one test pass (test_step) and report its metrics",
+                   add_help=False)
+    sub.add_parser("predict", help="run predict_step and write the predictions",
+                   add_help=False)
     plugins = sub.add_parser("plugins", help="list installed plugins (reads metadata only)")
     plugins.add_argument("--check", action="store_true",
                          help="also import each plugin and say whether it can run here")

@@ -90,6 +90,40 @@ def _batch_limit(value: Any) -> int | float:
     return limit
 
 
+def _sanity_steps(value: Any) -> int:
+    """A number of validation batches, or -1 for all of them."""
+    steps = to_int(value)
+    if steps < -1:
+        raise ValueError(f"expected a batch count >= 0, or -1 for all, got {steps}")
+    return steps
+
+
+def _fast_dev_run(value: Any) -> bool | int:
+    """``true`` (one batch), ``false``, or a positive number of batches."""
+    if isinstance(value, bool) or (isinstance(value, str) and not value.strip().isdigit()):
+        return to_bool(value)
+    batches = to_int(value)
+    if batches < 0:
+        raise ValueError(f"expected true, false or a number of batches >= 0, got {batches}")
+    return batches
+
+
+def _deterministic(value: Any) -> bool | str:
+    """``true``, ``false`` or ``"warn"``."""
+    if isinstance(value, str) and value.strip().lower() == "warn":
+        return "warn"
+    try:
+        return to_bool(value)
+    except ValueError:
+        raise ValueError(f"expected true, false or 'warn', got {value!r}") from None
+
+
+def _overfit(value: Any) -> int | float:
+    """0 (off), a number of batches, or a fraction in (0, 1]."""
+    limit = to_int_or_float(value)
+    return 0 if limit == 0 else _batch_limit(limit)
+
+
 def core_options() -> OptionGroup:
     """The core's own options: the ``[trainer]`` table, the flags without a plugin prefix, and the
     keyword arguments of :class:`ptrain.Trainer`."""
@@ -117,6 +151,22 @@ def core_options() -> OptionGroup:
           help="train on this many batches (int) or this fraction (float) of each epoch")
     g.add("limit_val_batches", _batch_limit, default=1.0,
           help="validate on this many batches (int) or this fraction (float); 0 turns it off")
+    g.add("limit_test_batches", _batch_limit, default=1.0,
+          help="test on this many batches (int) or this fraction (float)")
+    g.add("limit_predict_batches", _batch_limit, default=1.0,
+          help="predict on this many batches (int) or this fraction (float)")
+    g.add("num_sanity_val_steps", _sanity_steps, default=2,
+          help="validation batches run before training, so a broken validation_step fails in "
+               "seconds (-1: all, 0: none); nothing is logged and the random state is kept")
+    g.add("fast_dev_run", _fast_dev_run, default=False,
+          help="debugging: run 1 (or this many) batch(es) of each stage, one epoch, with nothing "
+               "written (no checkpoints, no logs)")
+    g.add("overfit_batches", _overfit, default=0,
+          help="debugging: train and validate on the same first batches (int) or fraction "
+               "(float) of the data, unshuffled, to check the model can fit them")
+    g.add("deterministic", _deterministic, default=False,
+          help="use only deterministic algorithms (torch.use_deterministic_algorithms); an op "
+               "without one is an error naming it, or with 'warn' a warning")
     g.add("accumulate_grad_batches", _positive(to_int), default=1,
           help="accumulate gradients over this many batches per optimizer step")
     g.add("gradient_clip_val", _positive(to_float), help="clip gradients at this norm or value")

@@ -343,6 +343,12 @@ class ProcessGroupStrategy:
         parts = flat.split([shape.numel() for shape in shapes])
         return {n: part.reshape(shape) for n, part, shape in zip(names, parts, shapes)}
 
+    @hookimpl
+    def all_gather_object(self, trainer: Trainer, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     @hookimpl(wrapper=True)
     def save_checkpoint(self):
         written = yield

@@ -15,22 +15,11 @@ import torch
 
 from ptrain import checkpoint_io
 from ptrain.errors import ConfigError, NonFiniteLossError
+from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
+                                    run_validation)
 
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
-
-
-def _limit(total: float, limit: int | float) -> float:
-    if isinstance(limit, float):
-        return total if limit == 1.0 else (math.inf if math.isinf(total) else int(total * limit))
-    return min(total, limit)
-
-
-def _length(loader: Any) -> float:
-    try:
-        return len(loader)
-    except TypeError:  # an IterableDataset without __len__
-        return math.inf
 
 
 def check_losses_finite(trainer: Trainer) -> None:
@@ -59,32 +48,6 @@ def check_losses_finite(trainer: Trainer) -> None:
     )
 
 
-def run_validation(trainer: Trainer) -> None:
-    """One validation pass over ``trainer.val_dataloader``, then ``on_validation_end``."""
-    loader = trainer.val_dataloader
-    if loader is None or trainer.limit_val_batches == 0:
-        return
-    hooks = trainer.step_hooks
-    num_batches = _limit(_length(loader), trainer.limit_val_batches)
-    previous_stage, trainer.stage = trainer.stage, "validate"
-    modes = [(m, m.training) for m in trainer.model.modules()]
-    trainer.model.eval()
-    try:
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= num_batches:
-                    break
-                batch = hooks.transfer_batch(trainer=trainer, batch=batch)
-                hooks.model_step(trainer=trainer, stage="validate", batch=batch,
-                                 batch_idx=batch_idx)
-    finally:
-        for module, mode in modes:
-            module.training = mode
-        trainer.stage = previous_stage
-    trainer.metrics.publish_epoch("validate")
-    trainer.hook.on_validation_end(trainer=trainer)
-
-
 class FitLoop:
     """Runs epochs until a limit or an agreed stop; resumes from ``checkpoint`` exactly."""
 
@@ -102,12 +65,13 @@ class FitLoop:
                 f"unsynchronised in the others (ptrain_toggling.toggle_model(opt, sync_grad=False)"
                 f"). Remove accumulate_grad_batches."
             )
-        self.num_batches = _limit(_length(trainer.train_dataloader), trainer.limit_train_batches)
+        self.num_batches = limit_batches(loader_length(trainer.train_dataloader),
+                                         trainer.limit_train_batches)
         trainer.num_training_batches = self.num_batches
         if self.num_batches == 0:
             raise ConfigError(
                 f"no training batches: the training dataloader has "
-                f"{_length(trainer.train_dataloader)} and limit_train_batches="
+                f"{loader_length(trainer.train_dataloader)} and limit_train_batches="
                 f"{trainer.limit_train_batches} keeps none of them. Raise the limit (an int "
                 f"counts batches, a float is a fraction of them) or check the dataset."
             )
@@ -143,6 +107,8 @@ class FitLoop:
     def run(self) -> None:
         t = self.trainer
         t.should_stop = False
+        if not self._limits_reached():
+            run_sanity_check(t)
         while not self._limits_reached():
             stopped_early = self.run_epoch()
             if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):

@@ -7,7 +7,8 @@ trainer exists. An implementation declares only the arguments it uses (pluggy's 
 arguments), so a hook can gain an argument later without breaking anyone. The core calls hooks
 with keyword arguments only. Hooks fire per run, per epoch or per step, never per tensor.
 
-The loop, with every hook where it fires (``fit``; ``validate`` runs the validation part alone)::
+The loop, with every hook where it fires (``fit``; ``validate`` and ``test`` run the evaluation
+part alone on their dataloader, ``predict`` the prediction part)::
 
     # once, on the plugin *class or module*, before anything is instantiated
     add_options(options)                           # declare flags and config keys
@@ -24,6 +25,7 @@ The loop, with every hook where it fires (``fit``; ``validate`` runs the validat
         checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
         load_state_dict(trainer, state)                    # each plugin, its own saved state
         setup(trainer, stage="fit")
+        [sanity check: the first num_sanity_val_steps validation batches, nothing published]
         while not stopped:
             on_epoch_start(trainer)
             for batch_idx, batch in train_loader:
@@ -47,12 +49,21 @@ The loop, with every hook where it fires (``fit``; ``validate`` runs the validat
             on_epoch_end(trainer)
         teardown(trainer, stage="fit")                     # always, also after an error
 
-    validation:
+    validation (and test, with stage="test" over the test loader, without on_validation_end):
         model.eval(); with torch.no_grad():
             for batch_idx, batch in val_loader:
                 batch = transfer_batch(trainer, batch)
                 model_step(trainer, stage="validate", batch, batch_idx)
+        reduce_metrics, log_metrics                        # the epoch-level metrics
         on_validation_end(trainer)                         # epoch-level val metrics are ready
+
+    prediction:
+        model.eval(); with torch.no_grad():
+            for batch_idx, batch in predict_loader:
+                batch = transfer_batch(trainer, batch)
+                outputs = model_step(trainer, stage="predict", batch, batch_idx)
+                on_predict_batch_end(trainer, outputs, batch, batch_idx)
+        all_gather_object(trainer, obj)                    # several processes, predictions kept
 
     trainer.save_checkpoint(path):                         # called by the checkpoint callback
         state_dict(trainer)                                # each plugin, stored under its name
@@ -215,7 +226,8 @@ def wrap_optimizer(trainer: Trainer, optimizer: torch.optim.Optimizer) -> torch.
 
 @hookspec(firstresult=True)
 def prepare_dataloader(trainer: Trainer, dataloader: DataLoader, stage: str) -> DataLoader:
-    """Return the dataloader to iterate for ``stage`` (``"train"`` or ``"validate"``).
+    """Return the dataloader to iterate for ``stage`` (``"train"``, ``"validate"``, ``"test"`` or
+    ``"predict"``).
 
     Fires: once per dataloader per run, after ``wrap_model``. Plugins that change a dataloader (a
     distributed sampler, pinned memory, more workers) implement this as a wrapper: they take the
@@ -231,7 +243,8 @@ def prepare_dataloader(trainer: Trainer, dataloader: DataLoader, stage: str) -> 
 def setup(trainer: Trainer, stage: str) -> None:
     """Prepare the plugin for a stage; everything is in place.
 
-    Fires: once per process per ``fit``/``validate`` (``stage`` is ``"fit"`` or ``"validate"``),
+    Fires: once per process per stage (``stage`` is ``"fit"``, ``"validate"``, ``"test"`` or
+    ``"predict"``),
     after models, optimizers and dataloaders are ready and a checkpoint (if any) is restored, just
     before the first epoch.
 
@@ -243,7 +256,7 @@ def setup(trainer: Trainer, stage: str) -> None:
 def teardown(trainer: Trainer, stage: str) -> None:
     """Release what ``setup`` took; always fires, also when the run ended with an error.
 
-    Fires: once per process at the end of ``fit``/``validate``. ``trainer.exception`` is the error
+    Fires: once per process at the end of each stage. ``trainer.exception`` is the error
     that ended the run, or ``None``.
 
     Result: all. Implemented by: any plugin.
@@ -259,7 +272,7 @@ def teardown(trainer: Trainer, stage: str) -> None:
 def transfer_batch(trainer: Trainer, batch: Any) -> Any:
     """Move a batch to ``trainer.device``.
 
-    Fires: once per training and validation batch, before ``model_step``.
+    Fires: once per batch of every stage, before ``model_step``.
 
     Result: firstresult; the batch on the device. Implemented by: accelerators.
     """
@@ -269,10 +282,12 @@ def transfer_batch(trainer: Trainer, batch: Any) -> Any:
 def model_step(trainer: Trainer, stage: str, batch: Any, batch_idx: int) -> Any:
     """Run the forward pass and the loss for one batch.
 
-    Fires: once per batch: ``stage="train"`` for training batches (under autograd), ``"validate"``
-    for validation batches (under ``torch.no_grad``). The default implementation calls
-    ``trainer.model(stage, batch, batch_idx)``, i.e. the module's ``training_step`` or
-    ``validation_step`` through any wrapper ``wrap_model`` put around it.
+    Fires: once per batch: ``stage="train"`` for training batches (under autograd); ``"validate"``,
+    ``"test"`` and ``"predict"`` for the batches of those stages (under ``torch.no_grad``, also
+    for the sanity check, where ``trainer.sanity_checking`` is ``True``). The default
+    implementation calls ``trainer.model(stage, batch, batch_idx)``, i.e. the module's
+    ``training_step``, ``validation_step``, ``test_step`` or ``predict_step`` through any wrapper
+    ``wrap_model`` put around it.
 
     Wrappers put contexts around the forward pass: a precision plugin's autocast; a strategy's
     skipping of gradient synchronisation while ``trainer.sync_gradients`` is ``False``. A module
@@ -350,6 +365,19 @@ def on_train_batch_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch
     """
 
 
+@hookspec
+def on_predict_batch_end(trainer: Trainer, outputs: Any, batch: Any, batch_idx: int) -> None:
+    """A prediction batch is done: ``outputs`` is what ``predict_step`` returned for it.
+
+    Fires: once per batch of ``predict``, on every process. ``trainer.batch_indices`` holds the
+    dataset indices of the batch where the predict dataloader's order is fixed (a sequential or
+    non-shuffling distributed sampler), else ``None``. A writer that streams predictions to disk
+    works here, so nothing needs to be held in memory.
+
+    Result: all. Implemented by: callbacks (prediction writers).
+    """
+
+
 # --------------------------------------------------------------------------------------------------
 # Per epoch and per validation.
 
@@ -405,6 +433,19 @@ def reduce_metrics(
 
     Result: firstresult; a dict with the same keys. Implemented by: strategies. Default: the
     metrics unchanged (one process).
+    """
+
+
+@hookspec(firstresult=True)
+def all_gather_object(trainer: Trainer, obj: Any) -> list[Any]:
+    """Collect a picklable object from every process.
+
+    Fires: where the core needs every process's part of a result (the predictions of
+    ``predict``), on every process at the same point, so an implementation may run a
+    collective.
+
+    Result: firstresult; a list with one object per process, by global rank, on every process.
+    Implemented by: strategies. Default: ``[obj]`` (one process).
     """
 
 

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ptrain.errors import ModelError
+
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
 
@@ -22,13 +24,19 @@ class MetricStore:
         self.trainer = trainer
         self.step_values: dict[str, torch.Tensor] = {}
         # stage -> name -> [sum tensor, count]
-        self.epoch_sums: dict[str, dict[str, list[Any]]] = {"train": {}, "validate": {}}
+        self.epoch_sums: dict[str, dict[str, list[Any]]] = {
+            stage: {} for stage in ("train", "validate", "test", "predict")}
         self.prog_bar: set[str] = set()
         self.callback_metrics: dict[str, torch.Tensor] = {}
 
     def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None,
             on_epoch: bool | None) -> None:
-        training = self.trainer.stage == "train"
+        stage = self.trainer.stage
+        if stage == "predict":
+            raise ModelError(f"self.log({name!r}, ...) was called in predict_step, where nothing "
+                             f"is logged: return the value from predict_step instead (it is in "
+                             f"what Trainer.predict returns).")
+        training = stage == "train"
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor):
@@ -68,11 +76,18 @@ class MetricStore:
             self._publish(means, update_callback_metrics=True)
         return means
 
+    def discard(self, stage: str) -> None:
+        """Forget what ``stage`` logged without publishing it (the sanity check, prediction)."""
+        self.epoch_sums[stage].clear()
+        self.step_values.clear()
+
     def _publish(self, metrics: dict[str, torch.Tensor], update_callback_metrics: bool) -> None:
         trainer = self.trainer
         reduced = trainer.hook.reduce_metrics(trainer=trainer, metrics=metrics, op="mean")
         if update_callback_metrics:
             self.callback_metrics.update(reduced)
+        if trainer.fast_dev_run:  # a debugging run writes nothing
+            return
         names = list(reduced)
         values = torch.stack([reduced[n].float().reshape(()) for n in names]).tolist()
         trainer.hook.log_metrics(trainer=trainer, metrics=dict(zip(names, values)),

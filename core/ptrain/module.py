@@ -139,8 +139,9 @@ class TrainModule(HyperParametersMixin, nn.Module):
     """A model plus how to train it.
 
     Override ``training_step`` (return the loss tensor, or a dict with ``"loss"``),
-    ``configure_optimizers`` and optionally ``validation_step``, ``train_dataloader`` and
-    ``val_dataloader``. Set ``automatic_optimization = False`` to call backward and the optimizer
+    ``configure_optimizers`` and optionally ``validation_step``, ``test_step``, ``predict_step``
+    and the dataloaders of the stages (``train_dataloader``, ``val_dataloader``,
+    ``test_dataloader``, ``predict_dataloader``; or pass a :class:`DataModule`). Set ``automatic_optimization = False`` to call backward and the optimizer
     steps yourself (through :meth:`manual_backward` and the optimizers of :meth:`optimizers`, so
     that precision and strategy plugins still apply).
     """
@@ -170,6 +171,17 @@ class TrainModule(HyperParametersMixin, nn.Module):
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         return None
 
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """One test batch: log the metrics to report (``self.log``); ``Trainer.test`` returns
+        them averaged over the test set."""
+        raise NotImplementedError(f"{type(self).__name__} must implement test_step")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """One prediction batch: return the predictions (under several processes, a tensor or
+        a dict/list/tuple of tensors whose first dimension is the batch, so they can be
+        gathered in dataset order)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement predict_step")
+
     def configure_optimizers(self) -> Any:
         """Return an optimizer; or a dict ``{"optimizer": opt, "lr_scheduler": sched}`` where the
         scheduler may be a dict ``{"scheduler": s, "interval": "step" | "epoch", "frequency":
@@ -180,6 +192,12 @@ class TrainModule(HyperParametersMixin, nn.Module):
         return None
 
     def val_dataloader(self) -> DataLoader | None:
+        return None
+
+    def test_dataloader(self) -> DataLoader | None:
+        return None
+
+    def predict_dataloader(self) -> DataLoader | None:
         return None
 
     @classmethod
@@ -215,8 +233,9 @@ class TrainModule(HyperParametersMixin, nn.Module):
         """Record a metric. The value stays a tensor (no host sync) until it is shown or written.
 
         Defaults: in ``training_step`` ``on_step=True, on_epoch=False``; in ``validation_step``
-        ``on_step=False, on_epoch=True`` (averaged over the validation run). With both on, the
-        metric is published as ``NAME_step`` and ``NAME_epoch``. Outside fit/validate: ignored.
+        and ``test_step`` ``on_step=False, on_epoch=True`` (averaged over the pass). With both
+        on, the metric is published as ``NAME_step`` and ``NAME_epoch``. Outside a stage (no
+        trainer attached): ignored; in ``predict_step``: an error.
         """
         if self._trainer is not None:
             self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch)
@@ -255,10 +274,11 @@ class ManualOptimizer:
 
 
 class DataModule(HyperParametersMixin):
-    """Data kept apart from the model: ``train_dataloader()`` and ``val_dataloader()``.
+    """Data kept apart from the model: the dataloaders of the stages (``train_dataloader()``,
+    ``val_dataloader()``, ``test_dataloader()``, ``predict_dataloader()``).
 
-    ``setup(stage)`` is called once before the dataloaders are requested (``"fit"`` or
-    ``"validate"``); download or split there.
+    ``setup(stage)`` is called once before the dataloaders are requested (``"fit"``,
+    ``"validate"``, ``"test"`` or ``"predict"``); download or split there.
     """
 
     def setup(self, stage: str) -> None:
@@ -268,4 +288,10 @@ class DataModule(HyperParametersMixin):
         return None
 
     def val_dataloader(self) -> DataLoader | None:
+        return None
+
+    def test_dataloader(self) -> DataLoader | None:
+        return None
+
+    def predict_dataloader(self) -> DataLoader | None:
         return None

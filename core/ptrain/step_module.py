@@ -10,7 +10,9 @@ from ptrain.module import TrainModule
 
 
 class StepModule(nn.Module):
-    """``forward(stage, batch, batch_idx)`` runs ``module.training_step`` or ``validation_step``.
+    """``forward(stage, batch, batch_idx)`` runs the user's ``training_step``,
+    ``validation_step``, ``test_step`` or ``predict_step`` (``stage`` ``"train"``,
+    ``"validate"``, ``"test"`` or ``"predict"``).
 
     Strategies wrap this module (DDP, FSDP), not the user's: a wrapper that acts in ``forward``
     then sees every step, while the user's own ``forward`` stays free for inference. Its state
@@ -24,6 +26,11 @@ class StepModule(nn.Module):
         self.__dict__["_user_module"] = module
 
     def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
+        module = self._user_module
         if stage == "train":
-            return self._user_module.training_step(batch, batch_idx)
-        return self._user_module.validation_step(batch, batch_idx)
+            return module.training_step(batch, batch_idx)
+        if stage == "validate":
+            return module.validation_step(batch, batch_idx)
+        if stage == "test":
+            return module.test_step(batch, batch_idx)
+        return module.predict_step(batch, batch_idx)

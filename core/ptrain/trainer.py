@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import re
+import shutil
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
-from ptrain.data import stop_workers
+from ptrain.data import rebuild_dataloader, stop_workers
+from ptrain.evaluation_loop import LIMITS
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
@@ -81,6 +88,10 @@ class Trainer:
             setattr(self, name, value)
         if self.max_epochs is None and self.max_steps is None and self.max_time is None:
             self.max_epochs = 1000
+        if self.fast_dev_run:
+            self._apply_fast_dev_run()
+        if self.overfit_batches:
+            self.limit_train_batches = self.limit_val_batches = self.overfit_batches
         self.log_dir: Path | None = None
         self.current_epoch = 0
         self.global_step = 0
@@ -100,10 +111,27 @@ class Trainer:
         self.precision_policy = PrecisionPolicy()
         self.train_dataloader = None
         self.val_dataloader = None
+        self.test_dataloader = None
+        self.predict_dataloader = None
+        self.sanity_checking = False  # True while the sanity check runs validation batches
+        self.return_predictions = True  # predict: keep and return the outputs
+        self.predictions: list[Any] | None = None
+        self.batch_indices: list[int] | None = None  # predict: the batch's dataset indices
         self.exception: BaseException | None = None
         self.metrics = MetricStore(self)
         self.loop_state: dict[str, Any] = {}
         self.loss_window: list[tuple[int, int, int, torch.Tensor]] = []  # checked at check points
+
+    def _apply_fast_dev_run(self) -> None:
+        """Lightning's meaning: N batches (1 for ``True``) of every stage, one epoch, no sanity
+        check, and nothing written (see :meth:`save_checkpoint` and the run folder in
+        :meth:`_run`)."""
+        batches = 1 if self.fast_dev_run is True else self.fast_dev_run
+        for option in LIMITS.values():
+            setattr(self, option, batches)
+        self.max_steps, self.max_epochs, self.max_time = batches, 1, None
+        self.num_sanity_val_steps = 0
+        self.val_check_interval, self.check_val_every_n_epoch = 1.0, 1
 
     @staticmethod
     def _instantiate(selected: list[SelectedPlugin], plugin_options: dict[str, dict[str, Any]],
@@ -158,13 +186,31 @@ class Trainer:
         """Run one validation pass; returns ``[metrics]`` like Lightning."""
         return [self._run("validate", module, datamodule, ckpt_path)]
 
+    def test(self, module: TrainModule, datamodule: DataModule | None = None,
+             ckpt_path: str | None = None) -> list[dict[str, float]]:
+        """Run one pass of ``test_step`` over the test dataloader; returns ``[metrics]`` (what
+        ``test_step`` logged, averaged over the test set and reduced across processes)."""
+        return [self._run("test", module, datamodule, ckpt_path)]
+
+    def predict(self, module: TrainModule, datamodule: DataModule | None = None,
+                ckpt_path: str | None = None, return_predictions: bool = True) -> list[Any] | None:
+        """Run ``predict_step`` over the predict dataloader and return its outputs, one per
+        batch: under several processes gathered from all of them in dataset order, without the
+        samples a distributed sampler repeats, batched as one process would have. With
+        ``return_predictions=False`` nothing is kept (stream them to disk with the
+        ``prediction-writer`` callback) and ``None`` is returned."""
+        self.return_predictions = return_predictions
+        return self._run("predict", module, datamodule, ckpt_path)
+
     def save_checkpoint(self, path: str | Path) -> None:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
-        loss went non-finite."""
+        loss went non-finite. Under ``fast_dev_run`` nothing is written."""
         from ptrain.fit_loop import check_losses_finite
 
         check_losses_finite(self)
+        if self.fast_dev_run:  # a debugging run writes nothing
+            return
         checkpoint = {
             "format": checkpoint_io.FORMAT,
             "format_version": checkpoint_io.FORMAT_VERSION,
@@ -211,32 +257,49 @@ class Trainer:
         if datamodule is not None and not isinstance(datamodule, DataModule):
             raise ModelError(f"datamodule must be a ptrain.DataModule, got "
                              f"{type(datamodule).__qualname__}.")
+        _check_stage_methods(stage, module)
         self.module, self.datamodule = module, datamodule
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
-        self.log_dir = self._choose_log_dir(checkpoint_file)
-        function = StageFunction(self, stage, checkpoint_file)
-        result = self.hook.launch(trainer=self, function=function)
-        if result is None:
-            return function()
-        if isinstance(result, WorkerResult):
-            return self._adopt(result)
-        return result
+        scratch = None
+        if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
+            scratch = tempfile.mkdtemp(prefix="ptrain-fast-dev-run-")
+            self.log_dir = Path(scratch)
+            print(f"fast_dev_run: {self.limit_train_batches} batch(es) of each stage, one "
+                  f"epoch; no checkpoint or log is written.", flush=True)
+        else:
+            self.log_dir = self._choose_log_dir(checkpoint_file)
+        try:
+            function = StageFunction(self, stage, checkpoint_file)
+            result = self.hook.launch(trainer=self, function=function)
+            if result is None:
+                return function()
+            if isinstance(result, WorkerResult):
+                return self._adopt(result, stage)
+            return result
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
-    def _adopt(self, result: WorkerResult) -> dict[str, float]:
+    def _adopt(self, result: WorkerResult, stage: str) -> dict[str, float] | list[Any] | None:
         """Take over what the workers ended with (the lowest rank on this machine): the module
-        leaves ``fit`` trained, and the counters and metrics read as after a run here."""
+        leaves ``fit`` trained, and the counters, metrics and predictions read as after a run
+        here."""
         if result.model is not None:
             self.module.load_state_dict(result.model)
         self.global_step, self.current_epoch = result.global_step, result.current_epoch
         self.metrics.callback_metrics.clear()
         self.metrics.callback_metrics.update(
             {k: torch.tensor(v) for k, v in result.metrics.items()})
+        if stage == "predict":
+            self.predictions = result.predictions
+            return result.predictions
         return result.metrics
 
     def _run_stage(self, stage: str, checkpoint_file: Path | None) -> dict[str, float]:
-        from ptrain.fit_loop import FitLoop, run_validation
+        from ptrain.evaluation_loop import run_evaluation, run_prediction
+        from ptrain.fit_loop import FitLoop
 
-        self.stage = "train" if stage == "fit" else "validate"
+        self.stage = "train" if stage == "fit" else stage
         self.exception = None
         module = self.module
         module._trainer = self
@@ -256,21 +319,28 @@ class Trainer:
             if stage == "fit":
                 setup = configure_optimizers(module)
                 self._wrap_optimizers(setup)
-            self.train_dataloader = self._dataloader("train") if stage == "fit" else None
-            self.val_dataloader = self._dataloader("validate")
-            if stage == "fit" and self.train_dataloader is None:
-                raise ModelError(f"{type(module).__qualname__} has no training data: implement "
-                                 f"train_dataloader() on the module or pass a DataModule.")
+            for loader_stage in _STAGE_LOADERS[stage]:
+                setattr(self, _LOADER_ATTRIBUTES[loader_stage], self._dataloader(loader_stage))
+            main_loader = _STAGE_LOADERS[stage][0]
+            if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None:
+                method = _LOADER_METHODS[main_loader]
+                raise ModelError(f"{type(module).__qualname__} has no {_DATA_NAMES[main_loader]} "
+                                 f"data: implement {method}() on the module or on a DataModule "
+                                 f"passed with it.")
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
             self.step_hooks = StepHooks(self.pm)
             self.hook.setup(trainer=self, stage=stage)
             # restores the previous mode on leaving; check_nan: a backward that makes a NaN
             # raises, naming the forward operation that led to it
-            with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True):
+            with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True), \
+                    deterministic_algorithms(self.deterministic):
                 if stage == "fit":
                     FitLoop(self, checkpoint).run()
+                elif stage == "predict":
+                    self.predictions = run_prediction(self)
+                    return self.predictions
                 else:
-                    run_validation(self)
+                    run_evaluation(self, stage)
             return {k: float(v) for k, v in self.callback_metrics.items()}
         except BaseException as exc:
             self.exception = exc
@@ -280,7 +350,8 @@ class Trainer:
             try:
                 self.hook.teardown(trainer=self, stage=stage)
             finally:
-                for loader in (self.train_dataloader, self.val_dataloader):
+                for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
+                               self.predict_dataloader):
                     stop_workers(loader)
 
     def _wrap_optimizers(self, setup: OptimizerSetup) -> None:
@@ -301,15 +372,25 @@ class Trainer:
 
     def _dataloader(self, stage: str):
         source = self.datamodule if self.datamodule is not None else self.module
-        loader = source.train_dataloader() if stage == "train" else source.val_dataloader()
+        loader = getattr(source, _LOADER_METHODS[stage])()
         if loader is None:
             return None
+        if stage == "train" and self.overfit_batches and isinstance(loader, DataLoader) \
+                and isinstance(loader.sampler, RandomSampler):
+            warnings.warn("overfit_batches: the training dataloader shuffles; it is read in order "
+                          "instead, so that every epoch trains on the same batches.", stacklevel=2)
+            loader = rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))
         return self.hook.prepare_dataloader(trainer=self, dataloader=loader, stage=stage)
 
     def _elapsed(self) -> float:
         return self.loop_state.get("elapsed_before", 0.0) + time.monotonic() - self._start_time
 
     # -- checkpoints ----------------------------------------------------------------------------
+
+    def resolve_ckpt_path(self, ckpt_path: str) -> Path:
+        """The checkpoint ``ckpt_path`` names: a path, ``"last"`` (the newest run's resumable
+        checkpoint under ``default_root_dir``) or ``"best"``."""
+        return self._resolve_ckpt_path(ckpt_path)
 
     def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
         if ckpt_path is None:
@@ -361,6 +442,61 @@ class Trainer:
         return checkpoint
 
 
+#: stage -> the dataloaders it reads, its own first
+_STAGE_LOADERS = {"fit": ("train", "validate"), "validate": ("validate",), "test": ("test",),
+                  "predict": ("predict",)}
+_LOADER_METHODS = {"train": "train_dataloader", "validate": "val_dataloader",
+                   "test": "test_dataloader", "predict": "predict_dataloader"}
+_LOADER_ATTRIBUTES = _LOADER_METHODS  # the trainer holds each prepared loader under that name
+_DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
+               "predict": "prediction"}
+_STEP_METHODS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
+def _check_stage_methods(stage: str, module: TrainModule) -> None:
+    """A stage whose step the module does not implement is a usage error before anything
+    starts (``validation_step`` has a do-nothing default, like Lightning's)."""
+    method = _STEP_METHODS.get(stage)
+    if method in ("test_step", "predict_step") and \
+            getattr(type(module), method) is getattr(TrainModule, method):
+        raise ModelError(f"{type(module).__qualname__} has no {method}(self, batch, batch_idx), "
+                         f"which {stage} runs on every batch; implement it (see TrainModule."
+                         f"{method}'s docstring for what it returns).")
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(mode: bool | str) -> Iterator[None]:
+    """With ``mode`` ``True`` or ``"warn"``: torch's deterministic algorithms only (cuDNN's too,
+    and its autotuner off) for the block, restored after. An op that has no deterministic
+    implementation then raises a :class:`ConfigError` naming it (``"warn"``: torch warns)."""
+    if not mode:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    # cuBLAS needs this before its first call to be deterministic (CUDA >= 10.2)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=mode == "warn")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    except RuntimeError as exc:
+        match = _NOT_DETERMINISTIC.search(str(exc))
+        if match is None:
+            raise
+        raise ConfigError(
+            f"deterministic=True, but the operation {match.group(1)} has no deterministic "
+            f"implementation in torch {torch.__version__}. Use another operation there, run with "
+            f"deterministic='warn' to be warned instead, or without deterministic.") from exc
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2:]
+
+
+_NOT_DETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementation")
+
+
 @dataclass
 class WorkerResult:
     """What a worker process hands back to the process that launched it (the launcher keeps the
@@ -370,6 +506,7 @@ class WorkerResult:
     model: dict[str, torch.Tensor] | None  # the module's full state dict, on the CPU
     global_step: int
     current_epoch: int
+    predictions: list[Any] | None = None  # predict: every process's, in dataset order
 
 
 class StageFunction:
@@ -391,13 +528,15 @@ class StageFunction:
 
     def __call__(self) -> dict[str, float] | WorkerResult | None:
         trainer = self.trainer
-        metrics = trainer._run_stage(self.stage, self.checkpoint_file)
+        result = trainer._run_stage(self.stage, self.checkpoint_file)
         if not self.in_worker:
-            return metrics
+            return result
         model = None
         if self.stage == "fit":  # one copy of the weights per machine goes back to its launcher
             model = full_state_dict(trainer.module, keep=trainer.local_rank == 0)
-        return WorkerResult(metrics, model, trainer.global_step, trainer.current_epoch)
+        if self.stage == "predict":
+            return WorkerResult({}, None, trainer.global_step, trainer.current_epoch, result)
+        return WorkerResult(result, model, trainer.global_step, trainer.current_epoch)
 
     def __reduce__(self):
         t = self.trainer

@@ -72,6 +72,10 @@ class LoopDefaults:
         return metrics
 
     @hookimpl(trylast=True)
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    @hookimpl(trylast=True)
     def save_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool:
         if trainer.is_global_zero:
             checkpoint_io.atomic_save(checkpoint, path)

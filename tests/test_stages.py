@@ -1,0 +1,315 @@
+"""``test`` and ``predict`` beside ``fit``/``validate``, the sanity check before training, and the
+debugging options (``fast_dev_run``, ``overfit_batches``, ``limit_test/predict_batches``,
+``deterministic``): through the Python API, the CLI and, where processes matter, 2 gloo ranks."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ptrain
+from conftest import TinyRegressor
+from tests._cli_util import assert_ok, assert_usage_error
+from tests._stage_models import (BrokenValidation, LogsInPredict, NoPredictStep,
+                                 StagedRegressor)
+from tests.conftest import run_cli
+
+QUIET = ["no:progress-bar", "no:tensorboard"]
+STAGED = "tests._stage_models:StagedRegressor"
+
+
+def trainer(tmp_path, **options) -> ptrain.Trainer:
+    options.setdefault("callbacks", QUIET)
+    return ptrain.Trainer(accelerator="cpu", default_root_dir=str(tmp_path / "runs"), seed=0,
+                          **options)
+
+
+class StageRecorder:
+    """Every model_step's stage and every published metric name, in order."""
+
+    name = "stage-recorder"
+
+    def __init__(self):
+        self.steps: list[tuple[str, bool]] = []
+        self.published: list[str] = []
+        self.predicted: list[tuple[int, list[int] | None]] = []
+
+    @ptrain.hookimpl
+    def model_step(self, trainer, stage):
+        self.steps.append((stage, trainer.sanity_checking))
+
+    @ptrain.hookimpl
+    def log_metrics(self, metrics):
+        self.published.extend(metrics)
+
+    @ptrain.hookimpl
+    def on_predict_batch_end(self, trainer, outputs, batch_idx):
+        self.predicted.append((batch_idx, trainer.batch_indices))
+
+
+# -- test --------------------------------------------------------------------------------------
+
+
+def test_test_returns_the_metrics_averaged_over_the_test_set(tmp_path):
+    module = StagedRegressor()
+    [metrics] = trainer(tmp_path).test(module)
+    x, y = module.test_set.tensors
+    with torch.no_grad():
+        # per-batch means averaged over the batches (8, 8, 4 samples), as logged
+        expected = torch.stack([nn.functional.mse_loss(module(x[i:i + 8]), y[i:i + 8])
+                                for i in range(0, 20, 8)]).mean()
+    assert set(metrics) == {"test_loss"}
+    assert metrics["test_loss"] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_test_without_test_step_or_data_is_a_model_error(tmp_path):
+    with pytest.raises(ptrain.ModelError, match="has no test_step"):
+        trainer(tmp_path).test(TinyRegressor())
+
+    class NoTestData(StagedRegressor):
+        def test_dataloader(self):
+            return None
+
+    with pytest.raises(ptrain.ModelError, match="no test data: implement test_dataloader"):
+        trainer(tmp_path).test(NoTestData())
+
+
+def test_limit_test_batches(tmp_path):
+    recorder = StageRecorder()
+    trainer(tmp_path, callbacks=[*QUIET, recorder], limit_test_batches=2).test(StagedRegressor())
+    assert [stage for stage, _ in recorder.steps] == ["test", "test"]
+
+
+# -- predict -----------------------------------------------------------------------------------
+
+
+def test_predict_returns_every_batch_output_on_the_cpu(tmp_path):
+    module = StagedRegressor(predict_n=10, predict_batch=3)
+    recorder = StageRecorder()
+    predictions = trainer(tmp_path, callbacks=[*QUIET, recorder]).predict(module)
+    assert [len(p["y"]) for p in predictions] == [3, 3, 3, 1]
+    with torch.no_grad():
+        expected = module(module.predict_x)
+    assert torch.equal(torch.cat([p["y"] for p in predictions]), expected)
+    assert recorder.predicted == [(0, [0, 1, 2]), (1, [3, 4, 5]), (2, [6, 7, 8]), (3, [9])]
+    assert recorder.published == []  # predict publishes nothing
+
+
+def test_predict_limits_and_return_predictions_false(tmp_path):
+    module = StagedRegressor(predict_n=10, predict_batch=3)
+    assert len(trainer(tmp_path, limit_predict_batches=2).predict(module)) == 2
+    recorder = StageRecorder()
+    result = trainer(tmp_path, callbacks=[*QUIET, recorder]).predict(module,
+                                                                     return_predictions=False)
+    assert result is None and len(recorder.predicted) == 4
+
+
+def test_predict_usage_errors(tmp_path):
+    with pytest.raises(ptrain.ModelError, match="has no predict_step"):
+        trainer(tmp_path).predict(NoPredictStep())
+    with pytest.raises(ptrain.ModelError, match="self.log\\('oops', ...\\) was called in predict"):
+        trainer(tmp_path).predict(LogsInPredict())
+
+
+def test_prediction_writer_streams_each_batch_with_its_indices(tmp_path):
+    module = StagedRegressor(predict_n=10, predict_batch=4)
+    out = tmp_path / "preds"
+    t = trainer(tmp_path, callbacks=[*QUIET, "prediction-writer"],
+                plugin_options={"prediction-writer": {"output_dir": str(out)}})
+    assert t.predict(module, return_predictions=False) is None
+    files = sorted(out.glob("rank0-batch*.pt"))
+    assert [f.name for f in files] == [f"rank0-batch{i:06d}.pt" for i in range(3)]
+    records = [torch.load(f, weights_only=True) for f in files]
+    assert [r["batch_indices"] for r in records] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with torch.no_grad():
+        expected = module(module.predict_x)
+    assert torch.equal(torch.cat([r["predictions"]["y"] for r in records]), expected)
+
+
+# -- the sanity check ---------------------------------------------------------------------------
+
+
+def test_sanity_check_fails_a_broken_validation_step_before_any_training(tmp_path):
+    module = BrokenValidation()
+    t = trainer(tmp_path, max_epochs=3)
+    with pytest.raises(RuntimeError, match="shape"):
+        t.fit(module)
+    assert module.train_steps == 0 and t.global_step == 0
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize("steps, expected", [(2, 2), (-1, 2), (1, 1), (0, 0)])
+def test_sanity_check_runs_the_first_batches_publishes_nothing_and_keeps_the_rng(
+        tmp_path, steps, expected):
+    recorder = StageRecorder()
+    # dropout and shuffling draw random numbers: the run must train as without a sanity check
+    torch.manual_seed(0)
+    module = TinyRegressor(dropout=0.3, shuffle=True, val_n=16)  # 2 validation batches
+    t = trainer(tmp_path, callbacks=[*QUIET, recorder], max_epochs=2, num_sanity_val_steps=steps)
+    t.fit(module)
+    sanity = [s for s in recorder.steps if s[1]]
+    assert sanity == [("validate", True)] * expected
+    assert recorder.steps[:expected] == sanity  # before the first training step
+    assert recorder.published.count("val_loss") == 2  # only the two real validations
+    torch.manual_seed(0)
+    reference = TinyRegressor(dropout=0.3, shuffle=True, val_n=16)
+    trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0).fit(reference)
+    for a, b in zip(module.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+# -- debugging options ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast_dev_run, batches", [(True, 1), (3, 3)])
+def test_fast_dev_run_runs_n_batches_of_each_stage_and_writes_nothing(tmp_path, fast_dev_run,
+                                                                      batches):
+    recorder = StageRecorder()
+    t = trainer(tmp_path, callbacks=["no:progress-bar", recorder], max_epochs=5,
+                fast_dev_run=fast_dev_run)  # tensorboard and checkpoint stay on
+    module = StagedRegressor()
+    t.fit(module)
+    assert t.global_step == batches and t.current_epoch == 0
+    # the validation set has 2 batches
+    assert [s for s, _ in recorder.steps] == ["train"] * batches + ["validate"] * min(batches, 2)
+    t.test(module)
+    t.predict(module)
+    assert [s for s, _ in recorder.steps].count("test") == batches
+    assert len(recorder.predicted) == batches
+    assert recorder.published == []  # no logger was called
+    assert not (tmp_path / "runs").exists()  # no run folder, no checkpoint, no event file
+    assert not t.log_dir.exists()  # the scratch folder plugins wrote into is gone
+
+
+def test_overfit_batches_trains_and_validates_on_the_same_first_batches(tmp_path):
+    class Seen(TinyRegressor):
+        def __init__(self):
+            super().__init__(n=64, batch_size=8, shuffle=True, val_n=40)
+            self.batches: list[tuple[str, float]] = []
+
+        def training_step(self, batch, batch_idx):
+            self.batches.append(("train", float(batch[0][0, 0])))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            self.batches.append(("validate", float(batch[0][0, 0])))
+            return super().validation_step(batch, batch_idx)
+
+    module = Seen()
+    with pytest.warns(UserWarning, match="overfit_batches: the training dataloader shuffles"):
+        trainer(tmp_path, max_epochs=3, overfit_batches=2, num_sanity_val_steps=0).fit(module)
+    x_train, x_val = module.train_set.tensors[0], module.val_set.tensors[0]
+    epoch = ([("train", float(x_train[0, 0])), ("train", float(x_train[8, 0]))]
+             + [("validate", float(x_val[0, 0])), ("validate", float(x_val[8, 0]))])
+    assert module.batches == epoch * 3
+
+
+def test_deterministic_is_on_during_the_stage_and_restored_after(tmp_path):
+    class Probe(TinyRegressor):
+        seen: list[bool] = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(torch.are_deterministic_algorithms_enabled())
+            return super().training_step(batch, batch_idx)
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    module = Probe(n=16)
+    trainer(tmp_path, max_epochs=1, deterministic=True).fit(module)
+    assert module.seen == [True, True]
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+class NonDeterministicOp(TinyRegressor):
+    """A step using an operation that declares it has no deterministic implementation, through
+    torch's own alert (what torch's CUDA-only kernels call; no CPU kernel of torch 2.13 lacks a
+    deterministic implementation)."""
+
+    def training_step(self, batch, batch_idx):
+        from torch._prims_common import alert_not_deterministic
+
+        alert_not_deterministic("my_scatter_op")
+        return super().training_step(batch, batch_idx)
+
+
+def test_deterministic_names_the_op_without_a_deterministic_implementation(tmp_path):
+    with pytest.raises(ptrain.ConfigError, match="my_scatter_op has no deterministic "
+                                                 "implementation.*deterministic='warn'"):
+        trainer(tmp_path, max_epochs=1, deterministic=True).fit(NonDeterministicOp(n=16))
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.warns(UserWarning, match="my_scatter_op"):
+        trainer(tmp_path, max_epochs=1, deterministic="warn").fit(NonDeterministicOp(n=16))
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--num-sanity-val-steps", "-2", "-1 for all"),
+    ("--fast-dev-run", "maybe", "expected true or false"),
+    ("--deterministic", "sometimes", "true, false or 'warn'"),
+    ("--overfit-batches", "1.5", "fraction must be in (0, 1]"),
+])
+def test_debugging_option_values_are_checked(flag, value, needle):
+    result = run_cli("fit", "--model", STAGED, flag, value)
+    assert_usage_error(result, flag.lstrip("-").replace("-", "_"), needle)
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_test_and_predict_rebuild_the_model_from_the_checkpoint(tmp_path):
+    root = tmp_path / "runs"
+    fit = run_cli("fit", "--model", STAGED, "--model.lr", "0.05", "--accelerator", "cpu",
+                  "--max-epochs", "2", "--default-root-dir", str(root), "--seed", "0",
+                  "--no-progress-bar")
+    assert_ok(fit)
+    ckpt = root / "version_0" / "checkpoints" / "last.ckpt"
+    test = run_cli("test", "--ckpt-path", str(ckpt), "--accelerator", "cpu",
+                   "--default-root-dir", str(root))
+    assert_ok(test)
+    assert "test_loss=" in test.stdout
+    predict = run_cli("predict", "--ckpt-path", "last", "--accelerator", "cpu",
+                      "--default-root-dir", str(root), "--no-progress-bar")
+    assert_ok(predict)
+    written = [Path(line.split(" written to ")[1].split(" (")[0])
+               for line in predict.stdout.splitlines() if " written to " in line]
+    assert len(written) == 1
+    predictions = torch.load(written[0], weights_only=True)
+    module = StagedRegressor.load_from_checkpoint(str(ckpt))
+    assert module.hparams["lr"] == 0.05
+    with torch.no_grad():
+        expected = module(module.predict_x)
+    assert torch.equal(torch.cat([p["y"] for p in predictions]), expected)
+
+
+def test_cli_usage_errors_of_the_stages(tmp_path):
+    assert_usage_error(run_cli("predict", "--model", "tests._stage_models:NoPredictStep",
+                               "--accelerator", "cpu", "--default-root-dir", str(tmp_path)),
+                       "has no predict_step")
+    assert_usage_error(run_cli("test", "--accelerator", "cpu"), "no model given",
+                       "--ckpt-path")
+    assert_ok(run_cli("test", "--help"))
+
+
+# -- under ddp, 2 gloo ranks -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_predict_under_ddp_gathers_in_dataset_order_without_padding(tmp_path):
+    # 11 samples in batches of 3: each rank gets 6 (one repeated to even them out)
+    module = StagedRegressor(predict_n=11, predict_batch=3)
+    t = trainer(tmp_path, strategy="ddp", devices=2,
+                callbacks=[*QUIET, "prediction-writer"])
+    predictions = t.predict(module)
+    with torch.no_grad():
+        expected = module(module.predict_x)
+    assert [len(p["y"]) for p in predictions] == [3, 3, 3, 2]  # as one process batches them
+    assert torch.equal(torch.cat([p["y"] for p in predictions]), expected)
+    assert torch.equal(torch.cat([p["row"] for p in predictions]), module.predict_x[:, 0])
+    written = sorted((t.log_dir / "predictions").glob("rank*-batch*.pt"))
+    assert {f.name[:5] for f in written} == {"rank0", "rank1"}
+    indices = [i for f in written for i in torch.load(f, weights_only=True)["batch_indices"]]
+    assert sorted(set(indices)) == list(range(11)) and len(indices) == 12  # one repeat
+    [metrics] = t.test(module)
+    assert set(metrics) == {"test_loss"} and metrics["test_loss"] > 0
