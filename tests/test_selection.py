@@ -78,7 +78,7 @@ def test_validate_command_restores_a_checkpoint_and_reports(tmp_path, capsys):
     capsys.readouterr()
     assert main(["validate", *common, "--ckpt-path", "last"]) == 0
     out = capsys.readouterr().out
-    assert "Validation finished." in out and "val_loss=" in out
+    assert "Validation finished in " in out and "val_loss=" in out
     module = TinyRegressor()
     state = torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt",
                        weights_only=True)["model"]

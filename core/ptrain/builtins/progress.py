@@ -14,6 +14,7 @@ import time
 from ptrain.hookspecs import hookimpl
 
 PLAIN_INTERVAL_S = 30.0  # without a terminal, a mid-epoch line at most this often
+_FINISHED = {"validate": "Validation", "test": "Test"}
 
 
 def _format(metrics: dict[str, float]) -> str:
@@ -119,7 +120,11 @@ class ProgressBar:
             # the epochs begun (the last may have stopped early), resumed ones included
             epochs = (trainer.current_epoch + 1 if self.epoch_started
                       else trainer.loop_state.get("epoch", 0))
-            what = (f"Training finished: {epochs} epoch(s), "
-                    f"{trainer.global_step} steps in {seconds:.1f} s." if stage == "fit"
-                    else "Validation finished.")
+            if stage == "fit":
+                what = (f"Training finished: {epochs} epoch(s), {trainer.global_step} steps in "
+                        f"{seconds:.1f} s.")
+            elif stage == "predict":
+                what = f"Prediction finished in {seconds:.1f} s."
+            else:
+                what = f"{_FINISHED[stage]} finished in {seconds:.1f} s."
             print(f"{what} {_format(metrics)}".rstrip(), flush=True)
