@@ -264,6 +264,8 @@ class Trainer:
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
             self.step_hooks = StepHooks(self.pm)
             self.hook.setup(trainer=self, stage=stage)
+            self.hook.log_hyperparams(trainer=self, hyperparameters={
+                **(self.datamodule.hparams if self.datamodule else {}), **module.hparams})
             # restores the previous mode on leaving; check_nan: a backward that makes a NaN
             # raises, naming the forward operation that led to it
             with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True):
