@@ -83,8 +83,9 @@ class MLflowLogger:
     def add_options(options) -> None:
         options.add("tracking_uri", str,
                     help="where runs go: a tracking server (http://host:5000), a database "
-                         "(sqlite:///mlflow.db) or a folder (file:/path/mlruns); default: "
-                         "$MLFLOW_TRACKING_URI, else the folder mlruns in --default-root-dir")
+                         "(sqlite:///PATH) or a folder (file:/PATH, MLflow 3 asks for "
+                         "MLFLOW_ALLOW_FILE_STORE=true); default: $MLFLOW_TRACKING_URI, else "
+                         "sqlite:///<default_root_dir>/mlflow.db")
         options.add("experiment", str,
                     help="experiment name, created if missing; default: $MLFLOW_EXPERIMENT_NAME, "
                          "else MLflow's 'Default'")
@@ -107,7 +108,7 @@ class MLflowLogger:
             return self.tracking_uri
         if os.environ.get("MLFLOW_TRACKING_URI"):
             return os.environ["MLFLOW_TRACKING_URI"]
-        return Path(trainer.default_root_dir, "mlruns").resolve().as_uri()
+        return f"sqlite:///{Path(trainer.default_root_dir, 'mlflow.db').resolve()}"
 
     @hookimpl
     def setup(self, trainer, stage: str) -> None:
@@ -121,9 +122,11 @@ class MLflowLogger:
         from mlflow.exceptions import MlflowException
 
         uri = self.resolved_tracking_uri(trainer)
-        self.client = MlflowClient(tracking_uri=uri)
         experiment = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
+        if uri.startswith("sqlite:"):
+            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
             experiment_id = (found.experiment_id if found is not None
                              else self.client.create_experiment(experiment))
@@ -131,10 +134,16 @@ class MLflowLogger:
             run = self.client.create_run(experiment_id,
                                          run_name=self.run_name or Path(trainer.log_dir).name,
                                          tags=tags)
+        except ImportError as exc:
+            raise PluginError(
+                f"MLflow can't open the tracking store {uri!r}: {exc}. A local database store "
+                f"needs the full MLflow package, not only the client: pip install "
+                f"'ptrain-mlflow[local]' (or pip install mlflow); or point --mlflow-tracking-uri "
+                f"at a tracking server (http://HOST:PORT).") from None
         except MlflowException as exc:
             raise ConfigError(
                 f"MLflow could not start a run at tracking URI {uri!r} (experiment "
-                f"{experiment!r}): {str(exc).splitlines()[0]} Check --mlflow-tracking-uri (a "
+                f"{experiment!r}): {str(exc).splitlines()[0]}. Check --mlflow-tracking-uri (a "
                 f"running server http://HOST:PORT, sqlite:///PATH or file:/PATH) and "
                 f"--mlflow-experiment.") from None
         self.run_id = self.last_run_id = run.info.run_id
