@@ -314,6 +314,22 @@ class CSVLogger:
             return
         with open(Path(trainer.log_dir) / "metrics.csv", "a", newline="") as f:
             csv.writer(f).writerows([step, name, value] for name, value in metrics.items())
+# == log_hyperparams
+import json
+from pathlib import Path
+
+from ptrain import hookimpl
+
+
+class JSONHyperparams:
+    @hookimpl
+    def log_hyperparams(self, trainer, hyperparameters):
+        if not trainer.is_global_zero:
+            return
+        record = {"hparams": hyperparameters, "config": trainer.config}
+        path = Path(trainer.log_dir) / "run.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2, default=str))
 # == state_dict
 from ptrain import hookimpl
 

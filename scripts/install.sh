@@ -10,7 +10,13 @@ $py -m pip install -q --upgrade pip >/dev/null
 $py -m pip install -q torch==2.13.0
 dists=(-e ".[dev]")
 for project in plugins/*/*/pyproject.toml examples/plugins/*/pyproject.toml; do
-  [ -f "$project" ] && dists+=(-e "$(dirname "$project")")
+  [ -f "$project" ] || continue
+  # a distribution's `test` extra (e.g. ptrain-mlflow's: the full mlflow, for a real server)
+  if grep -q '^test = ' "$project"; then
+    dists+=(-e "$(dirname "$project")[test]")
+  else
+    dists+=(-e "$(dirname "$project")")
+  fi
 done
 $py -m pip install -q -c constraints.txt "${dists[@]}"
 if [ "${1:-}" = "--bench" ]; then

@@ -36,6 +36,7 @@ OPTIONS = {
     ("callback", "early-stopping"): {"monitor": "val_loss"},
     ("callback", "activation-checkpointing"): {"classes": ["Linear"]},
     ("callback", "compile"): {"backend": "aot_eager"},
+    ("callback", "wandb"): {"mode": "offline"},  # no network in tests
 }
 #: Plugins made for another kind of module than TinyModule.
 MODULES = {

@@ -118,6 +118,56 @@ def test_each_run_logs_to_its_own_folder(make_trainer, tmp_path):
         assert abs(logged["val_loss"][0][1] - val_mse(module)) <= 1e-6
 
 
+class HyperRegressor(TinyRegressor):
+    def __init__(self, lr: float = 0.1, deep: bool = True, optim: dict | None = None,
+                 note: str | None = None):
+        super().__init__(lr=lr, n=16)
+        self.save_hyperparameters()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_tensorboard_hparams_session_and_config_text(make_trainer, fail):
+    """The hyperparameters are the run's HParams session in its own event file (no second run
+    folder), read back with TensorBoard's event reader and hparams plugin metadata."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    class FailAtTheEnd:
+        name = "fail-at-the-end"
+
+        @ptrain.hookimpl
+        def on_epoch_end(self):
+            raise RuntimeError("stop here")
+
+    callbacks = ["no:progress-bar", "no:checkpoint"] + ([FailAtTheEnd()] if fail else [])
+    trainer = make_trainer(max_epochs=1, callbacks=callbacks)
+    module = HyperRegressor(lr=0.25, optim={"name": "sgd", "betas": [0.9]})
+    if fail:
+        with pytest.raises(RuntimeError, match="stop here"):
+            trainer.fit(module)
+    else:
+        trainer.fit(module)
+    run = trainer.log_dir
+    assert [p for p in run.iterdir() if p.is_dir()] == []  # add_hparams would add a folder
+    acc = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    acc.Reload()
+    content = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+    assert metadata.EXPERIMENT_TAG not in content  # TensorBoard builds it from every run
+    start = metadata.parse_session_start_info_plugin_data(
+        content[metadata.SESSION_START_INFO_TAG])
+    values = {name: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+              for name, value in start.hparams.items()}
+    assert values == {"lr": 0.25, "deep": True, "optim/name": "sgd", "optim/betas": "[0.9]",
+                      "note": "None"}
+    end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+    assert end.status == (api_pb2.STATUS_FAILURE if fail else api_pb2.STATUS_SUCCESS)
+    (text,) = acc.Tensors("config/text_summary")
+    config = text.tensor_proto.string_val[0].decode()
+    assert "    [trainer]" in config and "    max_epochs = 1" in config
+    if not fail:
+        assert [s for s, _ in scalars(run)["val_loss"]] == [2]
+
+
 # -------------------------------------------------------------------------------------------
 # Progress output
 

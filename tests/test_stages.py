@@ -28,14 +28,13 @@ def trainer(tmp_path, **options) -> ptrain.Trainer:
                           **options)
 
 
-class StageRecorder:
-    """Every model_step's stage and every published metric name, in order."""
+class StepRecorder:
+    """Every model_step's stage, and the predict batches with their dataset indices."""
 
-    name = "stage-recorder"
+    name = "step-recorder"
 
     def __init__(self):
         self.steps: list[tuple[str, bool]] = []
-        self.published: list[str] = []
         self.predicted: list[tuple[int, list[int] | None]] = []
 
     @ptrain.hookimpl
@@ -43,12 +42,22 @@ class StageRecorder:
         self.steps.append((stage, trainer.sanity_checking))
 
     @ptrain.hookimpl
-    def log_metrics(self, metrics):
-        self.published.extend(metrics)
-
-    @ptrain.hookimpl
     def on_predict_batch_end(self, trainer, outputs, batch_idx):
         self.predicted.append((batch_idx, trainer.batch_indices))
+
+
+class StageRecorder(StepRecorder):
+    """... and every published metric name, in order (a logger)."""
+
+    name = "stage-recorder"
+
+    def __init__(self):
+        super().__init__()
+        self.published: list[str] = []
+
+    @ptrain.hookimpl
+    def log_metrics(self, metrics):
+        self.published.extend(metrics)
 
 
 # -- test --------------------------------------------------------------------------------------
@@ -168,9 +177,10 @@ def test_sanity_check_runs_the_first_batches_publishes_nothing_and_keeps_the_rng
 @pytest.mark.parametrize("fast_dev_run, batches", [(True, 1), (3, 3)])
 def test_fast_dev_run_runs_n_batches_of_each_stage_and_writes_nothing(tmp_path, fast_dev_run,
                                                                       batches):
-    recorder = StageRecorder()
-    t = trainer(tmp_path, callbacks=["no:progress-bar", recorder], max_epochs=5,
+    recorder, logger = StepRecorder(), StageRecorder()
+    t = trainer(tmp_path, callbacks=["no:progress-bar", recorder, logger, "csv"], max_epochs=5,
                 fast_dev_run=fast_dev_run)  # tensorboard and checkpoint stay on
+    assert "stage-recorder" not in t.plugins and "csv" not in t.plugins  # loggers take no part
     module = StagedRegressor()
     t.fit(module)
     assert t.global_step == batches and t.current_epoch == 0
@@ -180,7 +190,7 @@ def test_fast_dev_run_runs_n_batches_of_each_stage_and_writes_nothing(tmp_path, 
     t.predict(module)
     assert [s for s, _ in recorder.steps].count("test") == batches
     assert len(recorder.predicted) == batches
-    assert recorder.published == []  # no logger was called
+    assert logger.steps == [] and logger.published == []
     assert not (tmp_path / "runs").exists()  # no run folder, no checkpoint, no event file
     assert not t.log_dir.exists()  # the scratch folder plugins wrote into is gone
 

@@ -282,3 +282,17 @@ def dump_config(config: dict[str, Any]) -> str:
     for name, values in config.get("plugins", {}).items():
         table(f"plugins.{_toml_key(name)}", values)
     return "\n".join(lines)
+
+
+def dump_hyperparameters(hyperparameters: dict[str, Any]) -> str:
+    """Hyperparameters as a TOML document that ``tomllib`` reads back to the same dict, except
+    that TOML has no null: a top-level ``None`` is written as a comment (``# name = (unset)``, so
+    the key is absent when read back) and a ``None`` inside a list or table as the text
+    ``"None"``."""
+    lines = []
+    for key, value in hyperparameters.items():
+        if value is None:
+            lines.append(f"# {_toml_key(key)} = (unset)")
+        else:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

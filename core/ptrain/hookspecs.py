@@ -25,6 +25,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
         checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
         load_state_dict(trainer, state)                    # each plugin, its own saved state
         setup(trainer, stage="fit")
+        log_hyperparams(trainer, hyperparameters)   # module's hparams + datamodule's
         [sanity check: the first num_sanity_val_steps validation batches, nothing published]
         while not stopped:
             on_epoch_start(trainer)
@@ -458,6 +459,24 @@ def log_metrics(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
     ``trainer.is_global_zero``.
 
     Result: all. Implemented by: loggers.
+    """
+
+
+@hookspec
+def log_hyperparams(trainer: Trainer, hyperparameters: dict[str, Any]) -> None:
+    """Record the run's hyperparameters (and, if the tool can hold it, its configuration).
+
+    Fires: once per process at the start of each ``fit``/``validate``, right after ``setup``
+    (before the first ``log_metrics``), on every process: write only where
+    ``trainer.is_global_zero``. ``hyperparameters`` is the module's ``hparams`` (what
+    ``save_hyperparameters`` recorded) merged with the datamodule's, the module's value winning
+    where both have a name; plain values only (None, bool, int, float, str, and lists/dicts of
+    them), possibly empty. ``trainer.config`` is the run's resolved configuration (the
+    ``[trainer]`` options, each plugin's options, and from the CLI the ``[model]``/``[data]``
+    tables), for a logger that records it too. The core's default (``trylast``) writes
+    ``<run folder>/hparams.toml`` on global rank 0 when there are hyperparameters.
+
+    Result: all. Implemented by: loggers (and the core's default).
     """
 
 

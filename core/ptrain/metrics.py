@@ -86,8 +86,6 @@ class MetricStore:
         reduced = trainer.hook.reduce_metrics(trainer=trainer, metrics=metrics, op="mean")
         if update_callback_metrics:
             self.callback_metrics.update(reduced)
-        if trainer.fast_dev_run:  # a debugging run writes nothing
-            return
         names = list(reduced)
         values = torch.stack([reduced[n].float().reshape(()) for n in names]).tolist()
         trainer.hook.log_metrics(trainer=trainer, metrics=dict(zip(names, values)),

@@ -26,8 +26,8 @@ from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
-from ptrain.loading import (call_impl, call_per_plugin, create_plugin_manager, instantiate,
-                            register)
+from ptrain.loading import (IMPL_MARK, call_impl, call_per_plugin, create_plugin_manager,
+                            instantiate, register)
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
@@ -75,6 +75,9 @@ class Trainer:
             callbacks,
         )
         self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
+        if self.options["fast_dev_run"]:  # a debugging run logs nothing: no logger takes part
+            self.plugins = {name: plugin for name, plugin in self.plugins.items()
+                            if not is_logger(plugin)}
         self.config: dict[str, Any] = {"trainer": dict(self.options), "plugins": plugin_config}
         self.pm = create_plugin_manager()
         for name, plugin in self.plugins.items():
@@ -124,8 +127,8 @@ class Trainer:
 
     def _apply_fast_dev_run(self) -> None:
         """Lightning's meaning: N batches (1 for ``True``) of every stage, one epoch, no sanity
-        check, and nothing written (see :meth:`save_checkpoint` and the run folder in
-        :meth:`_run`)."""
+        check, and nothing written: no logger takes part (see ``__init__``), no checkpoint
+        (:meth:`save_checkpoint`), and the run folder is a scratch folder (:meth:`_run`)."""
         batches = 1 if self.fast_dev_run is True else self.fast_dev_run
         for option in LIMITS.values():
             setattr(self, option, batches)
@@ -330,6 +333,8 @@ class Trainer:
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
             self.step_hooks = StepHooks(self.pm)
             self.hook.setup(trainer=self, stage=stage)
+            self.hook.log_hyperparams(trainer=self, hyperparameters={
+                **(self.datamodule.hparams if self.datamodule else {}), **module.hparams})
             # restores the previous mode on leaving; check_nan: a backward that makes a NaN
             # raises, naming the forward operation that led to it
             with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True), \
@@ -451,6 +456,12 @@ _LOADER_ATTRIBUTES = _LOADER_METHODS  # the trainer holds each prepared loader u
 _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
 _STEP_METHODS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
+def is_logger(plugin: Any) -> bool:
+    """Whether ``plugin`` is a logger: it implements ``log_metrics`` or ``log_hyperparams``."""
+    return any(hasattr(getattr(plugin, hook, None), IMPL_MARK)
+               for hook in ("log_metrics", "log_hyperparams"))
 
 
 def _check_stage_methods(stage: str, module: TrainModule) -> None:

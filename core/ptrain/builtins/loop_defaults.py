@@ -14,12 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ptrain import checkpoint_io
+from ptrain.config import dump_hyperparameters
 from ptrain.data import move_to_device
 from ptrain.hookspecs import hookimpl
 from ptrain.precision_policy import PrecisionPolicy
 
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
+
+
+#: The file, in the run folder, where the default ``log_hyperparams`` writes the hyperparameters.
+HPARAMS_FILE = "hparams.toml"
 
 
 class LoopDefaults:
@@ -74,6 +79,14 @@ class LoopDefaults:
     @hookimpl(trylast=True)
     def all_gather_object(self, obj: Any) -> list[Any]:
         return [obj]
+
+    @hookimpl(trylast=True)
+    def log_hyperparams(self, trainer: Trainer, hyperparameters: dict[str, Any]) -> None:
+        """``<run folder>/hparams.toml`` on global rank 0, when there are any."""
+        if trainer.is_global_zero and hyperparameters:
+            path = trainer.log_dir / HPARAMS_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(dump_hyperparameters(hyperparameters), encoding="utf-8")
 
     @hookimpl(trylast=True)
     def save_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool:
