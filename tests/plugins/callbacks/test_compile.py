@@ -30,7 +30,9 @@ QUIET = ["no:progress-bar", "no:tensorboard"]
 EPOCHS = 2
 STEPS_PER_EPOCH = 8  # TinyRegressor: 64 samples, batches of 8; 16 validation samples
 REPORT = re.compile(r"compile \((\w+)\): ([\d.]+) s in (\d+) step\(s\) that compiled \((\d+) "
-                    r"graphs, ([\d.]+) s compiling\); then ([\d.]+) ms per step \((\d+) steps\)")
+                    r"graphs, ([\d.]+) s compiling\)(?: and ([\d.]+) s compiling the sanity "
+                    r"check's validation before training)?; then ([\d.]+) ms per step "
+                    r"\((\d+) steps\)")
 
 
 def fit(root: Path, *callbacks, module: ptrain.TrainModule | None = None,
@@ -137,7 +139,8 @@ def test_compile_time_is_reported_apart_from_step_time(runs):
     assert len(lines) == 1, printed
     match = REPORT.fullmatch(lines[0])
     assert match, lines[0]
-    backend, step_s, compile_steps, graphs, compiling_s, per_step_ms, steady = match.groups()
+    (backend, step_s, compile_steps, graphs, compiling_s, sanity_s, per_step_ms,
+     steady) = match.groups()
     assert backend == "aot_eager"
     assert (int(compile_steps), int(graphs), int(steady)) == (
         plugin.compile_steps, plugin.graphs, plugin.steady_steps)
@@ -153,6 +156,9 @@ def test_compile_time_is_reported_apart_from_step_time(runs):
         plugin.steady_step_seconds / plugin.steady_steps * 1e3, abs=0.01)
     assert float(step_s) == pytest.approx(plugin.compile_step_seconds, abs=0.05)
     assert float(compiling_s) == pytest.approx(plugin.compile_seconds, abs=0.05)
+    # the sanity check's validation compiled its graph before the first training step
+    assert float(sanity_s) == pytest.approx(plugin.before_training_seconds, abs=0.05)
+    assert plugin.before_training_seconds > 0
 
 
 def test_eager_run_prints_no_report(runs):

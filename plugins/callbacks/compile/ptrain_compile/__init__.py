@@ -215,6 +215,8 @@ class Compile:
         self._mark = 0.0
         self._seen = 0
         self._validated = False
+        self._training_started = False
+        self.before_training_seconds = 0.0  # compiling before the first epoch: the sanity check
 
     def _on_compile_start(self, args) -> None:
         self._started = time.perf_counter()
@@ -235,6 +237,9 @@ class Compile:
 
     @hookimpl
     def on_epoch_start(self) -> None:
+        if not self._training_started:  # what compiled so far did so outside any training step
+            self._training_started = True
+            self.before_training_seconds, self.compile_seconds = self.compile_seconds, 0.0
         # an epoch's first step is timed from here: the time between epochs is not a step's
         self._mark = time.perf_counter()
         self._seen = self._compilations
@@ -266,7 +271,8 @@ class Compile:
             compile (inductor): 12.3 s in 2 step(s) that compiled (5 graphs, 11.9 s compiling);
             then 4.10 ms per step (118 steps)
 
-        Step times are wall times between consecutive ``on_train_batch_end`` calls (an epoch's
+        Compilation before the first epoch (the sanity check's validation graphs) is counted
+        apart, in ``before_training_seconds``, and named when there was any. Step times are wall times between consecutive ``on_train_batch_end`` calls (an epoch's
         first step from ``on_epoch_start``), data loading included. Steps that ran a validation
         and compiled nothing are left out of both figures.
         """
@@ -275,6 +281,9 @@ class Compile:
         line = (f"compile ({_label(self.backend)}): {self.compile_step_seconds:.1f} s in "
                 f"{self.compile_steps} step(s) that compiled ({self.graphs} graphs, "
                 f"{self.compile_seconds:.1f} s compiling)")
+        if self.before_training_seconds:
+            line += (f" and {self.before_training_seconds:.1f} s compiling the sanity check's "
+                     f"validation before training")
         if self.steady_steps:
             per_step = self.steady_step_seconds / self.steady_steps
             return line + f"; then {per_step * 1e3:.2f} ms per step ({self.steady_steps} steps)"
