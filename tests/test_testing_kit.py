@@ -101,10 +101,10 @@ def test_the_recorder_sees_every_hook_call_of_a_fit_in_order(tmp_path):
     trainer = run_fit(recorder, module=module, root_dir=tmp_path)
     names = recorder.names()
     # after setup, the sanity check runs the one validation batch before the first epoch
-    assert names[:11] == ["launch", "setup_device", "precision_policy", "wrap_model",
+    assert names[:12] == ["launch", "setup_device", "precision_policy", "wrap_model",
                           "wrap_optimizer", "prepare_dataloader", "prepare_dataloader", "setup",
-                          "transfer_batch", "model_step", "on_epoch_start"]
-    assert names[11:16] == ["transfer_batch", "model_step", "backward", "optimizer_step",
+                          "log_hyperparams", "transfer_batch", "model_step", "on_epoch_start"]
+    assert names[12:17] == ["transfer_batch", "model_step", "backward", "optimizer_step",
                             "on_train_batch_end"]
     assert names[-1] == "teardown"
     # the per-step hooks, which the core calls directly (no wrapper is registered for them)

@@ -411,7 +411,10 @@ def on_validation_end(trainer: Trainer) -> None:
     """A validation run is done; its metrics are in ``trainer.callback_metrics``, reduced.
 
     Fires: after every validation run (within ``fit`` and in ``validate``), with the model back in
-    training mode. Set ``trainer.should_stop`` to stop.
+    training mode. Set ``trainer.should_stop`` to stop. Not after the sanity check that precedes
+    training: it only runs ``transfer_batch`` and ``model_step`` (with ``trainer.sanity_checking``
+    ``True``) and publishes nothing, so a plugin that changes the model for a validation run in
+    ``model_step`` and restores it here leaves the sanity check alone.
 
     Result: all. Implemented by: callbacks (early stopping, best-model checkpointing).
     """

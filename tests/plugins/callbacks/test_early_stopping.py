@@ -27,6 +27,8 @@ NAN = float("nan")
 
 
 def fit(make_trainer, module, *plugins, max_epochs: int = 10, **options):
+    # the modules script one metric value per validation call: no sanity check to consume one
+    options.setdefault("num_sanity_val_steps", 0)
     trainer = make_trainer(max_epochs=max_epochs, callbacks=[*plugins, *QUIET, "no:checkpoint"],
                            **options)
     trainer.fit(module)

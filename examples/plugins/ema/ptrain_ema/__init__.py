@@ -115,8 +115,10 @@ class EMA:
     # -- validating on the average ------------------------------------------------------------
 
     @hookimpl(wrapper=True)
-    def model_step(self, stage: str):
-        if stage == "validate" and self.validate and self._trained is None and self._pairs:
+    def model_step(self, trainer, stage: str):
+        # the sanity check before training fires no on_validation_end to swap back after it
+        if (stage == "validate" and self.validate and self._trained is None and self._pairs
+                and not trainer.sanity_checking):
             self._swap_in()
         return (yield)
 
