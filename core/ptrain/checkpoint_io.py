@@ -67,7 +67,9 @@ def safe_load(path: str | Path) -> dict[str, Any]:
                 f"tensors and plain values."
             ) from None
         raise _corrupt(path, exc) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+    # KeyError, IndexError: what the weights-only unpickler raises on bytes that are not a pickle
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError,
+            IndexError) as exc:
         raise _corrupt(path, exc) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint)
