@@ -103,7 +103,10 @@ def _load_dcp_model(folder: Path) -> dict[str, Any]:
 
     load_keys = getattr(state_dict_loader, "_load_state_dict_from_keys", None)
     if load_keys is not None:  # reads only the model's tensors, not the optimizer state
-        loaded = load_keys({"model"}, checkpoint_id=str(folder))
+        with warnings.catch_warnings():  # "assuming ... a single process": what is meant here
+            warnings.filterwarnings("ignore", message=".*torch.distributed is unavailable or "
+                                                      "uninitialized")
+            loaded = load_keys({"model"}, checkpoint_id=str(folder))
     else:  # older torch: the whole checkpoint through a temporary torch.save file
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
