@@ -461,6 +461,7 @@ def test_fit_help_shows_trainer_options_and_plugin_groups(runs):
     assert "checkpoint (callback, ptrain-core)" in out
     assert "--checkpoint-every-n-epochs" in out
     assert "progress-bar (callback, ptrain-core)" in out
+    assert "model-summary (callback, ptrain-core)" in out and "--model-summary-max-depth" in out
 
 
 # ---------------------------------------------------------------------------------------------
