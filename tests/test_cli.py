@@ -446,7 +446,7 @@ def test_version_lists_the_core(cli):
 def test_top_level_help(cli):
     result = cli("--help")
     assert_ok(result)
-    for command in ("fit", "validate", "plugins", "--version"):
+    for command in ("fit", "validate", "plugins", "export", "--version"):
         assert command in result.stdout
 
 

@@ -128,7 +128,7 @@ def test_cli_exports_and_refuses_bad_input(single, tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("hello")
     assert_usage_error(run_cli("export", str(text), "--output", str(tmp_path / "t.safetensors"),
-                               cwd=REPO), "notes.txt")
+                               cwd=REPO), "notes.txt", "not a torch.save file")
     no_folder = tmp_path / "absent" / "model.safetensors"
     assert_usage_error(run_cli("export", str(checkpoint), "--output", str(no_folder), cwd=REPO),
                        "does not exist", "mkdir -p")

@@ -185,6 +185,11 @@ def export_safetensors(checkpoint_path: str | Path, output: str | Path, *,
     Raises :class:`CheckpointError` for a missing, foreign or unreadable checkpoint and
     :class:`ConfigError` for an unusable ``output``."""
     checkpoint_path, output = Path(checkpoint_path), Path(output)
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ConfigError("exporting needs the safetensors package, a dependency of ptrain-core "
+                          "that is missing here: pip install safetensors") from None
     _check_output(output, checkpoint_path, force)
     state, rest = read_checkpoint_weights(checkpoint_path)
     tensors, tied, skipped = untie(state)
@@ -197,8 +202,6 @@ def export_safetensors(checkpoint_path: str | Path, output: str | Path, *,
             "ptrain_version": rest.get("ptrain_version"),
             "tied": tied}
     metadata = {"format": "pt", METADATA_KEY: json.dumps(info, sort_keys=True)}
-
-    from safetensors.torch import save_file
 
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     os.close(fd)
