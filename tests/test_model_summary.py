@@ -131,3 +131,10 @@ def test_only_rank_0_prints_and_fsdp_counts_global_sizes(tmp_path, strategy):
     assert TOTALS.findall(result.stdout) == ["272"]
     assert re.findall(r"^(\S+)\s+Trainable params$", result.stdout, re.M) == ["200"]
     assert "0 | embed  | Embedding | 128" in result.stdout
+
+
+def test_no_per_step_hook():
+    """On in every run, so it must cost nothing per step: it implements no per-step hook."""
+    from ptrain.hook_calls import PER_STEP_HOOKS
+
+    assert not [h for h in PER_STEP_HOOKS if hasattr(ModelSummary, h)]
