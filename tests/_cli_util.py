@@ -39,6 +39,8 @@ BUILTINS = [
     ("callback", "checkpoint"),
     ("callback", "tensorboard"),
     ("callback", "progress-bar"),
+    ("callback", "dataloading"),
+    ("callback", "model-summary"),
 ]
 
 

@@ -446,7 +446,7 @@ def test_version_lists_the_core(cli):
 def test_top_level_help(cli):
     result = cli("--help")
     assert_ok(result)
-    for command in ("fit", "validate", "plugins", "--version"):
+    for command in ("fit", "validate", "plugins", "export", "--version"):
         assert command in result.stdout
 
 
@@ -461,6 +461,7 @@ def test_fit_help_shows_trainer_options_and_plugin_groups(runs):
     assert "checkpoint (callback, ptrain-core)" in out
     assert "--checkpoint-every-n-epochs" in out
     assert "progress-bar (callback, ptrain-core)" in out
+    assert "model-summary (callback, ptrain-core)" in out and "--model-summary-max-depth" in out
 
 
 # ---------------------------------------------------------------------------------------------

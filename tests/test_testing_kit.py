@@ -71,7 +71,7 @@ def test_run_fit_trains_on_the_cpu_quietly(tmp_path):
     assert module.full_loss() < 0.5 * before
     assert trainer.log_dir.parent == tmp_path
     assert {"checkpoint", "dataloading"} <= set(trainer.plugins)
-    assert not {"progress-bar", "tensorboard"} & set(trainer.plugins)
+    assert not {"progress-bar", "tensorboard", "model-summary"} & set(trainer.plugins)
 
 
 def test_run_fit_puts_each_named_plugin_where_its_kind_goes(tmp_path):

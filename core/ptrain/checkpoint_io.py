@@ -69,6 +69,8 @@ def safe_load(path: str | Path) -> dict[str, Any]:
         raise _corrupt(path, exc) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         raise _corrupt(path, exc) from None
+    except (KeyError, IndexError):  # the weights-only unpickler, on bytes that are no pickle
+        raise _corrupt(path, ValueError("its bytes are not a torch.save file")) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint)
         raise CheckpointError(

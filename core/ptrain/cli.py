@@ -1,5 +1,5 @@
 """The ``ptrain`` command: ``fit``, ``validate``, ``test``, ``predict``, ``plugins``,
-``new-plugin``, ``--version``.
+``new-plugin``, ``export``, ``--version``.
 
 Errors caused by input (:class:`ptrain.PtrainError`) print one paragraph and exit with code 2;
 a traceback means a bug. ``ptrain --help`` and ``ptrain plugins`` import neither torch nor any
@@ -448,6 +448,16 @@ def _main_parser() -> _Parser:
     new.add_argument("--kind", required=True, metavar=f"{{{kinds}}}", help="the plugin kind")
     new.add_argument("--dir", metavar="PATH", help="the folder to create (new or empty; "
                                                    "default: ./ptrain-NAME)")
+    export = sub.add_parser("export", help="write a checkpoint's module weights to a "
+                                           ".safetensors file, for inference",
+                            description="Write the module's weights (state dict) of CHECKPOINT "
+                                        "(a .ckpt file or a sharded checkpoint folder) to one "
+                                        "safetensors file, with the module class and its "
+                                        "hyperparameters in the file's metadata.")
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help="a ptrain checkpoint")
+    export.add_argument("--output", required=True, metavar="FILE",
+                        help="the file to write, e.g. model.safetensors")
+    export.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     return parser
 
 
@@ -464,6 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plugins(args)
         if args.command == "new-plugin":
             return cmd_new_plugin(args)
+        if args.command == "export":
+            from ptrain.export import run_export
+
+            print(run_export(args.checkpoint, args.output, args.force))
+            return 0
         _main_parser().print_help()
         return 0
     except PtrainError as exc:

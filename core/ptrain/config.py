@@ -35,7 +35,7 @@ from ptrain.options import (
 TABLES = ("trainer", "model", "data", "plugins")
 TOP_LEVEL_KEYS = ("ckpt_path",)  # a scalar before the tables: where to resume from
 #: The callbacks every run has unless blocked with ``no:NAME``.
-DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar", "dataloading")
+DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar", "dataloading", "model-summary")
 
 
 def to_devices(value: Any) -> int | str | list[int]:

@@ -13,7 +13,7 @@ from ptrain.options import closest
 from ptrain.trainer import Trainer
 
 #: Callbacks that are on by default in a run and that ``run_fit`` turns off unless named.
-QUIET_CALLBACKS = ("progress-bar", "tensorboard")
+QUIET_CALLBACKS = ("progress-bar", "tensorboard", "model-summary")
 _BLOCK = "no:"
 
 
@@ -47,9 +47,9 @@ def run_fit(*plugins: Any, module: TrainModule | None = None,
     callback objects. Give accelerator, strategy or precision *objects* by keyword
     (``precision=MyPrecision()``). ``trainer_options`` are :class:`ptrain.Trainer`'s keyword
     arguments, ``plugin_options={"name": {...}}`` included. Defaults differing from the
-    Trainer's: ``accelerator="cpu"``, ``seed=0``, ``max_epochs=2`` and the progress bar and
-    TensorBoard logger off unless named. Runs go under ``root_dir`` (default: a new temporary
-    folder, left in place for inspection).
+    Trainer's: ``accelerator="cpu"``, ``seed=0``, ``max_epochs=2`` and the progress bar, the
+    TensorBoard logger and the model summary off unless named. Runs go under ``root_dir``
+    (default: a new temporary folder, left in place for inspection).
     """
     catalog = trainer_options.pop("catalog", None) or Catalog.discover()
     options: dict[str, Any] = {"accelerator": "cpu", "seed": 0, **trainer_options}

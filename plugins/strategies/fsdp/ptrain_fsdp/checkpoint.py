@@ -100,7 +100,8 @@ def _indexed_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
             index.setdefault(name, len(index))
             ids.append(index[name])
         groups.append({**group, "params": ids})
-    return {"state": {index[name]: value for name, value in state["state"].items()},
+    # an optimizer without per-parameter state (SGD without momentum) has no "state" key here
+    return {"state": {index[name]: value for name, value in state.get("state", {}).items()},
             "param_groups": groups}
 
 
