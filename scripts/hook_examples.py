@@ -369,6 +369,24 @@ class BarrierAfterSave:
         if trainer.world_size > 1:
             dist.barrier()  # no process reads the checkpoint before it is complete
         return written
+# == resolve_ckpt_path
+from pathlib import Path
+
+from ptrain import CheckpointError, hookimpl
+
+
+class PretrainedAlias:
+    """``--ckpt-path pretrained`` loads the file a team keeps next to its runs."""
+
+    @hookimpl
+    def resolve_ckpt_path(self, trainer, ckpt_path):
+        if ckpt_path != "pretrained":
+            return None  # "last", "best" and paths: for the others
+        path = Path(trainer.default_root_dir) / "pretrained.ckpt"
+        if not path.is_file():
+            raise CheckpointError(f"ckpt_path='pretrained': {str(path)!r} does not exist; copy "
+                                  f"the pretrained checkpoint there or give its path.")
+        return str(path)
 # == load_checkpoint
 import torch
 

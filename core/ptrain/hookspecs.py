@@ -14,6 +14,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
     add_options(options)                           # declare flags and config keys
     check_available()                              # `ptrain plugins --check`, `--accelerator auto`
 
+    path = resolve_ckpt_path(trainer, ckpt_path)   # only with ckpt_path: 'last', 'best', a path
     result = launch(trainer, function)             # strategy may start processes; None: run here
     function():                                    # in every process
         trainer.device = setup_device(trainer)     # accelerator; strategies wrap it (ranks, groups)
@@ -518,6 +519,26 @@ def save_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> 
     instead; a multi-process strategy adds a barrier after the write (as a wrapper).
 
     Result: firstresult; return ``True`` once written. Implemented by: strategies.
+    """
+
+
+@hookspec(firstresult=True)
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str) -> str | None:
+    """Turn what the user gave as ``ckpt_path`` (``"last"``, ``"best"``, a path) into the path to
+    load.
+
+    Fires: once per ``fit``/``validate`` given a ``ckpt_path``, in the process that called it,
+    before ``launch`` (so before any other loop hook of the stage, and before the run folder is
+    chosen: ``trainer.log_dir`` is still that of the trainer's previous run, or ``None``). The
+    path that comes back is what every process then hands to ``load_checkpoint``; a checkpoint
+    under ``<run>/checkpoints/`` makes ``fit`` continue in ``<run>``. An implementation answers
+    only the words it knows and returns ``None`` for the rest; a word it knows but can't resolve
+    is a :class:`ptrain.errors.CheckpointError` saying what to do.
+
+    Result: firstresult; the path, as text. Implemented by: callbacks that name checkpoints
+    (``checkpoint`` answers ``"best"``), strategies whose checkpoints live elsewhere. Default:
+    ``"last"`` is the newest ``default_root_dir/version_N/checkpoints/last.ckpt``; anything else
+    is taken as a path.
     """
 
 

@@ -44,11 +44,15 @@ def object_name(plugin: Any) -> str:
 
 def split_callbacks(entries: list[Any]) -> tuple[list[Any], set[str]]:
     """``callbacks`` entries -> (enabled names and objects, blocked names). The defaults come
-    first, then the given entries in order; ``no:NAME`` blocks NAME wherever it came from."""
+    first, then the given entries in order; ``no:NAME`` blocks NAME wherever it came from. A
+    callback object given from Python replaces the default callback of the same name (its
+    ``name``, see :func:`object_name`): ``ModelCheckpoint(monitor=...)`` is the ``checkpoint``."""
     blocked = {e[len(BLOCK_PREFIX):] for e in entries
                if isinstance(e, str) and e.startswith(BLOCK_PREFIX)}
+    given_objects = {object_name(e) for e in entries if not isinstance(e, str)}
+    defaults = [name for name in DEFAULT_CALLBACKS if name not in given_objects]
     enabled: list[Any] = []
-    for entry in [*DEFAULT_CALLBACKS, *entries]:
+    for entry in [*defaults, *entries]:
         if isinstance(entry, str) and (entry.startswith(BLOCK_PREFIX) or entry in blocked
                                        or entry in enabled):
             continue

@@ -181,12 +181,14 @@ class Trainer:
 
     def fit(self, module: TrainModule, datamodule: DataModule | None = None,
             ckpt_path: str | None = None) -> None:
-        """Train ``module``; with ``ckpt_path`` (a path, or ``"last"``) resume exactly."""
+        """Train ``module``; with ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resume
+        exactly."""
         self._run("fit", module, datamodule, ckpt_path)
 
     def validate(self, module: TrainModule, datamodule: DataModule | None = None,
                  ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run one validation pass; returns ``[metrics]`` like Lightning."""
+        """Run one validation pass; returns ``[metrics]`` like Lightning. ``ckpt_path`` (a path,
+        ``"last"`` or ``"best"``) loads those weights first."""
         return [self._run("validate", module, datamodule, ckpt_path)]
 
     def test(self, module: TrainModule, datamodule: DataModule | None = None,
@@ -398,18 +400,10 @@ class Trainer:
         return self._resolve_ckpt_path(ckpt_path)
 
     def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
+        """What the ``resolve_ckpt_path`` hook makes of ``ckpt_path`` ("last", "best", a path)."""
         if ckpt_path is None:
             return None
-        if ckpt_path != "last":
-            return Path(ckpt_path)
-        root = Path(self.default_root_dir)
-        for run in sorted(_versions(root), key=lambda v: -v[0]):
-            candidate = run[1] / LAST_CHECKPOINT
-            if candidate.exists():  # a file, or a folder of shards
-                return candidate
-        raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
-                              f"under {str(root)!r}; give a checkpoint's path, or start without "
-                              f"--ckpt-path.")
+        return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path=str(ckpt_path)))
 
     def _choose_log_dir(self, checkpoint_file: Path | None) -> Path:
         """Resuming from ``<run>/checkpoints/*.ckpt`` continues in ``<run>``; otherwise a new
@@ -575,6 +569,11 @@ def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, tor
         if keep:
             state[key] = value.detach().cpu()
     return state if keep else None
+
+
+def run_folders(root: Path) -> list[Path]:
+    """The ``version_N`` folders under ``root``, newest (highest N) first."""
+    return [path for _, path in sorted(_versions(root), key=lambda v: -v[0])]
 
 
 def _versions(root: Path) -> list[tuple[int, Path]]:

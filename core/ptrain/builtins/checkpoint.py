@@ -1,82 +1,414 @@
-"""The ``checkpoint`` callback: writes the resumable ``last.ckpt`` and, with a monitor, ``best.ckpt``.
+"""The ``checkpoint`` callback: the resumable ``last.ckpt`` and the top-k checkpoints of a run.
 
-Files go to ``<run folder>/checkpoints/``; ``--ckpt-path last`` resumes from the newest run's
-``last.ckpt``. Writing is atomic (see :func:`ptrain.checkpoint_io.atomic_save`).
+Files go to ``<run folder>/checkpoints/``. Lightning's ``ModelCheckpoint`` words and semantics,
+except where ptrain differs on purpose (docs/configuration.md lists every difference):
+
+- a checkpoint is *taken* at the end of every ``every_n_epochs``-th epoch (or, when the top-k is
+  decided on validation metrics, after that epoch's validations), every ``every_n_train_steps``
+  optimizer steps and every ``train_time_interval`` seconds; taking one writes a top-k file (see
+  below) and, with ``save_last`` (on by default), ``last.ckpt``, which ``--ckpt-path last`` resumes;
+- with a ``monitor``, the ``save_top_k`` files with the best values are kept (``-1``: all); a file
+  that falls out of the top k is deleted only after the new one is written, by global rank 0;
+- without a ``monitor``, ``save_top_k=1`` keeps the newest checkpoint, which is ``last.ckpt``
+  itself unless ``save_last`` is off or a ``filename`` is given (no second copy is written);
+  ``-1`` keeps every one; ``0`` none;
+- ``--ckpt-path best`` (the ``resolve_ckpt_path`` hook) finds the best file of this callback, or of
+  the newest run folder under ``default_root_dir`` whose ``checkpoints/best_k_models.json`` (written
+  by global rank 0 whenever the top-k changes) records one.
+
+Every rank takes the same decisions: they depend only on ``trainer.callback_metrics`` (reduced
+identically on every rank), the counters, and, for the time interval, a flag reduced across ranks.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from ptrain.errors import ConfigError
+import torch
+
+from ptrain.config import to_seconds
+from ptrain.errors import CheckpointError, ConfigError
 from ptrain.hookspecs import hookimpl
+from ptrain.options import to_bool
+
+#: The record of a run's top-k, next to its checkpoints; what ``ckpt_path="best"`` reads.
+RECORD = "best_k_models.json"
+LAST = "last.ckpt"
+_FIELD = re.compile(r"\{([^{}:!]*)((?:![rsa])?(?::[^{}]*)?)\}")
+
+
+def _duration(value: Any) -> float | None:
+    """Seconds, from a number, ``"DD:HH:MM:SS"`` or a ``datetime.timedelta``; ``None`` stays."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    return to_seconds(value)
+
+
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None or value == "auto" else to_bool(value)
 
 
 class ModelCheckpoint:
+    """``-p checkpoint`` is on by default; ``ModelCheckpoint(monitor="val_loss", save_top_k=3)``
+    given in ``Trainer(callbacks=[...])`` replaces the default one.
+
+    Attributes, as in Lightning: ``best_model_path``, ``best_model_score``, ``best_k_models``
+    (path -> score), ``kth_best_model_path``, ``kth_value``, ``last_model_path`` (paths as text;
+    ``""`` until a file is written; scores as floats)."""
+
     name = "checkpoint"  # its entry point's name, also when given as an object
 
-    def __init__(self, every_n_epochs: int = 1, every_n_train_steps: int = 0,
-                 monitor: str | None = None, mode: str = "min"):
-        self.every_n_epochs = every_n_epochs
-        self.every_n_train_steps = every_n_train_steps
-        self.monitor = monitor
-        self.mode = mode
-        self.best: float | None = None
-        self.best_step: int | None = None
-        self._last_saved_step = -1
+    def __init__(self, filename: str | None = None, monitor: str | None = None,
+                 mode: str = "min", save_top_k: int = 1, save_last: bool = True,
+                 every_n_epochs: int = 1, every_n_train_steps: int = 0,
+                 train_time_interval: float | str | timedelta | None = None,
+                 save_on_train_epoch_end: bool | None = None,
+                 auto_insert_metric_name: bool = True):
+        if mode not in ("min", "max"):
+            raise ConfigError(f"checkpoint mode {mode!r} is not valid; valid choices: min, max "
+                              f"(whether a lower or a higher monitored value is better).")
+        if not isinstance(save_last, bool):
+            raise ConfigError(f"checkpoint save_last must be true or false, got {save_last!r} "
+                              f"(ptrain writes last.ckpt as a file; it has no 'link' mode).")
+        for option, value in (("save_top_k", save_top_k), ("every_n_epochs", every_n_epochs),
+                              ("every_n_train_steps", every_n_train_steps)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"checkpoint {option} must be an integer, got {value!r}.")
+        if save_top_k < -1:
+            raise ConfigError(f"checkpoint save_top_k={save_top_k} is not valid; use -1 (keep "
+                              f"every checkpoint), 0 (none) or k >= 1 (the k best).")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ConfigError(
+                f"checkpoint save_top_k={save_top_k} needs a monitor to rank the checkpoints by, "
+                f"and none is set; without a monitor save_top_k may be -1 (keep all), 0 (none) "
+                f"or 1 (the newest). Set --checkpoint-monitor (e.g. val_loss) or change "
+                f"--checkpoint-save-top-k.")
+        for option, value in (("every_n_epochs", every_n_epochs),
+                              ("every_n_train_steps", every_n_train_steps)):
+            if value < 0:
+                raise ConfigError(f"checkpoint {option}={value} is not valid; use 0 (off) or a "
+                                  f"positive count.")
+        try:
+            interval = _duration(train_time_interval)
+        except ValueError as exc:
+            raise ConfigError(f"checkpoint train_time_interval: {exc}; give seconds (3600) or "
+                              f"DD:HH:MM:SS (\"00:01:00:00\").") from None
+        if filename is not None:
+            if not filename or filename.endswith(".ckpt") or _FIELD.sub("", filename) \
+                    .count("{") or _FIELD.sub("", filename).count("}"):
+                raise ConfigError(
+                    f"checkpoint filename {filename!r} is not a valid template: give a name "
+                    f"without the .ckpt extension, with fields in braces such as "
+                    f"\"{{epoch}}-{{val_loss:.3f}}\" (fields: epoch, step, any logged metric).")
+        self.filename, self.monitor, self.mode = filename, monitor, mode
+        self.save_top_k, self.save_last = save_top_k, save_last
+        self.every_n_epochs, self.every_n_train_steps = every_n_epochs, every_n_train_steps
+        self.train_time_interval = interval
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.auto_insert_metric_name = auto_insert_metric_name
+
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.best_k_models: dict[str, float] = {}
+        self.kth_best_model_path = ""
+        self.kth_value = math.inf if mode == "min" else -math.inf
+        self.last_model_path = ""
+        self._last_step_saved = -1  # step of the last step/time-triggered checkpoint
+        self._last_topk_step = -1  # step of the last top-k file taken
+        self._last_time_checked: float | None = None
+        self._topk_on_epoch_end = True
+        self._warned_missing = False
 
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
-        options.add("every_n_epochs", int, default=1,
-                    help="write last.ckpt at the end of every n-th epoch (0: never)")
-        options.add("every_n_train_steps", int, default=0,
-                    help="also write last.ckpt every n optimizer steps (0: never)")
-        options.add("monitor", str, help="metric whose best value is kept in best.ckpt")
+        options.add("filename", str,
+                    help="name of the top-k files, a template: \"{epoch}-{val_loss:.3f}\" gives "
+                         "epoch=3-val_loss=0.123.ckpt (default: {epoch}-{step})")
+        options.add("monitor", str, help="the logged metric that ranks the top-k checkpoints")
         options.add("mode", str, default="min", choices=("min", "max"),
                     help="whether a lower or a higher monitored value is better")
+        options.add("save_top_k", int, default=1,
+                    help="keep the k best checkpoints (-1: all, 0: none); without a monitor only "
+                         "-1, 0 or 1 (the newest)")
+        options.add("save_last", to_bool, default=True,
+                    help="write the resumable last.ckpt each time a checkpoint is taken")
+        options.add("every_n_epochs", int, default=1,
+                    help="take a checkpoint at the end of every n-th epoch (0: never)")
+        options.add("every_n_train_steps", int, default=0,
+                    help="also take one every n optimizer steps (0: never)")
+        options.add("train_time_interval", to_seconds,
+                    help="also take one every this long of training: seconds or DD:HH:MM:SS")
+        options.add("save_on_train_epoch_end", _optional_bool,
+                    help="decide the top-k at the end of the training epoch (true) or after "
+                         "validation (false); default: at epoch end only when validation runs "
+                         "once per epoch at its end, or not at all")
+        options.add("auto_insert_metric_name", to_bool, default=True,
+                    help="write filename fields as name=value (epoch=3) rather than the value")
 
-    def _save_last(self, trainer) -> None:
-        trainer.save_checkpoint(trainer.last_checkpoint_path)
-        self._last_saved_step = trainer.global_step
+    # -- when ------------------------------------------------------------------------------------
+
+    @hookimpl
+    def setup(self, trainer, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._last_time_checked = time.monotonic()
+        if self.save_on_train_epoch_end is not None:
+            self._topk_on_epoch_end = self.save_on_train_epoch_end
+        else:  # as Lightning: after validation, unless it runs exactly once at each epoch end
+            validates = trainer.val_dataloader is not None and trainer.limit_val_batches != 0
+            interval = trainer.val_check_interval
+            self._topk_on_epoch_end = not validates or (
+                trainer.check_val_every_n_epoch == 1
+                and isinstance(interval, float) and interval == 1.0)
 
     @hookimpl
     def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:  # all: see hook_calls
-        n = self.every_n_train_steps
         # only where an optimizer step just happened: mid-window gradients are not saved
-        if (n and trainer.sync_gradients and trainer.global_step % n == 0
-                and trainer.global_step != self._last_saved_step):
-            self._save_last(trainer)
+        if not trainer.sync_gradients:
+            return
+        step = trainer.global_step
+        n = self.every_n_train_steps
+        due = bool(n) and step % n == 0 and step != self._last_step_saved
+        if not due and self.train_time_interval is not None and step != self._last_step_saved:
+            due = self._time_due(trainer, step)
+        if due:
+            self._last_step_saved = step
+            self._last_time_checked = time.monotonic()
+            self._take(trainer, check_now=False)
 
-    @hookimpl
-    def on_epoch_end(self, trainer) -> None:
-        n = self.every_n_epochs
-        if n and (trainer.current_epoch + 1) % n == 0:
-            self._save_last(trainer)
+    def _time_due(self, trainer, step: int) -> bool:
+        elapsed = time.monotonic() - self._last_time_checked >= self.train_time_interval
+        if trainer.world_size == 1:
+            return elapsed
+        # the ranks' clocks differ: agree on rank-independent steps only (the core's publish
+        # cadence), so no collective runs on the other steps
+        if step % trainer.log_every_n_steps != 0:
+            return False
+        flag = torch.tensor([float(elapsed)], device=trainer.device)
+        reduced = trainer.hook.reduce_metrics(trainer=trainer, metrics={"due": flag}, op="max")
+        return bool(reduced["due"].item())
 
     @hookimpl
     def on_validation_end(self, trainer) -> None:
-        if self.monitor is None or trainer.stage != "train":
+        if trainer.stage != "train" or self._topk_on_epoch_end or not self._epoch_due(trainer):
+            return
+        if trainer.global_step != self._last_topk_step:
+            self._save_topk(trainer, check_now=True)
+
+    @hookimpl
+    def on_epoch_end(self, trainer) -> None:
+        if not self._epoch_due(trainer):
+            return
+        if self._topk_on_epoch_end and trainer.global_step != self._last_topk_step:
+            self._save_topk(trainer, check_now=True)
+        if self.save_last:  # always: its loop state (the next epoch) is new even at the same step
+            self._write_last(trainer)
+
+    def _epoch_due(self, trainer) -> bool:
+        n = self.every_n_epochs
+        return bool(n) and (trainer.current_epoch + 1) % n == 0
+
+    def _take(self, trainer, check_now: bool) -> None:
+        if trainer.global_step != self._last_topk_step:
+            self._save_topk(trainer, check_now)
+        if self.save_last:
+            self._write_last(trainer)
+
+    # -- what ------------------------------------------------------------------------------------
+
+    def _folder(self, trainer) -> Path:
+        return Path(trainer.log_dir) / "checkpoints"
+
+    def _write_last(self, trainer) -> None:
+        path = trainer.last_checkpoint_path
+        self.last_model_path = str(path)  # set before saving: it is part of the state
+        trainer.save_checkpoint(path)
+
+    def _save_topk(self, trainer, check_now: bool) -> None:
+        """``check_now``: the metrics of the epoch or validation are all there (a monitor missing
+        now was never logged); otherwise (a step or time trigger) the monitor may come later."""
+        if self.save_top_k == 0:
+            return
+        if self.monitor is None:
+            if self.save_top_k == 1 and self.save_last and self.filename is None:
+                return  # last.ckpt is the newest checkpoint: no second copy
+            self._last_topk_step = trainer.global_step
+            path = self._unique(trainer, self._format(trainer), reuse=self.best_model_path)
+            previous, self.best_model_path = self.best_model_path, path
+            trainer.save_checkpoint(path)
+            if self.save_top_k == 1 and previous and previous != path:
+                self._remove(trainer, previous)
             return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
-            raise ConfigError(
-                f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
-                f"{', '.join(sorted(metrics)) or '(none)'}. Log it with self.log({self.monitor!r}, "
-                f"...) or change --checkpoint-monitor."
-            )
-        value = float(metrics[self.monitor])
-        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
-        if better and not math.isnan(value):
-            self.best, self.best_step = value, trainer.global_step
-            trainer.save_checkpoint(trainer.log_dir / "checkpoints" / "best.ckpt")
+            message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
+                       f"{', '.join(sorted(metrics)) or '(none)'}. Log it with "
+                       f"self.log({self.monitor!r}, ...) or change --checkpoint-monitor.")
+            if check_now:
+                raise ConfigError(message)
+            if not self._warned_missing:  # a step trigger before the first validation
+                self._warned_missing = True
+                warnings.warn(message + " Until it is, step- and time-triggered checkpoints "
+                              "write only last.ckpt.", stacklevel=2)
+            return
+        self._last_topk_step = trainer.global_step
+        score = float(metrics[self.monitor])
+        if math.isnan(score):  # ranked as the worst possible value
+            score = math.inf if self.mode == "min" else -math.inf
+        k = self.save_top_k
+        full = k != -1 and len(self.best_k_models) >= k
+        if full and not self._better(score, self.best_k_models[self.kth_best_model_path]):
+            return
+        dropped = self.kth_best_model_path if full else None
+        if dropped is not None:
+            del self.best_k_models[dropped]
+        path = self._unique(trainer, self._format(trainer), reuse=dropped)
+        self.best_k_models[path] = score
+        self._rank()
+        trainer.save_checkpoint(path)  # under several processes: a barrier after the write
+        if trainer.is_global_zero:
+            self._write_record(trainer)
+        if dropped is not None and dropped != path:
+            self._remove(trainer, dropped)
+
+    def _better(self, score: float, than: float) -> bool:
+        return score < than if self.mode == "min" else score > than
+
+    def _rank(self) -> None:
+        models = self.best_k_models
+        worst = max if self.mode == "min" else min
+        best = min if self.mode == "min" else max
+        self.best_model_path = best(models, key=models.get)
+        self.best_model_score = models[self.best_model_path]
+        if self.save_top_k == -1 or len(models) >= self.save_top_k:
+            self.kth_best_model_path = worst(models, key=models.get)
+            self.kth_value = models[self.kth_best_model_path]
+
+    def _format(self, trainer) -> str:
+        template = self.filename if self.filename is not None else "{epoch}-{step}"
+        metrics = trainer.callback_metrics
+        counters = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+
+        def field(match: re.Match) -> str:
+            name, spec = match.group(1).strip(), match.group(2)
+            if name in counters:
+                value: Any = counters[name]
+            elif name in metrics:
+                value = float(metrics[name])
+            else:
+                raise ConfigError(
+                    f"checkpoint filename {template!r} names {name!r}, which was not logged; "
+                    f"fields can be epoch, step and the logged metrics: "
+                    f"{', '.join(sorted(metrics)) or '(none)'}. Log it with self.log({name!r}, "
+                    f"...) or change --checkpoint-filename.")
+            text = f"{{0{spec}}}".format(value)
+            return f"{name}={text}" if self.auto_insert_metric_name else text
+
+        return _FIELD.sub(field, template)
+
+    def _unique(self, trainer, stem: str, reuse: str | None) -> str:
+        """The path for ``stem``; a name already kept (other than the one about to be replaced,
+        ``reuse``) or ``last.ckpt`` gets ``-v1``, ``-v2``... Decided from this callback's state
+        alone, so every rank picks the same name."""
+        folder = self._folder(trainer)
+        taken = set(self.best_k_models) | {str(folder / LAST)}
+        if self.monitor is None and self.save_top_k == -1 and self.best_model_path:
+            taken.add(self.best_model_path)
+        candidate, version = str(folder / f"{stem}.ckpt"), 0
+        while candidate in taken and candidate != reuse:
+            version += 1
+            candidate = str(folder / f"{stem}-v{version}.ckpt")
+        return candidate
+
+    def _remove(self, trainer, path: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        target = Path(path)
+        if target.is_dir():  # a sharded checkpoint is a folder
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+    def _write_record(self, trainer) -> None:
+        folder = self._folder(trainer)
+        record = {"monitor": self.monitor, "mode": self.mode,
+                  "best_model_path": Path(self.best_model_path).name,
+                  "best_model_score": self.best_model_score,
+                  "best_k_models": {Path(p).name: s for p, s in self.best_k_models.items()}}
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, folder / RECORD)
+
+    # -- ckpt_path="best" -------------------------------------------------------------------------
 
     @hookimpl
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_step": self.best_step, "monitor": self.monitor}
+    def resolve_ckpt_path(self, trainer, ckpt_path: str) -> str | None:
+        if ckpt_path != "best":
+            return None
+        if self.monitor is not None and self.best_model_path:  # trained in this process
+            if Path(self.best_model_path).exists():
+                return self.best_model_path
+        from ptrain.trainer import run_folders
+
+        root = Path(trainer.default_root_dir)
+        folders = run_folders(root)
+        if trainer.log_dir is not None:  # this trainer's own last run first (workers held state)
+            folders.insert(0, Path(trainer.log_dir))
+        for run in folders:
+            record_path = run / "checkpoints" / RECORD
+            if not record_path.is_file():
+                continue
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            best = record_path.parent / record["best_model_path"]
+            if not best.exists():
+                raise CheckpointError(
+                    f"ckpt_path='best': {str(record_path)!r} names {str(best)!r} as the best "
+                    f"checkpoint ({record['monitor']} = {record['best_model_score']}), but it is "
+                    f"gone. Give a checkpoint's path instead, or 'last'.")
+            return str(best)
+        raise CheckpointError(
+            f"ckpt_path='best' found no best checkpoint: no run folder under {str(root)!r} has a "
+            f"checkpoints/{RECORD}, which the checkpoint callback writes only when it monitors a "
+            f"metric. Train with --checkpoint-monitor (e.g. val_loss), or give a checkpoint's "
+            f"path or 'last'.")
+
+    # -- state -----------------------------------------------------------------------------------
 
     @hookimpl
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("monitor") == self.monitor:
-            self.best, self.best_step = state["best"], state["best_step"]
+    def state_dict(self, trainer) -> dict[str, Any]:
+        return {"monitor": self.monitor, "mode": self.mode,
+                "dirpath": str(self._folder(trainer)),
+                "best_model_path": self.best_model_path,
+                "best_model_score": self.best_model_score,
+                "best_k_models": dict(self.best_k_models),
+                "kth_best_model_path": self.kth_best_model_path, "kth_value": self.kth_value,
+                "last_model_path": self.last_model_path}
+
+    @hookimpl
+    def load_state_dict(self, trainer, state: dict[str, Any]) -> None:
+        """A resumed run continues the same top-k when it monitors the same metric the same way
+        and writes to the same folder; otherwise it starts a new top-k."""
+        if (state.get("monitor") != self.monitor or state.get("mode") != self.mode
+                or state.get("dirpath") != str(self._folder(trainer))):
+            return
+        self.best_model_path = state["best_model_path"]
+        self.best_model_score = state["best_model_score"]
+        self.best_k_models = dict(state["best_k_models"])
+        self.kth_best_model_path = state["kth_best_model_path"]
+        self.kth_value = state["kth_value"]
+        self.last_model_path = state["last_model_path"]

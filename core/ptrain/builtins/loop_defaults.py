@@ -9,6 +9,7 @@ The per-step implementations take every argument of their hook, used or not: the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from ptrain import checkpoint_io
 from ptrain.config import dump_hyperparameters
 from ptrain.data import move_to_device
+from ptrain.errors import CheckpointError
 from ptrain.hookspecs import hookimpl
 from ptrain.precision_policy import PrecisionPolicy
 
@@ -93,6 +95,27 @@ class LoopDefaults:
         if trainer.is_global_zero:
             checkpoint_io.atomic_save(checkpoint, path)
         return True
+
+    @hookimpl(trylast=True)
+    def resolve_ckpt_path(self, trainer: Trainer, ckpt_path: str) -> str:
+        if ckpt_path == "best":  # answered by the checkpoint callback, which is not in this run
+            raise CheckpointError(
+                "ckpt_path='best' needs the checkpoint callback, which is blocked in this run "
+                "(no:checkpoint): it is what records the best checkpoint. Remove no:checkpoint, "
+                "or give a checkpoint's path or 'last'.")
+        if ckpt_path != "last":
+            return ckpt_path
+        from ptrain.trainer import LAST_CHECKPOINT, run_folders
+
+        root = Path(trainer.default_root_dir)
+        for run in run_folders(root):
+            candidate = run / LAST_CHECKPOINT
+            if candidate.exists():  # a file, or a folder of shards
+                return str(candidate)
+        raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
+                              f"under {str(root)!r} (the checkpoint callback writes it unless its "
+                              f"save_last is off); give a checkpoint's path, or start without "
+                              f"--ckpt-path.")
 
     @hookimpl(trylast=True)
     def load_checkpoint(self, path: str) -> dict[str, Any]:

@@ -1,0 +1,373 @@
+"""The ``checkpoint`` callback with Lightning's ModelCheckpoint semantics: top-k files by a monitored
+metric, filename templates, save_last, step and time triggers, its state across a resume, and
+``ckpt_path="best"`` (the ``resolve_ckpt_path`` hook). Real trainings of tiny models; the modules of
+``tests._es_models`` log a scripted ``val_metric`` per epoch (2 training batches, 1 validation
+batch per epoch)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptrain
+from ptrain import hookimpl
+from ptrain.builtins.checkpoint import RECORD, ModelCheckpoint
+from ptrain.errors import CheckpointError, ConfigError, PluginError
+from tests._cli_util import assert_ok, assert_usage_error
+from tests._ckpt_models import TopKRecorder
+from tests._es_models import SequenceModule
+from tests.conftest import TinyRegressor, run_cli
+
+QUIET = ["no:progress-bar", "no:tensorboard"]
+VALUES = [5, 3, 4, 1, 2, 6]  # val_metric per epoch
+
+
+def kept(folder: Path) -> list[str]:
+    """The top-k files in ``folder`` (everything but last.ckpt and the record)."""
+    return sorted(p.name for p in folder.glob("*.ckpt") if p.name != "last.ckpt")
+
+
+def name(epoch: int, value: float) -> str:
+    return f"epoch={epoch}-val_metric={value:.1f}.ckpt"
+
+
+class FolderSnapshots:
+    """What the checkpoint folder holds right after each write and after each epoch's end."""
+
+    name = "snapshots"
+
+    def __init__(self):
+        self.after_write: list[tuple[str, list[str]]] = []
+        self.after_epoch: list[list[str]] = []
+
+    @hookimpl(wrapper=True)
+    def save_checkpoint(self, trainer, path):
+        written = yield
+        self.after_write.append((Path(path).name, kept(Path(path).parent)))
+        return written
+
+    @hookimpl(trylast=True)  # after the checkpoint callback's
+    def on_epoch_end(self, trainer):
+        self.after_epoch.append(kept(trainer.log_dir / "checkpoints"))
+
+
+def fit(make_trainer, checkpoint, values=VALUES, extra=(), module=None, **options):
+    module = module or SequenceModule(values)
+    options.setdefault("max_epochs", len(values))
+    trainer = make_trainer(callbacks=[*QUIET, checkpoint, *extra], **options)
+    trainer.fit(module)
+    return trainer, module
+
+
+# -- top-k ----------------------------------------------------------------------------------------
+
+
+def test_top_k_keeps_the_k_best_and_deletes_the_dropped_one_after_the_new_is_written(
+        make_trainer):
+    snapshots = FolderSnapshots()
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                               filename="{epoch}-{val_metric:.1f}")
+    trainer, _ = fit(make_trainer, callback, extra=[snapshots])
+    folder = trainer.log_dir / "checkpoints"
+    assert snapshots.after_epoch == [
+        [name(0, 5)], [name(0, 5), name(1, 3)], [name(1, 3), name(2, 4)],
+        [name(1, 3), name(3, 1)], [name(3, 1), name(4, 2)], [name(3, 1), name(4, 2)]]
+    # epoch 2's write happened while the file it replaces was still there
+    assert (name(2, 4), [name(0, 5), name(1, 3), name(2, 4)]) in snapshots.after_write
+    assert kept(folder) == [name(3, 1), name(4, 2)]
+    assert callback.best_model_path == str(folder / name(3, 1))
+    assert callback.best_model_score == 1.0
+    assert callback.kth_best_model_path == str(folder / name(4, 2)) and callback.kth_value == 2.0
+    assert callback.best_k_models == {str(folder / name(3, 1)): 1.0,
+                                      str(folder / name(4, 2)): 2.0}
+    assert callback.last_model_path == str(folder / "last.ckpt")
+    record = json.loads((folder / RECORD).read_text())
+    assert record["best_model_path"] == name(3, 1)
+    assert record["best_k_models"] == {name(3, 1): 1.0, name(4, 2): 2.0}
+    # each file carries the top-k as it was when written, itself included, and its own step
+    best = torch.load(folder / name(3, 1), weights_only=True)
+    assert best["plugins"]["checkpoint"]["best_k_models"][str(folder / name(3, 1))] == 1.0
+    assert best["loop"]["global_step"] == 8
+
+
+def test_mode_max_and_save_top_k_all_and_none(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", mode="max", save_top_k=-1,
+                               filename="{epoch}-{val_metric:.1f}")
+    trainer, _ = fit(make_trainer, callback, values=[1, 3, 2])
+    assert kept(trainer.log_dir / "checkpoints") == [name(0, 1), name(1, 3), name(2, 2)]
+    assert Path(callback.best_model_path).name == name(1, 3)
+    assert Path(callback.kth_best_model_path).name == name(0, 1)
+    none = ModelCheckpoint(monitor="val_metric", save_top_k=0)
+    trainer, _ = fit(make_trainer, none, values=[1, 3, 2])
+    folder = trainer.log_dir / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert none.best_model_path == "" and none.best_model_score is None
+
+
+def test_top_k_after_each_validation_when_validation_runs_within_the_epoch(make_trainer):
+    # val_check_interval 0.5: a validation after each of the 2 batches, so the top-k is decided
+    # after validation (as Lightning), once per check
+    callback = ModelCheckpoint(monitor="val_metric", filename="{epoch}-{step}-{val_metric:.0f}")
+    snapshots = FolderSnapshots()
+    trainer, _ = fit(make_trainer, callback, values=[5, 2, 4, 1], extra=[snapshots],
+                     module=SequenceModule([5, 2, 4, 1], per_check=True), max_epochs=2,
+                     val_check_interval=0.5)
+    assert snapshots.after_epoch == [["epoch=0-step=2-val_metric=2.ckpt"],
+                                     ["epoch=1-step=4-val_metric=1.ckpt"]]
+    assert [n for n, _ in snapshots.after_write] == [
+        "epoch=0-step=1-val_metric=5.ckpt", "epoch=0-step=2-val_metric=2.ckpt", "last.ckpt",
+        "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt"]
+
+
+def test_a_nan_monitored_value_ranks_worst(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                               filename="{epoch}")
+    trainer, _ = fit(make_trainer, callback, values=[float("nan"), 3, 2])
+    assert kept(trainer.log_dir / "checkpoints") == ["epoch=1.ckpt", "epoch=2.ckpt"]
+    assert callback.best_model_score == 2.0
+
+
+# -- filenames, save_last, triggers ------------------------------------------------------------
+
+
+def test_default_filename_and_auto_insert_metric_name(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric")
+    trainer, _ = fit(make_trainer, callback, values=[3, 1, 2])
+    assert kept(trainer.log_dir / "checkpoints") == ["epoch=1-step=4.ckpt"]
+    bare = ModelCheckpoint(monitor="val_metric", filename="best-{epoch:02d}-{val_metric:.2f}",
+                           auto_insert_metric_name=False)
+    trainer, _ = fit(make_trainer, bare, values=[3, 1, 2])
+    assert kept(trainer.log_dir / "checkpoints") == ["best-01-1.00.ckpt"]
+
+
+def test_a_fixed_filename_is_overwritten_in_place(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", filename="best")
+    trainer, _ = fit(make_trainer, callback, values=[3, 1, 2])
+    folder = trainer.log_dir / "checkpoints"
+    assert kept(folder) == ["best.ckpt"] and callback.best_model_score == 1.0
+    assert torch.load(folder / "best.ckpt", weights_only=True)["loop"]["global_step"] == 4
+
+
+def test_save_last_is_on_by_default_and_can_be_switched_off(make_trainer, tmp_path):
+    on = ModelCheckpoint()
+    trainer, _ = fit(make_trainer, on, values=[1, 1])
+    folder = trainer.log_dir / "checkpoints"
+    # without a monitor, last.ckpt is the newest checkpoint: no second copy
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert on.last_model_path == str(folder / "last.ckpt") and on.best_model_path == ""
+    off = ModelCheckpoint(save_last=False)
+    root = str(tmp_path / "no-last")
+    trainer, _ = fit(make_trainer, off, values=[1, 1], default_root_dir=root)
+    folder = trainer.log_dir / "checkpoints"
+    # Lightning's default: the newest checkpoint alone, named by the template
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=4.ckpt"]
+    assert off.best_model_path == str(folder / "epoch=1-step=4.ckpt")
+    assert off.last_model_path == ""
+    with pytest.raises(CheckpointError, match="save_last is off"):
+        make_trainer(max_epochs=3, callbacks=QUIET, default_root_dir=root).fit(
+            SequenceModule([1]), ckpt_path="last")
+
+
+def test_every_n_train_steps_keeps_all_without_a_monitor(make_trainer):
+    callback = ModelCheckpoint(save_top_k=-1, every_n_train_steps=3, every_n_epochs=0,
+                               save_last=False)
+    trainer, _ = fit(make_trainer, callback, values=[1, 1, 1, 1])  # 8 steps
+    assert kept(trainer.log_dir / "checkpoints") == ["epoch=1-step=3.ckpt",
+                                                     "epoch=2-step=6.ckpt"]
+
+
+class SlowSteps(SequenceModule):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.06)
+        return super().training_step(batch, batch_idx)
+
+
+def test_train_time_interval(make_trainer):
+    callback = ModelCheckpoint(save_top_k=-1, train_time_interval=0.05, every_n_epochs=0,
+                               save_last=False, filename="{step}")
+    trainer, _ = fit(make_trainer, callback, values=[1, 1], module=SlowSteps([1, 1]))
+    # each step takes longer than the interval: a checkpoint after every optimizer step
+    assert kept(trainer.log_dir / "checkpoints") == [f"step={s}.ckpt" for s in (1, 2, 3, 4)]
+    never = ModelCheckpoint(save_top_k=-1, train_time_interval="00:01:00:00", every_n_epochs=0,
+                            save_last=False)
+    assert never.train_time_interval == 3600.0
+    trainer, _ = fit(make_trainer, never, values=[1, 1])
+    assert not (trainer.log_dir / "checkpoints").exists()
+
+
+# -- resume and ckpt_path="best" -----------------------------------------------------------------
+
+
+def test_a_resumed_run_continues_the_same_top_k(make_trainer):
+    first = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                            filename="{epoch}-{val_metric:.1f}")
+    trainer, _ = fit(make_trainer, first, max_epochs=3)
+    folder = trainer.log_dir / "checkpoints"
+    assert kept(folder) == [name(1, 3), name(2, 4)]
+    second = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                             filename="{epoch}-{val_metric:.1f}")
+    resumed = make_trainer(callbacks=[*QUIET, second], max_epochs=6)
+    resumed.fit(SequenceModule(VALUES), ckpt_path="last")
+    assert resumed.log_dir == trainer.log_dir
+    # files of the first process were dropped by the second as they fell out of the top 2
+    assert kept(folder) == [name(3, 1), name(4, 2)]
+    assert second.best_k_models == {str(folder / name(3, 1)): 1.0,
+                                    str(folder / name(4, 2)): 2.0}
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["model"]
+
+
+def _assert_weights(module: torch.nn.Module, path: Path) -> None:
+    expected = _weights(path)
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+def test_validate_best_loads_the_best_file(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2)
+    trainer, module = fit(make_trainer, callback, values=[3, 1, 2, 4])
+    best = Path(callback.best_model_path)
+    assert best.name == "epoch=1-step=4.ckpt"
+    assert not torch.equal(module.net[1].weight, _weights(best)["net.1.weight"])
+    trainer.validate(module, ckpt_path="best")  # from the callback's own state
+    _assert_weights(module, best)
+    # a new trainer (a new process, say) reads the newest run's record
+    other = SequenceModule([0])
+    make_trainer(callbacks=QUIET).validate(other, ckpt_path="best")
+    _assert_weights(other, best)
+
+
+def test_best_without_a_monitored_checkpoint_is_an_error(make_trainer):
+    fit(make_trainer, ModelCheckpoint(), values=[1])
+    with pytest.raises(CheckpointError, match="found no best checkpoint.*--checkpoint-monitor"):
+        make_trainer(callbacks=QUIET).validate(SequenceModule([1]), ckpt_path="best")
+    with pytest.raises(CheckpointError, match="no:checkpoint"):
+        make_trainer(callbacks=[*QUIET, "no:checkpoint"]).validate(
+            SequenceModule([1]), ckpt_path="best")
+
+
+class AliasPaths:
+    """A plugin that answers its own word for ``ckpt_path``."""
+
+    name = "alias"
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    @hookimpl
+    def resolve_ckpt_path(self, trainer, ckpt_path):
+        return str(self.target) if ckpt_path == "first-run" else None
+
+
+def test_resolve_ckpt_path_can_be_answered_by_a_plugin(make_trainer):
+    trainer, _ = fit(make_trainer, ModelCheckpoint(), values=[1])
+    module = SequenceModule([1])
+    make_trainer(callbacks=[*QUIET, AliasPaths(trainer.last_checkpoint_path)]).validate(
+        module, ckpt_path="first-run")
+    _assert_weights(module, trainer.last_checkpoint_path)
+
+
+# -- a callback object replaces the default one -----------------------------------------------
+
+
+def test_a_checkpoint_object_replaces_the_default_callback(make_trainer):
+    callback = ModelCheckpoint(monitor="val_loss", save_top_k=2)
+    trainer = make_trainer(callbacks=[callback])
+    assert trainer.plugins["checkpoint"] is callback
+    with pytest.raises(ConfigError, match="given as an object"):
+        make_trainer(callbacks=[callback], plugin_options={"checkpoint": {"save_top_k": 1}})
+    with pytest.raises(PluginError, match="both named 'checkpoint'"):
+        make_trainer(callbacks=["checkpoint", callback])
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,needles", [
+    ({"save_top_k": 2}, ["save_top_k=2 needs a monitor", "-1", "--checkpoint-monitor"]),
+    ({"save_top_k": -2, "monitor": "x"}, ["save_top_k=-2 is not valid"]),
+    ({"mode": "avg"}, ["'avg'", "min, max"]),
+    ({"every_n_train_steps": -1}, ["every_n_train_steps=-1"]),
+    ({"train_time_interval": "1 hour"}, ["DD:HH:MM:SS"]),
+    ({"filename": "x.ckpt"}, ["without the .ckpt extension"]),
+    ({"save_last": "link"}, ["save_last", "'link'"]),
+])
+def test_bad_options_from_python(kwargs, needles):
+    with pytest.raises(ConfigError) as info:
+        ModelCheckpoint(**kwargs)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,needles", [
+    (["--checkpoint-filename", "{epoch}-{val_acc:.2f}"],
+     ["'val_acc'", "not logged", "val_loss", "train_loss", "--checkpoint-filename"]),
+    (["--checkpoint-save-top-k", "3"], ["save_top_k=3 needs a monitor", "--checkpoint-monitor"]),
+    (["--checkpoint-monitor", "val_acc"], ["'val_acc' was not logged", "val_loss"]),
+    (["--checkpoint-monitor", "val_loss", "--checkpoint-mode", "avg"], ["'avg'", "min, max"]),
+], ids=["filename-metric", "top-k-without-monitor", "monitor", "mode"])
+def test_usage_errors_through_the_cli(tmp_path, flags, needles):
+    result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "1",
+                     "--default-root-dir", str(tmp_path), "--no-progress-bar", *flags)
+    message = assert_usage_error(result, *needles)
+    assert message.count("\n") == 1, message  # one paragraph
+
+
+@pytest.mark.slow
+def test_cli_fit_and_validate_with_best(tmp_path):
+    common = ["--model", "tests._es_models:SequenceModule", "--model.val_values", "[5, 1, 4, 3]",
+              "--default-root-dir", str(tmp_path), "--no-progress-bar"]
+    assert_ok(run_cli("fit", *common, "--max-epochs", "4", "--checkpoint-monitor", "val_metric"))
+    folder = tmp_path / "version_0" / "checkpoints"
+    assert kept(folder) == ["epoch=1-step=4.ckpt"]
+    result = run_cli("validate", *common, "--ckpt-path", "best")
+    assert_ok(result)
+    module = TinyRegressor(n=16, batch_size=8, val_n=8)
+    module.load_state_dict(_weights(folder / "epoch=1-step=4.ckpt"))
+    x, y = module.val_set.tensors
+    expected = torch.nn.functional.mse_loss(module(x), y).item()
+    assert float(result.stdout.split("val_loss=")[1].split()[0]) == pytest.approx(expected,
+                                                                                  rel=1e-3)
+    # fit from the best (epoch 1) continues in its run folder: epoch 2 is trained again
+    assert_ok(run_cli("fit", *common, "--max-epochs", "3", "--checkpoint-monitor", "val_metric",
+                      "--ckpt-path", "best"))
+    assert not (tmp_path / "version_1").exists()
+    last = torch.load(folder / "last.ckpt", weights_only=True)["loop"]
+    assert (last["epoch"], last["global_step"]) == (3, 6)
+
+
+# -- two ddp ranks --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ddp_ranks_agree_on_the_top_k(make_trainer, tmp_path):
+    # the ranks log different values; their mean is VALUES, which alone decides the top-k
+    offset = [4, -2, 3, 0, 1, -5]
+    per_rank = [[v + o for v, o in zip(VALUES, offset)], [v - o for v, o in zip(VALUES, offset)]]
+    records = tmp_path / "records"
+    records.mkdir()
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                               filename="{epoch}-{val_metric:.1f}")
+    trainer = make_trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=len(VALUES),
+                           callbacks=[*QUIET, callback, TopKRecorder(str(records))],
+                           plugin_options={"ddp": {"timeout": 120.0}})
+    trainer.fit(SequenceModule(per_rank, per_rank=True))
+    folder = trainer.log_dir / "checkpoints"
+    assert kept(folder) == [name(3, 1), name(4, 2)]
+    expected = {"best_k_models": {name(3, 1): 1.0, name(4, 2): 2.0},
+                "best_model_path": name(3, 1), "kth_best_model_path": name(4, 2),
+                "best_model_score": 1.0}
+    for rank in (0, 1):
+        assert json.loads((records / f"rank{rank}.json").read_text()) == expected
+    assert json.loads((folder / RECORD).read_text())["best_model_path"] == name(3, 1)
+    # the launching process held no callback state: "best" comes from the run's record
+    module = SequenceModule([0])
+    make_trainer(callbacks=QUIET).validate(module, ckpt_path="best")
+    _assert_weights(module, folder / name(3, 1))
