@@ -180,6 +180,20 @@ def test_every_n_train_steps_keeps_all_without_a_monitor(make_trainer):
                                                      "epoch=2-step=6.ckpt"]
 
 
+def test_step_triggers_rank_by_the_latest_validation_and_wait_for_the_first(make_trainer):
+    # a checkpoint every step; val_metric exists from the end of epoch 0 (step 2) on
+    callback = ModelCheckpoint(monitor="val_metric", every_n_train_steps=1, every_n_epochs=0)
+    snapshots = FolderSnapshots()
+    trainer, _ = fit(make_trainer, callback, values=[3, 1, 2], extra=[snapshots])
+    assert [n for n, _ in snapshots.after_write] == [
+        "last.ckpt", "epoch=0-step=2.ckpt", "last.ckpt", "last.ckpt",
+        "epoch=1-step=4.ckpt", "last.ckpt", "last.ckpt", "last.ckpt"]
+    assert kept(trainer.log_dir / "checkpoints") == ["epoch=1-step=4.ckpt"]
+    misspelt = ModelCheckpoint(monitor="val_metrc", every_n_train_steps=1, every_n_epochs=0)
+    with pytest.raises(ConfigError, match="'val_metrc' was not logged.*val_metric"):
+        fit(make_trainer, misspelt, values=[3, 1, 2])
+
+
 class SlowSteps(SequenceModule):
     def training_step(self, batch, batch_idx):
         time.sleep(0.06)
@@ -323,8 +337,9 @@ def test_usage_errors_through_the_cli(tmp_path, flags, needles):
 @pytest.mark.slow
 def test_cli_fit_and_validate_with_best(tmp_path):
     common = ["--model", "tests._es_models:SequenceModule", "--model.val_values", "[5, 1, 4, 3]",
-              "--default-root-dir", str(tmp_path), "--no-progress-bar"]
-    assert_ok(run_cli("fit", *common, "--max-epochs", "4", "--checkpoint-monitor", "val_metric"))
+              "--default-root-dir", str(tmp_path)]
+    assert_ok(run_cli("fit", *common, "--max-epochs", "4", "--checkpoint-monitor", "val_metric",
+                      "--no-progress-bar"))
     folder = tmp_path / "version_0" / "checkpoints"
     assert kept(folder) == ["epoch=1-step=4.ckpt"]
     result = run_cli("validate", *common, "--ckpt-path", "best")
@@ -337,7 +352,7 @@ def test_cli_fit_and_validate_with_best(tmp_path):
                                                                                   rel=1e-3)
     # fit from the best (epoch 1) continues in its run folder: epoch 2 is trained again
     assert_ok(run_cli("fit", *common, "--max-epochs", "3", "--checkpoint-monitor", "val_metric",
-                      "--ckpt-path", "best"))
+                      "--ckpt-path", "best", "--no-progress-bar"))
     assert not (tmp_path / "version_1").exists()
     last = torch.load(folder / "last.ckpt", weights_only=True)["loop"]
     assert (last["epoch"], last["global_step"]) == (3, 6)

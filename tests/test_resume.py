@@ -166,8 +166,10 @@ def test_checkpoint_folder_has_no_leftover_temp_files(make_trainer, tmp_path):
         "checkpoint": {"every_n_train_steps": 2, "monitor": "val_loss"}})
     trainer.fit(TinyRegressor())
     folder = trainer.log_dir / "checkpoints"
-    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
-    for name in ("best.ckpt", "last.ckpt"):
+    best = Path(trainer.plugins["checkpoint"].best_model_path).name  # the top-1 file
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [best, "best_k_models.json", "last.ckpt"])
+    for name in (best, "last.ckpt"):
         checkpoint_io.safe_load(folder / name)
 
 
@@ -296,8 +298,10 @@ def test_checkpoint_contents(make_trainer, tmp_path):
     assert final["loop"]["global_step"] == 16
     assert isinstance(final["rng"]["torch"], torch.Tensor)
     best_loss, best_step = min(validations)
-    assert final["plugins"]["checkpoint"] == {"best": best_loss, "best_step": best_step,
-                                              "monitor": "val_loss"}
+    state = final["plugins"]["checkpoint"]
+    assert (state["monitor"], state["best_model_score"]) == ("val_loss", best_loss)
+    assert state["best_model_path"] == str(trainer.log_dir / "checkpoints" /
+                                           f"epoch={best_step // 8 - 1}-step={best_step}.ckpt")
     assert final["config"]["trainer"]["max_epochs"] == 2
     assert final["config"]["plugins"]["checkpoint"]["every_n_train_steps"] == 11
 

@@ -29,7 +29,6 @@ import re
 import shutil
 import tempfile
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -129,7 +128,7 @@ class ModelCheckpoint:
         self._last_topk_step = -1  # step of the last top-k file taken
         self._last_time_checked: float | None = None
         self._topk_on_epoch_end = True
-        self._warned_missing = False
+        self._metrics_published = False  # a validation or an epoch ended in this fit
 
     @staticmethod
     @hookimpl
@@ -165,6 +164,7 @@ class ModelCheckpoint:
         if stage != "fit":
             return
         self._last_time_checked = time.monotonic()
+        self._metrics_published = False
         if self.save_on_train_epoch_end is not None:
             self._topk_on_epoch_end = self.save_on_train_epoch_end
         else:  # as Lightning: after validation, unless it runs exactly once at each epoch end
@@ -203,13 +203,17 @@ class ModelCheckpoint:
 
     @hookimpl
     def on_validation_end(self, trainer) -> None:
-        if trainer.stage != "train" or self._topk_on_epoch_end or not self._epoch_due(trainer):
+        if trainer.stage != "train":
+            return
+        self._metrics_published = True
+        if self._topk_on_epoch_end or not self._epoch_due(trainer):
             return
         if trainer.global_step != self._last_topk_step:
             self._save_topk(trainer, check_now=True)
 
     @hookimpl
     def on_epoch_end(self, trainer) -> None:
+        self._metrics_published = True
         if not self._epoch_due(trainer):
             return
         if self._topk_on_epoch_end and trainer.global_step != self._last_topk_step:
@@ -239,7 +243,8 @@ class ModelCheckpoint:
 
     def _save_topk(self, trainer, check_now: bool) -> None:
         """``check_now``: the metrics of the epoch or validation are all there (a monitor missing
-        now was never logged); otherwise (a step or time trigger) the monitor may come later."""
+        now was never logged). Otherwise (a step or time trigger) a monitor missing before the
+        first validation or epoch end may still come: this trigger then writes only last.ckpt."""
         if self.save_top_k == 0:
             return
         if self.monitor is None:
@@ -257,13 +262,9 @@ class ModelCheckpoint:
             message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
                        f"{', '.join(sorted(metrics)) or '(none)'}. Log it with "
                        f"self.log({self.monitor!r}, ...) or change --checkpoint-monitor.")
-            if check_now:
+            if check_now or self._metrics_published:
                 raise ConfigError(message)
-            if not self._warned_missing:  # a step trigger before the first validation
-                self._warned_missing = True
-                warnings.warn(message + " Until it is, step- and time-triggered checkpoints "
-                              "write only last.ckpt.", stacklevel=2)
-            return
+            return  # a step or time trigger before the first validation: decided there
         self._last_topk_step = trainer.global_step
         score = float(metrics[self.monitor])
         if math.isnan(score):  # ranked as the worst possible value
