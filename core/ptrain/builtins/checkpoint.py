@@ -392,24 +392,34 @@ class ModelCheckpoint:
 
     @hookimpl
     def state_dict(self, trainer) -> dict[str, Any]:
+        """Paths are stored relative to the run's checkpoint folder, so a run folder can move."""
+        folder = self._folder(trainer)
+
+        def rel(path: str) -> str:
+            return os.path.relpath(path, folder) if path else ""
+
         return {"monitor": self.monitor, "mode": self.mode,
-                "dirpath": str(self._folder(trainer)),
-                "best_model_path": self.best_model_path,
+                "best_model_path": rel(self.best_model_path),
                 "best_model_score": self.best_model_score,
-                "best_k_models": dict(self.best_k_models),
-                "kth_best_model_path": self.kth_best_model_path, "kth_value": self.kth_value,
-                "last_model_path": self.last_model_path}
+                "best_k_models": {rel(p): s for p, s in self.best_k_models.items()},
+                "kth_best_model_path": rel(self.kth_best_model_path),
+                "kth_value": self.kth_value,
+                "last_model_path": rel(self.last_model_path)}
 
     @hookimpl
     def load_state_dict(self, trainer, state: dict[str, Any]) -> None:
-        """A resumed run continues the same top-k when it monitors the same metric the same way
-        and writes to the same folder; otherwise it starts a new top-k."""
-        if (state.get("monitor") != self.monitor or state.get("mode") != self.mode
-                or state.get("dirpath") != str(self._folder(trainer))):
+        """A resumed run continues the same top-k (in its run folder, where ptrain resumes) when
+        it monitors the same metric the same way; otherwise it starts a new top-k."""
+        if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
             return
-        self.best_model_path = state["best_model_path"]
+        folder = self._folder(trainer)
+
+        def full(path: str) -> str:
+            return str(folder / path) if path else ""
+
+        self.best_model_path = full(state["best_model_path"])
         self.best_model_score = state["best_model_score"]
-        self.best_k_models = dict(state["best_k_models"])
-        self.kth_best_model_path = state["kth_best_model_path"]
+        self.best_k_models = {full(p): s for p, s in state["best_k_models"].items()}
+        self.kth_best_model_path = full(state["kth_best_model_path"])
         self.kth_value = state["kth_value"]
-        self.last_model_path = state["last_model_path"]
+        self.last_model_path = full(state["last_model_path"])
