@@ -194,6 +194,17 @@ def test_step_triggers_rank_by_the_latest_validation_and_wait_for_the_first(make
         fit(make_trainer, misspelt, values=[3, 1, 2])
 
 
+def test_a_training_metric_without_validation_is_ranked_at_epoch_end(make_trainer):
+    # no validation: the top-k is decided at the end of each training epoch, where the epoch-level
+    # train_metric is published. The step trigger on each epoch's last batch sees the previous
+    # epoch's value (or none yet) and must not stop the epoch end from ranking the new one.
+    callback = ModelCheckpoint(monitor="train_metric", every_n_train_steps=2)
+    module = SequenceModule(train_values=[3, 1, 2], with_val=False)
+    trainer, _ = fit(make_trainer, callback, values=[3, 1, 2], module=module)
+    assert kept(trainer.log_dir / "checkpoints") == ["epoch=1-step=4.ckpt"]
+    assert callback.best_model_score == 1.0
+
+
 class SlowSteps(SequenceModule):
     def training_step(self, batch, batch_idx):
         time.sleep(0.06)

@@ -125,7 +125,8 @@ class ModelCheckpoint:
         self.kth_value = math.inf if mode == "min" else -math.inf
         self.last_model_path = ""
         self._last_step_saved = -1  # step of the last step/time-triggered checkpoint
-        self._last_topk_step = -1  # step of the last top-k file taken
+        # (step, monitored value) of the last ranking: the same one is not ranked twice
+        self._last_ranked: tuple[int, float | None] | None = None
         self._last_time_checked: float | None = None
         self._topk_on_epoch_end = True
         self._metrics_published = False  # a validation or an epoch ended in this fit
@@ -208,15 +209,14 @@ class ModelCheckpoint:
         self._metrics_published = True
         if self._topk_on_epoch_end or not self._epoch_due(trainer):
             return
-        if trainer.global_step != self._last_topk_step:
-            self._save_topk(trainer, check_now=True)
+        self._save_topk(trainer, check_now=True)
 
     @hookimpl
     def on_epoch_end(self, trainer) -> None:
         self._metrics_published = True
         if not self._epoch_due(trainer):
             return
-        if self._topk_on_epoch_end and trainer.global_step != self._last_topk_step:
+        if self._topk_on_epoch_end:
             self._save_topk(trainer, check_now=True)
         if self.save_last:  # always: its loop state (the next epoch) is new even at the same step
             self._write_last(trainer)
@@ -226,8 +226,7 @@ class ModelCheckpoint:
         return bool(n) and (trainer.current_epoch + 1) % n == 0
 
     def _take(self, trainer, check_now: bool) -> None:
-        if trainer.global_step != self._last_topk_step:
-            self._save_topk(trainer, check_now)
+        self._save_topk(trainer, check_now)
         if self.save_last:
             self._write_last(trainer)
 
@@ -250,7 +249,9 @@ class ModelCheckpoint:
         if self.monitor is None:
             if self.save_top_k == 1 and self.save_last and self.filename is None:
                 return  # last.ckpt is the newest checkpoint: no second copy
-            self._last_topk_step = trainer.global_step
+            if self._last_ranked == (trainer.global_step, None):
+                return
+            self._last_ranked = (trainer.global_step, None)
             path = self._unique(trainer, self._format(trainer), reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
             trainer.save_checkpoint(path)
@@ -265,10 +266,14 @@ class ModelCheckpoint:
             if check_now or self._metrics_published:
                 raise ConfigError(message)
             return  # a step or time trigger before the first validation: decided there
-        self._last_topk_step = trainer.global_step
         score = float(metrics[self.monitor])
         if math.isnan(score):  # ranked as the worst possible value
             score = math.inf if self.mode == "min" else -math.inf
+        # a step trigger and the epoch end at one step: ranked again only if the value changed
+        # (an epoch-level training metric is published at the epoch's end)
+        if self._last_ranked == (trainer.global_step, score):
+            return
+        self._last_ranked = (trainer.global_step, score)
         k = self.save_top_k
         full = k != -1 and len(self.best_k_models) >= k
         if full and not self._better(score, self.best_k_models[self.kth_best_model_path]):
