@@ -92,8 +92,8 @@ class ModelCheckpoint:
             raise ConfigError(
                 f"checkpoint save_top_k={save_top_k} needs a monitor to rank the checkpoints by, "
                 f"and none is set; without a monitor save_top_k may be -1 (keep all), 0 (none) "
-                f"or 1 (the newest). Set --checkpoint-monitor (e.g. val_loss) or change "
-                f"--checkpoint-save-top-k.")
+                f"or 1 (the newest). Set monitor (--checkpoint-monitor, e.g. val_loss) or change "
+                f"save_top_k (--checkpoint-save-top-k).")
         for option, value in (("every_n_epochs", every_n_epochs),
                               ("every_n_train_steps", every_n_train_steps)):
             if value < 0:
