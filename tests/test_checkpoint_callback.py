@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import ptrain
 from ptrain import hookimpl
 from ptrain.builtins.checkpoint import RECORD, ModelCheckpoint
 from ptrain.errors import CheckpointError, ConfigError, PluginError
