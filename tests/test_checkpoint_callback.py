@@ -114,7 +114,7 @@ def test_top_k_after_each_validation_when_validation_runs_within_the_epoch(make_
     snapshots = FolderSnapshots()
     trainer, _ = fit(make_trainer, callback, values=[5, 2, 4, 1], extra=[snapshots],
                      module=SequenceModule([5, 2, 4, 1], per_check=True), max_epochs=2,
-                     val_check_interval=0.5)
+                     val_check_interval=0.5, num_sanity_val_steps=0)  # it would count a check
     assert snapshots.after_epoch == [["epoch=0-step=2-val_metric=2.ckpt"],
                                      ["epoch=1-step=4-val_metric=1.ckpt"]]
     assert [n for n, _ in snapshots.after_write] == [
@@ -128,6 +128,13 @@ def test_a_nan_monitored_value_ranks_worst(make_trainer):
     trainer, _ = fit(make_trainer, callback, values=[float("nan"), 3, 2])
     assert kept(trainer.log_dir / "checkpoints") == ["epoch=1.ckpt", "epoch=2.ckpt"]
     assert callback.best_model_score == 2.0
+
+
+def test_fast_dev_run_takes_no_checkpoint(make_trainer, tmp_path):
+    callback = ModelCheckpoint(monitor="val_metric")
+    fit(make_trainer, callback, values=[1], fast_dev_run=True)
+    assert callback.best_model_path == "" and callback.best_k_models == {}
+    assert not (tmp_path / "runs").exists()
 
 
 # -- filenames, save_last, triggers ------------------------------------------------------------

@@ -130,6 +130,7 @@ class ModelCheckpoint:
         self._last_time_checked: float | None = None
         self._topk_on_epoch_end = True
         self._metrics_published = False  # a validation or an epoch ended in this fit
+        self._writes = True  # False under fast_dev_run, which writes no checkpoint
 
     @staticmethod
     @hookimpl
@@ -164,6 +165,7 @@ class ModelCheckpoint:
     def setup(self, trainer, stage: str) -> None:
         if stage != "fit":
             return
+        self._writes = not trainer.fast_dev_run
         self._last_time_checked = time.monotonic()
         self._metrics_published = False
         if self.save_on_train_epoch_end is not None:
@@ -236,6 +238,8 @@ class ModelCheckpoint:
         return Path(trainer.log_dir) / "checkpoints"
 
     def _write_last(self, trainer) -> None:
+        if not self._writes:
+            return
         path = trainer.last_checkpoint_path
         self.last_model_path = str(path)  # set before saving: it is part of the state
         trainer.save_checkpoint(path)
@@ -244,7 +248,7 @@ class ModelCheckpoint:
         """``check_now``: the metrics of the epoch or validation are all there (a monitor missing
         now was never logged). Otherwise (a step or time trigger) a monitor missing before the
         first validation or epoch end may still come: this trigger then writes only last.ckpt."""
-        if self.save_top_k == 0:
+        if self.save_top_k == 0 or not self._writes:
             return
         if self.monitor is None:
             if self.save_top_k == 1 and self.save_last and self.filename is None:
