@@ -33,6 +33,7 @@ class DigitsClassifier(ptrain.TrainModule):
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 3e-3,
                  batch_size: int = 32):
         super().__init__()
+        self.save_hyperparameters()  # `ptrain test --ckpt-path best` rebuilds it from these
         self.lr = lr
         self.batch_size = batch_size
         self.net = nn.Sequential(
@@ -55,6 +56,15 @@ class DigitsClassifier(ptrain.TrainModule):
         self.log("val_loss", nn.functional.cross_entropy(logits, y))
         self.log("val_acc", (logits.argmax(dim=1) == y).float().mean(), prog_bar=True)
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("test_loss", nn.functional.cross_entropy(logits, y))
+        self.log("test_acc", (logits.argmax(dim=1) == y).float().mean(), prog_bar=True)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0]).argmax(dim=1)  # the predicted digit of each image
+
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
@@ -66,3 +76,10 @@ class DigitsClassifier(ptrain.TrainModule):
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=256)
+
+    # The example has two splits: the held-out one serves validation, test and prediction.
+    def test_dataloader(self):
+        return DataLoader(self.val_set, batch_size=256)
+
+    def predict_dataloader(self):
+        return DataLoader(TensorDataset(self.val_set.tensors[0]), batch_size=256)
