@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ptrain import DataModule
 from tests.conftest import TinyRegressor, make_regression_data
 
 
@@ -61,3 +62,38 @@ class BrokenValidation(TinyRegressor):
     def validation_step(self, batch, batch_idx):
         x, _ = batch
         return self(x).view(3, -1)  # 8 outputs do not make 3 rows: a bug
+
+
+class RecordingData(DataModule):
+    """A DataModule that appends each of its calls, with the process's rank, to ``record``."""
+
+    def __init__(self, record: str, n: int = 32):
+        super().__init__()
+        self.record, self.n = record, n
+        self.epochs_seen = 0
+
+    def _note(self, what: str) -> None:
+        import os
+
+        with open(self.record, "a", encoding="utf-8") as f:
+            f.write(f"{os.environ.get('RANK', '0')} {what}\n")
+
+    def prepare_data(self):
+        self._note("prepare_data")
+
+    def setup(self, stage):
+        self._note(f"setup {stage}")
+
+    def teardown(self, stage):
+        self._note(f"teardown {stage}")
+
+    def train_dataloader(self):
+        self._note("train_dataloader")
+        self.epochs_seen += 1
+        return DataLoader(make_regression_data(self.n), batch_size=8)
+
+    def state_dict(self):
+        return {"epochs_seen": self.epochs_seen}
+
+    def load_state_dict(self, state):
+        self._note(f"load_state_dict {state['epochs_seen']}")

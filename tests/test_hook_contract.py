@@ -18,7 +18,7 @@ from ptrain import hookimpl, hookspecs
 from ptrain.catalog import Catalog, PluginInfo
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import PluginError
-from ptrain.loading import check_available, declare_options
+from ptrain.loading import check_available, create_plugin_manager, declare_options, register
 from tests.conftest import REPO, TinyRegressor
 
 SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
@@ -563,3 +563,38 @@ def test_all_gather_object_defaults_to_one_process_and_can_be_taken_over(make_tr
     assert plain.hook.all_gather_object(trainer=plain, obj={"x": 1}) == [{"x": 1}]
     taken = make_trainer(max_epochs=1, callbacks=["no:progress-bar", EveryoneSaysHello()])
     assert taken.hook.all_gather_object(trainer=taken, obj=3) == [3, "hello from rank 1"]
+
+
+class LightningStyleCallback:
+    """A callback written for Lightning: its methods carry no @hookimpl."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        pass
+
+    def on_train_start(self, trainer, pl_module):
+        pass
+
+
+class NothingAtAll:
+    pass
+
+
+def test_a_plugin_that_implements_no_hook_is_an_error_naming_the_equivalents(make_trainer):
+    with pytest.raises(ptrain.PluginError, match=(
+            "'lightning-style-callback'.*implements no ptrain hook.*on_train_epoch_end -> "
+            "on_epoch_end; on_train_start -> setup \\(stage='fit'\\)")):
+        make_trainer(callbacks=[LightningStyleCallback()])
+    with pytest.raises(ptrain.PluginError, match="implements no ptrain hook.*@ptrain.hookimpl"):
+        make_trainer(callbacks=[NothingAtAll()])
+
+
+class MisnamedHook:
+    @hookimpl
+    def on_train_start(self, trainer):
+        pass
+
+
+def test_a_lightning_hook_name_suggests_the_ptrain_hook_that_means_the_same():
+    with pytest.raises(ptrain.PluginError, match="Did you mean setup \\(stage='fit'\\), the hook "
+                                                 "meaning Lightning's 'on_train_start'"):
+        register(create_plugin_manager(), MisnamedHook(), "misnamed")

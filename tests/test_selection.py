@@ -93,3 +93,20 @@ def test_single_device_refuses_more_than_one_device(make_trainer):
     with pytest.raises(ptrain.ConfigError, match="single-device strategy trains on one device"):
         make_trainer(devices=2, max_epochs=1).fit(TinyRegressor())
     make_trainer(devices=[0], max_epochs=1).fit(TinyRegressor(n=8))  # one index is one device
+
+
+@pytest.mark.parametrize("given, selected", [
+    (16, "16-mixed"), ("16", "16-mixed"), ("bf16", "bf16-mixed"), (32, "32-true"),
+    ("32", "32-true"), (64, "64-true"), ("bf16-mixed", "bf16-mixed"),
+])
+def test_lightning_precision_values_select_their_plugin(tmp_path, given, selected):
+    trainer = ptrain.Trainer(accelerator="cpu", precision=given, default_root_dir=str(tmp_path))
+    assert trainer.options["precision"] == selected and selected in trainer.plugins
+
+
+def test_lightning_precision_value_from_the_cli(cli, tmp_path):
+    result = cli("fit", "--model", "tests.conftest:TinyRegressor", "--accelerator", "cpu",
+                 "--precision", "bf16", "--max-epochs", "1", "--print-config",
+                 "--default-root-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert 'precision = "bf16-mixed"' in result.stdout

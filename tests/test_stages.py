@@ -323,3 +323,41 @@ def test_predict_under_ddp_gathers_in_dataset_order_without_padding(tmp_path):
     assert sorted(set(indices)) == list(range(11)) and len(indices) == 12  # one repeat
     [metrics] = t.test(module)
     assert set(metrics) == {"test_loss"} and metrics["test_loss"] > 0
+
+
+# -- the DataModule's own hooks --------------------------------------------------------------------
+
+
+def _calls(record: Path) -> list[str]:
+    return record.read_text().splitlines()
+
+
+def test_datamodule_prepare_data_setup_teardown_and_state(tmp_path):
+    from tests._stage_models import RecordingData
+
+    record = tmp_path / "calls.txt"
+    t = trainer(tmp_path, max_epochs=1)
+    t.fit(TinyRegressor(with_val=False), datamodule=RecordingData(str(record)))
+    assert _calls(record) == ["0 prepare_data", "0 setup fit", "0 train_dataloader",
+                              "0 teardown fit"]
+    record.unlink()
+    checkpoint = torch.load(t.last_checkpoint_path, weights_only=True)
+    assert checkpoint["datamodule_state"] == {"epochs_seen": 1}
+    trainer(tmp_path, max_epochs=2).fit(TinyRegressor(with_val=False),
+                                        datamodule=RecordingData(str(record)),
+                                        ckpt_path=str(t.last_checkpoint_path))
+    assert "0 load_state_dict 1" in _calls(record)
+
+
+@pytest.mark.slow
+def test_prepare_data_runs_once_per_machine_under_ddp(tmp_path):
+    from tests._stage_models import RecordingData
+
+    record = tmp_path / "calls.txt"
+    trainer(tmp_path, max_epochs=1, strategy="ddp", devices=2).fit(
+        TinyRegressor(with_val=False), datamodule=RecordingData(str(record)))
+    calls = _calls(record)
+    assert calls.count("0 prepare_data") == 1 and not any("1 prepare_data" in c for c in calls)
+    # every process set up only after the data was prepared
+    assert calls.index("0 prepare_data") < min(calls.index("0 setup fit"),
+                                               calls.index("1 setup fit"))

@@ -38,6 +38,33 @@ TOP_LEVEL_KEYS = ("ckpt_path",)  # a scalar before the tables: where to resume f
 DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar", "dataloading", "model-summary")
 
 
+#: Lightning's other spellings of plugin names -> ptrain's (``Trainer(precision=16)``).
+PLUGIN_ALIASES: dict[str, dict[str, str]] = {
+    "precision": {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true",
+                  "half": "16-true"},
+    "accelerator": {"gpu": "cuda"},
+    "strategy": {},
+}
+
+
+def canonical_plugin_name(kind: str, value: Any) -> str:
+    """The plugin name ``value`` selects for ``kind``: text, or Lightning's int precisions
+    (16, 32, 64), with Lightning's aliases mapped to ptrain's names (``16`` -> ``16-mixed``,
+    ``"bf16"`` -> ``bf16-mixed``, ``"gpu"`` -> ``cuda``)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"expected a plugin name, got {type(value).__name__} {value!r}")
+    text = str(value)
+    return PLUGIN_ALIASES.get(kind, {}).get(text, text)
+
+
+def _plugin_name(kind: str):
+    def convert(value: Any) -> str:
+        return canonical_plugin_name(kind, value)
+
+    convert.__doc__ = f"a {kind} plugin name"
+    return convert
+
+
 def to_devices(value: Any) -> int | str | list[int]:
     """A device count (``2``), ``"auto"``, or a list of indices (``[0, 2]`` or ``"0,2"``)."""
     if value == "auto":
@@ -128,10 +155,13 @@ def core_options() -> OptionGroup:
     """The core's own options: the ``[trainer]`` table, the flags without a plugin prefix, and the
     keyword arguments of :class:`ptrain.Trainer`."""
     g = OptionGroup("trainer")
-    g.add("accelerator", str, default="auto",
-          help="accelerator plugin by name; 'auto' picks the best available one")
-    g.add("strategy", str, default="single-device", help="strategy plugin by name")
-    g.add("precision", str, default="32-true", help="precision plugin by name")
+    g.add("accelerator", _plugin_name("accelerator"), default="auto",
+          help="accelerator plugin by name; 'auto' picks the best available one ('gpu': cuda)")
+    g.add("strategy", _plugin_name("strategy"), default="single-device",
+          help="strategy plugin by name")
+    g.add("precision", _plugin_name("precision"), default="32-true",
+          help="precision plugin by name (Lightning's 16, 32, 64 and 'bf16' mean 16-mixed, "
+               "32-true, 64-true and bf16-mixed)")
     g.add("callbacks", to_str_list, default=[],
           help=f"callback plugins to enable (NAME) or block (no:NAME); on by default: "
                f"{', '.join(DEFAULT_CALLBACKS)}")

@@ -128,9 +128,39 @@ def create_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
+#: Lightning's callback and module hook names -> the ptrain hook that means the same thing, for
+#: the messages about a method that is not a ptrain hook.
+LIGHTNING_HOOKS = {
+    "on_fit_start": "setup (stage='fit')", "on_fit_end": "teardown (stage='fit')",
+    "on_train_start": "setup (stage='fit')", "on_train_end": "teardown (stage='fit')",
+    "on_validation_start": "setup (stage='validate')",
+    "on_test_start": "setup (stage='test')", "on_test_end": "teardown (stage='test')",
+    "on_predict_start": "setup (stage='predict')",
+    "on_predict_end": "teardown (stage='predict')",
+    "on_train_epoch_start": "on_epoch_start", "on_train_epoch_end": "on_epoch_end",
+    "on_validation_epoch_end": "on_validation_end", "on_validation_end": "on_validation_end",
+    "on_train_batch_start": "transfer_batch or model_step (as a wrapper)",
+    "on_before_backward": "backward (as a wrapper)", "on_after_backward": "backward (as a wrapper)",
+    "on_before_zero_grad": "optimizer_step (as a wrapper)",
+    "on_predict_batch_end": "on_predict_batch_end",
+    "on_save_checkpoint": "state_dict", "on_load_checkpoint": "load_state_dict",
+    "state_dict": "state_dict", "load_state_dict": "load_state_dict",
+    "setup": "setup", "teardown": "teardown",
+}
+
+
+def suggest_hook(name: str) -> str:
+    """A sentence naming the ptrain hook ``name`` most likely means: the one meaning the same as
+    Lightning's hook of that name, else the closest spelling, else nothing."""
+    if name in LIGHTNING_HOOKS:
+        return f" Did you mean {LIGHTNING_HOOKS[name]}, the hook meaning Lightning's {name!r}?"
+    return closest(name, HOOK_NAMES)
+
+
 def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     """Register ``plugin`` under ``name``; a hook signature that does not match the specification,
-    or an implementation of a hook that does not exist (a typo), is a :class:`PluginError`.
+    an implementation of a hook that does not exist (a typo), or a plugin that implements no hook
+    at all (it would silently do nothing) is a :class:`PluginError`.
     A plugin with an ``observe_hook_call(call)`` method is an observer: from then on it receives
     every hook call of ``pm`` (see :mod:`ptrain.hook_calls`)."""
     from ptrain import hook_calls  # it imports this module
@@ -146,9 +176,23 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
             pm.unregister(plugin)
             raise PluginError(
                 f"plugin {name!r} ({plugin_label(plugin)}) implements {attr!r}, which is not a "
-                f"ptrain hook.{closest(attr, HOOK_NAMES)} See docs/hooks.md for the hook "
+                f"ptrain hook.{suggest_hook(attr)} See docs/hooks.md for the hook "
                 f"specification."
             )
+    observer = not inspect.isclass(plugin) and callable(getattr(plugin, "observe_hook_call", None))
+    if not pm.get_hookcallers(plugin) and not observer:  # it would take part in nothing
+        pm.unregister(plugin)
+        unmarked = sorted(a for a in LIGHTNING_HOOKS if callable(getattr(plugin, a, None)))
+        if unmarked:
+            how = "; ".join(f"{a} -> {LIGHTNING_HOOKS[a]}" for a in unmarked)
+            hint = (f" Its methods {', '.join(unmarked)} are named like Lightning's hooks; "
+                    f"ptrain calls methods marked @ptrain.hookimpl, under its own hook names "
+                    f"({how}).")
+        else:
+            hint = " Mark its hook methods with @ptrain.hookimpl."
+        raise PluginError(
+            f"plugin {name!r} ({plugin_label(plugin)}) implements no ptrain hook, so it would "
+            f"take no part in the run.{hint} See docs/hooks.md for the hooks.")
     hook_calls.on_register(pm, plugin)
 
 

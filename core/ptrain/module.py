@@ -200,6 +200,9 @@ class TrainModule(HyperParametersMixin, nn.Module):
     def predict_dataloader(self) -> DataLoader | None:
         return None
 
+    def prepare_data(self) -> None:
+        """Download or write data, once per machine before ``setup`` (see :class:`DataModule`)."""
+
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None,
                              **overrides: Any) -> TrainModule:
@@ -277,11 +280,27 @@ class DataModule(HyperParametersMixin):
     """Data kept apart from the model: the dataloaders of the stages (``train_dataloader()``,
     ``val_dataloader()``, ``test_dataloader()``, ``predict_dataloader()``).
 
-    ``setup(stage)`` is called once before the dataloaders are requested (``"fit"``,
-    ``"validate"``, ``"test"`` or ``"predict"``); download or split there.
+    In each stage: ``prepare_data()`` once per machine (in the process of local rank 0, the
+    others waiting; download or write to disk there, assign no state, since the other processes
+    do not run it), then ``setup(stage)`` in every process before the dataloaders are requested
+    (``stage`` is ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``; split or assign state
+    there), and ``teardown(stage)`` at the end, also after an error. ``state_dict()`` (if not
+    empty) is saved in every checkpoint and handed to ``load_state_dict`` on resume.
     """
 
+    def prepare_data(self) -> None:
+        pass
+
     def setup(self, stage: str) -> None:
+        pass
+
+    def teardown(self, stage: str) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
     def train_dataloader(self) -> DataLoader | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptrain.catalog import Catalog, PluginInfo
-from ptrain.config import DEFAULT_CALLBACKS
+from ptrain.config import DEFAULT_CALLBACKS, canonical_plugin_name
 from ptrain.errors import PluginError
 from ptrain.loading import check_available, declare_options, import_target
 from ptrain.options import OptionGroup
@@ -105,6 +105,8 @@ def select_plugins(
     selected: list[SelectedPlugin] = []
     for kind in ("accelerator", "precision", "strategy"):
         choice = chosen[kind]
+        if isinstance(choice, (str, int)) and not isinstance(choice, bool):
+            choice = canonical_plugin_name(kind, choice)
         if not isinstance(choice, str):
             selected.append(SelectedPlugin(kind, object_name(choice), choice, None,
                                            OptionGroup(object_name(choice))))

@@ -61,8 +61,8 @@ class Trainer:
     def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,
                  catalog: Catalog | None = None, **options: Any):
         self._init_kwargs = dict(options, plugin_options=plugin_options)  # to rebuild in a worker
-        objects = {k: v for k, v in options.items()
-                   if k in EXCLUSIVE_KINDS and not isinstance(v, str)}
+        objects = {k: v for k, v in options.items()  # plugin objects; names are text (or
+                   if k in EXCLUSIVE_KINDS and not isinstance(v, (str, int))}  # precision=16)
         callbacks = list(options.get("callbacks") or [])
         named = {k: v for k, v in options.items() if k not in objects}
         named["callbacks"] = [c for c in callbacks if isinstance(c, str)]
@@ -237,6 +237,9 @@ class Trainer:
         if self.datamodule is not None:
             checkpoint["datamodule_class"] = class_path(self.datamodule)
             checkpoint["datamodule_hyper_parameters"] = dict(self.datamodule.hparams)
+            datamodule_state = self.datamodule.state_dict()
+            if datamodule_state:
+                checkpoint["datamodule_state"] = datamodule_state
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
 
     def run_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -318,6 +321,7 @@ class Trainer:
                                   f"device: its setup_device returned {self.device!r} instead of "
                                   f"a torch.device.")
             self.precision_policy = self.hook.precision_policy(trainer=self)
+            self._prepare_data()
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
@@ -356,10 +360,26 @@ class Trainer:
             self.stage = None
             try:
                 self.hook.teardown(trainer=self, stage=stage)
+                if self.datamodule is not None:
+                    self.datamodule.teardown(stage)
             finally:
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
                                self.predict_dataloader):
                     stop_workers(loader)
+
+    def _prepare_data(self) -> None:
+        """``prepare_data()`` of the datamodule and the module, where overridden: once per
+        machine, in the process of local rank 0, while the others wait."""
+        owners = [owner for owner, base in ((self.datamodule, DataModule),
+                                            (self.module, TrainModule))
+                  if owner is not None and type(owner).prepare_data is not base.prepare_data]
+        if not owners:
+            return
+        if self.local_rank == 0:
+            for owner in owners:
+                owner.prepare_data()
+        if self.world_size > 1:  # a collective: no process goes on before the data is there
+            self.hook.all_gather_object(trainer=self, obj=None)
 
     def _wrap_optimizers(self, setup: OptimizerSetup) -> None:
         if self.module.automatic_optimization and len(setup.optimizers) > 1:
@@ -434,6 +454,8 @@ class Trainer:
                 entry["scheduler"].load_state_dict(state)
             for stage_name, sums in checkpoint.get("metrics", {}).items():
                 self.metrics.epoch_sums[stage_name] = {k: list(v) for k, v in sums.items()}
+        if self.datamodule is not None and "datamodule_state" in checkpoint:
+            self.datamodule.load_state_dict(checkpoint["datamodule_state"])
         saved = checkpoint.get("plugins", {})
         for impl in self.hook.load_state_dict.get_hookimpls():  # per plugin: its own state
             if impl.plugin_name in saved:
