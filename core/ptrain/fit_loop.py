@@ -15,6 +15,7 @@ import torch
 
 from ptrain import checkpoint_io
 from ptrain.errors import ConfigError, NonFiniteLossError
+from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
 
@@ -205,7 +206,7 @@ class FitLoop:
         if not stopped_early:
             for entry in self.epoch_schedulers:
                 if (t.current_epoch + 1) % entry["frequency"] == 0:
-                    entry["scheduler"].step()
+                    step_scheduler(entry, t.callback_metrics)
             state.update(epoch=t.current_epoch + 1, batch=0, epoch_rng=None)
         hook.on_epoch_end(trainer=t)
         self.agree_on_stop()
@@ -237,7 +238,7 @@ class FitLoop:
             optimizer.zero_grad(set_to_none=True)
         for entry in self.step_schedulers:
             if t.global_step % entry["frequency"] == 0:
-                entry["scheduler"].step()
+                step_scheduler(entry, t.callback_metrics)
 
     # -- stopping -----------------------------------------------------------------------------
 

@@ -185,7 +185,9 @@ class TrainModule(HyperParametersMixin, nn.Module):
     def configure_optimizers(self) -> Any:
         """Return an optimizer; or a dict ``{"optimizer": opt, "lr_scheduler": sched}`` where the
         scheduler may be a dict ``{"scheduler": s, "interval": "step" | "epoch", "frequency":
-        n}``; or a pair of lists ``([optimizers], [schedulers])``; or a list of such dicts."""
+        n, "monitor": "val_loss", "strict": True}`` (with ``monitor`` the scheduler steps on
+        that logged metric, as ``ReduceLROnPlateau`` needs); or a pair of lists
+        ``([optimizers], [schedulers])``; or a list of such dicts."""
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers")
 
     def train_dataloader(self) -> DataLoader | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from ptrain.errors import ModelError
 _FORMS = (
     "an optimizer; {'optimizer': opt, 'lr_scheduler': sched}; ([optimizers], [schedulers]); or a "
     "list of such dicts. A scheduler may be a dict {'scheduler': s, 'interval': 'step' | 'epoch', "
-    "'frequency': n}"
+    "'frequency': n, 'monitor': metric name, 'strict': bool}"
 )
 
 
@@ -26,18 +27,48 @@ class OptimizerSetup:
 
 def _scheduler_entry(value: Any) -> dict[str, Any]:
     entry = dict(value) if isinstance(value, dict) else {"scheduler": value}
-    unknown = set(entry) - {"scheduler", "interval", "frequency", "name", "monitor"}
+    unknown = set(entry) - {"scheduler", "interval", "frequency", "name", "monitor", "strict"}
     if "scheduler" not in entry or unknown:
-        raise ModelError(f"a scheduler dict needs 'scheduler' and may have 'interval' and "
-                         f"'frequency'; got keys {sorted(entry)}.")
+        raise ModelError(f"a scheduler dict needs 'scheduler' and may have 'interval', "
+                         f"'frequency', 'monitor', 'strict' and 'name'; got keys "
+                         f"{sorted(entry)}.")
     entry.setdefault("interval", "epoch")
     entry.setdefault("frequency", 1)
+    entry.setdefault("monitor", None)
+    entry.setdefault("strict", True)
+    if (isinstance(entry["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau)
+            and entry["monitor"] is None):
+        raise ModelError(
+            "ReduceLROnPlateau steps on a metric: return it as {'optimizer': opt, "
+            "'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}} with the name of a "
+            "metric you log.")
     if entry["interval"] not in ("step", "epoch"):
         raise ModelError(f"scheduler interval must be 'step' or 'epoch', got "
                          f"{entry['interval']!r}.")
     if not hasattr(entry["scheduler"], "step") or not hasattr(entry["scheduler"], "optimizer"):
         raise ModelError(f"{type(entry['scheduler']).__qualname__} is not an LR scheduler.")
     return entry
+
+
+def step_scheduler(entry: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """Step the scheduler of ``entry``; one with a ``monitor`` steps on that metric's value
+    (one host sync: schedulers step per epoch, or per step only when configured so). A monitor
+    that was not logged is a :class:`ModelError` with ``strict`` (the default), else a warning
+    and no step."""
+    monitor = entry["monitor"]
+    if monitor is None:
+        entry["scheduler"].step()
+        return
+    value = metrics.get(monitor)
+    if value is None:
+        message = (f"the LR scheduler {type(entry['scheduler']).__name__} monitors {monitor!r}, "
+                   f"which was not logged; logged metrics: {', '.join(sorted(metrics)) or '(none)'}"
+                   f". Log it with self.log({monitor!r}, ...) or change 'monitor'")
+        if entry["strict"]:
+            raise ModelError(message + " (or set 'strict': False to skip the step).")
+        warnings.warn(message + "; the scheduler was not stepped.", stacklevel=2)
+        return
+    entry["scheduler"].step(float(value))
 
 
 def configure_optimizers(module: Any) -> OptimizerSetup:
