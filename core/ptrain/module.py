@@ -7,6 +7,7 @@ by changing its imports.
 from __future__ import annotations
 
 import inspect
+import itertools
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -163,9 +164,59 @@ class TrainModule(HyperParametersMixin, nn.Module):
                                f"only available during fit() or validate().")
         return self._trainer
 
+    # The run's state, as Lightning's module exposes it. Without a trainer: Lightning's values
+    # (epoch and step 0, rank 0).
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's parameters are (the CPU for a module without any)."""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's first floating-point parameter (float32 without one)."""
+        for parameter in self.parameters():
+            if parameter.is_floating_point():
+                return parameter.dtype
+        return torch.float32
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.global_rank == 0:
+            print(*args, **kwargs)
+
+    def lr_schedulers(self) -> Any:
+        """The LR schedulers ``configure_optimizers`` returned (one, a list, or ``None``), for
+        manual optimization."""
+        schedulers = [entry["scheduler"] for entry in self.trainer.lr_schedulers]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
     # -- to override -------------------------------------------------------------------------
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | dict[str, Any]:
+        """One training batch: return the loss (a tensor, or a dict with ``"loss"``). Like every
+        step method it may be written without ``batch_idx``: ``training_step(self, batch)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step")
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:

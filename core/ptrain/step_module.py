@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
@@ -22,15 +23,24 @@ class StepModule(nn.Module):
     def __init__(self, module: TrainModule):
         super().__init__()
         self.module = module
-        # a plain attribute as well: reading it per step skips nn.Module.__getattr__
-        self.__dict__["_user_module"] = module
+        # plain attributes: reading them per step skips nn.Module.__getattr__
+        self.__dict__["_steps"] = {stage: _step_caller(getattr(module, method))
+                                   for stage, method in STEP_METHODS.items()}
 
     def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
-        module = self._user_module
-        if stage == "train":
-            return module.training_step(batch, batch_idx)
-        if stage == "validate":
-            return module.validation_step(batch, batch_idx)
-        if stage == "test":
-            return module.test_step(batch, batch_idx)
-        return module.predict_step(batch, batch_idx)
+        return self._steps[stage](batch, batch_idx)
+
+
+#: stage -> the module's method for one batch of it
+STEP_METHODS = {"train": "training_step", "validate": "validation_step", "test": "test_step",
+                "predict": "predict_step"}
+
+
+def _step_caller(method: Any) -> Any:
+    """``method`` itself when it takes ``(batch, batch_idx)``; a caller that drops ``batch_idx``
+    for one written as ``(self, batch)`` (Lightning allows both)."""
+    positional = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional):
+        return method
+    return lambda batch, batch_idx: method(batch)
