@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ptrain
+from ptrain.loading import call_per_plugin
 from tests.conftest import TinyRegressor
 
 QUIET = ["no:progress-bar", "no:tensorboard", "no:checkpoint"]
@@ -269,9 +270,10 @@ def training_state(trainer) -> dict:
     state["metrics.step"] = {k: v.clone() for k, v in trainer.metrics.step_values.items()}
     state["metrics.epoch"] = {stage: {k: [v[0].clone(), v[1]] for k, v in sums.items()}
                               for stage, sums in trainer.metrics.epoch_sums.items()}
-    for name, plugin in trainer.plugins.items():
-        if callable(getattr(plugin, "state_dict", None)) and "finder" not in name:
-            state[f"plugin.{name}"] = plugin.state_dict()
+    # each plugin's state as a checkpoint would hold it (a hook takes the arguments it declares)
+    for name, plugin_state in call_per_plugin(trainer.pm, "state_dict", trainer=trainer).items():
+        if "finder" not in name:
+            state[f"plugin.{name}"] = plugin_state
     return state
 
 
