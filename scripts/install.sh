@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates ./.venv (if missing) and installs, editable, the core and every plugin distribution in this
 # repository, with torch pinned by constraints.txt so that no CUDA build is ever pulled.
-# Usage: bash scripts/install.sh [--bench]   (--bench adds Lightning for benchmarks/)
+# Usage: bash scripts/install.sh   (the dev extra brings Lightning 2.6.6, the peer that tests
+# and benchmarks compare with)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -19,6 +20,3 @@ for project in plugins/*/*/pyproject.toml examples/plugins/*/pyproject.toml; do
   fi
 done
 $py -m pip install -q -c constraints.txt "${dists[@]}"
-if [ "${1:-}" = "--bench" ]; then
-  $py -m pip install -q -c constraints.txt lightning
-fi
