@@ -8,7 +8,11 @@ What is measured, in one run, for each workload:
   - ``hand-written``: ``for batch in loader: loss = ...; loss.backward(); optimizer.step();
     optimizer.zero_grad(set_to_none=True)``;
   - ``ptrain (defaults)``: ``ptrain.Trainer(accelerator="cpu", max_epochs=1, ...).fit(module)``
-    with the default callbacks on (checkpoint, tensorboard, progress-bar) and no validation;
+    with the default callbacks on (checkpoint, tensorboard, progress-bar, dataloading,
+    model-summary) and no validation (so no sanity check);
+  - ``ptrain (+csv, lr-monitor, ckpt triggers)``: the same with the everyday tools that act during
+    training on: the CSV logger, the learning-rate monitor, and the checkpoint callback's step
+    and time triggers (set so that they never fire: their per-step checks are what is measured)
   - ``lightning (all off)``: no progress bar, checkpointing, logger, model summary or sanity
     check; ``lightning (defaults)``: Lightning's defaults. Both skipped when ``lightning`` can't be
     imported.
@@ -230,11 +234,23 @@ class PtrainModule(ptrain.TrainModule):
         return self.loader
 
 
-def prepare_ptrain(work: Workload, init: dict, loader: DataLoader, root: str) -> Prepared:
-    net = fresh_net(work, init)
-    module = PtrainModule(net, loader, work)
-    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=root, seed=0)
-    return Prepared(lambda: trainer.fit(module), net)
+def ptrain_runner(**options: Any) -> Runner:
+    """ptrain with its defaults, plus ``options`` (``Trainer`` keyword arguments)."""
+
+    def prepare(work: Workload, init: dict, loader: DataLoader, root: str) -> Prepared:
+        net = fresh_net(work, init)
+        module = PtrainModule(net, loader, work)
+        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=root, seed=0,
+                                 **options)
+        return Prepared(lambda: trainer.fit(module), net)
+
+    return prepare
+
+
+#: the everyday tools that act during training, on together: what they cost per step
+EVERYDAY_TOOLS = dict(
+    callbacks=["csv", "learning-rate-monitor"],
+    plugin_options={"checkpoint": {"train_time_interval": 3600.0, "every_n_train_steps": 10**6}})
 
 
 def lightning_module_class() -> type:
@@ -275,7 +291,9 @@ def lightning_runner(everything_off: bool) -> Runner:
 
 
 def runners(with_lightning: bool) -> dict[str, Runner]:
-    chosen: dict[str, Runner] = {HAND: prepare_hand, "ptrain (defaults)": prepare_ptrain}
+    chosen: dict[str, Runner] = {HAND: prepare_hand, "ptrain (defaults)": ptrain_runner(),
+                                 "ptrain (+csv, lr-monitor, ckpt triggers)":
+                                     ptrain_runner(**EVERYDAY_TOOLS)}
     if with_lightning:
         chosen["lightning (all off)"] = lightning_runner(everything_off=True)
         chosen["lightning (defaults)"] = lightning_runner(everything_off=False)
