@@ -222,7 +222,7 @@ class StopAfter:
     def on_train_batch_end(self, trainer):
         if trainer.global_step >= self.steps:  # a Python int: no wait for the device
             trainer.should_stop = True
-# == on_predict_batch_end
+# == on_evaluation_batch_end
 from pathlib import Path
 
 import torch
@@ -232,7 +232,9 @@ from ptrain import hookimpl
 
 class WritePredictions:
     @hookimpl
-    def on_predict_batch_end(self, trainer, outputs, batch_idx):
+    def on_evaluation_batch_end(self, trainer, stage, outputs, batch_idx):
+        if stage != "predict":
+            return
         folder = Path(trainer.log_dir) / "predictions"
         folder.mkdir(parents=True, exist_ok=True)
         torch.save(outputs, folder / f"rank{trainer.global_rank}-batch{batch_idx}.pt")

@@ -25,7 +25,7 @@ class StagedRegressor(TinyRegressor):
 
     def test_step(self, batch, batch_idx):
         x, y = batch
-        self.log("test_loss", nn.functional.mse_loss(self(x), y))
+        self.log("test_loss", nn.functional.mse_loss(self(x), y), prog_bar=True)
 
     def predict_step(self, batch, batch_idx):
         (x,) = batch

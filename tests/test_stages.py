@@ -42,8 +42,9 @@ class StepRecorder:
         self.steps.append((stage, trainer.sanity_checking))
 
     @ptrain.hookimpl
-    def on_predict_batch_end(self, trainer, outputs, batch_idx):
-        self.predicted.append((batch_idx, trainer.batch_indices))
+    def on_evaluation_batch_end(self, trainer, stage, outputs, batch_idx):
+        if stage == "predict":
+            self.predicted.append((batch_idx, trainer.batch_indices))
 
 
 class StageRecorder(StepRecorder):
@@ -361,3 +362,50 @@ def test_prepare_data_runs_once_per_machine_under_ddp(tmp_path):
     # every process set up only after the data was prepared
     assert calls.index("0 prepare_data") < min(calls.index("0 setup fit"),
                                                calls.index("1 setup fit"))
+
+
+def _on_a_terminal(*args: str) -> str:
+    """Run the real ``ptrain`` with its stdout on a pseudo-terminal; what it drew there (read
+    while it runs: a full terminal buffer would block it)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import threading
+
+    from tests.conftest import REPO
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end is closed and everything was read
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ptrain", *args], stdout=slave,
+                              stderr=subprocess.PIPE, cwd=REPO, timeout=300, text=True)
+    finally:
+        os.close(slave)
+        reader.join(timeout=30)
+        os.close(master)
+    assert proc.returncode == 0, proc.stderr
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_progress_bar_draws_test_and_predict_passes_with_prog_bar_metrics(tmp_path):
+    common = ("--model", STAGED, "--accelerator", "cpu", "--default-root-dir", str(tmp_path))
+    drawn = _on_a_terminal("test", *common)
+    # the bar of the pass, with the running mean of what test_step logs with prog_bar=True
+    assert "Testing" in drawn and "3/3" in drawn and "test_loss=" in drawn
+    assert "Test finished in " in drawn
+    drawn = _on_a_terminal("predict", *common)
+    assert "Predicting" in drawn and "4/4" in drawn and "Prediction finished in " in drawn

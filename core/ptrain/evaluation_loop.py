@@ -65,13 +65,18 @@ class _EvalMode:
         self.trainer.stage = self.previous_stage
 
 
-def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
+def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float,
+                 report: bool = True) -> None:
     hooks = trainer.step_hooks
     for batch_idx, batch in enumerate(loader):
         if batch_idx >= num_batches:
             break
         batch = hooks.transfer_batch(trainer=trainer, batch=batch)
-        hooks.model_step(trainer=trainer, stage=stage, batch=batch, batch_idx=batch_idx)
+        outputs = hooks.model_step(trainer=trainer, stage=stage, batch=batch,
+                                   batch_idx=batch_idx)
+        if report:
+            hooks.on_evaluation_batch_end(trainer=trainer, stage=stage, outputs=outputs,
+                                          batch=batch, batch_idx=batch_idx)
 
 
 def run_evaluation(trainer: Trainer, stage: str) -> None:
@@ -82,6 +87,7 @@ def run_evaluation(trainer: Trainer, stage: str) -> None:
     num_batches = 0 if loader is None else stage_batches(trainer, stage, loader)
     if num_batches == 0:
         return
+    trainer.num_eval_batches = num_batches
     with _EvalMode(trainer, stage):
         _run_batches(trainer, stage, loader, num_batches)
     trainer.metrics.publish_epoch(stage)
@@ -111,7 +117,7 @@ def run_sanity_check(trainer: Trainer) -> None:
     trainer.sanity_checking = True
     try:
         with _EvalMode(trainer, "validate"):
-            _run_batches(trainer, "validate", loader, num_batches)
+            _run_batches(trainer, "validate", loader, num_batches, report=False)
     finally:
         trainer.sanity_checking = False
         trainer.metrics.discard("validate")
@@ -146,12 +152,12 @@ def to_cpu(value: Any) -> Any:
 
 def run_prediction(trainer: Trainer) -> list[Any] | None:
     """One pass of ``predict_step`` over the predict dataloader. Each batch's output goes to
-    ``on_predict_batch_end`` (a writer streams it to disk there); with ``return_predictions``
+    ``on_evaluation_batch_end`` (a writer streams it to disk there); with ``return_predictions``
     the outputs are also kept (on the CPU) and returned, gathered from every process in
     dataset order (see :func:`gather_predictions`). ``trainer.batch_indices`` holds the dataset
     indices of the current batch where the loader's order is fixed, else ``None``."""
     loader = trainer.predict_dataloader
-    num_batches = stage_batches(trainer, "predict", loader)
+    num_batches = trainer.num_eval_batches = stage_batches(trainer, "predict", loader)
     keep = trainer.return_predictions
     hooks = trainer.step_hooks
     indices = _dataset_indices(loader)
@@ -165,8 +171,8 @@ def run_prediction(trainer: Trainer) -> list[Any] | None:
             batch = hooks.transfer_batch(trainer=trainer, batch=batch)
             output = hooks.model_step(trainer=trainer, stage="predict", batch=batch,
                                       batch_idx=batch_idx)
-            hooks.on_predict_batch_end(trainer=trainer, outputs=output, batch=batch,
-                                       batch_idx=batch_idx)
+            hooks.on_evaluation_batch_end(trainer=trainer, stage="predict", outputs=output,
+                                          batch=batch, batch_idx=batch_idx)
             if keep:
                 outputs.append(to_cpu(output))
                 batch_indices.append(trainer.batch_indices)

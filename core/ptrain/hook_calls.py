@@ -37,7 +37,7 @@ from ptrain.loading import bind_impl
 
 PER_STEP_HOOKS = (
     "transfer_batch", "model_step", "backward", "on_before_optimizer_step", "clip_gradients",
-    "optimizer_step", "on_train_batch_end", "on_predict_batch_end",
+    "optimizer_step", "on_train_batch_end", "on_evaluation_batch_end",
 )
 #: Set to ``1`` to print every hook call to stderr (see :class:`StderrTracer`).
 TRACE_ENV = "PTRAIN_TRACE"

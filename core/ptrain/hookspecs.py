@@ -55,7 +55,8 @@ part alone on their dataloader, ``predict`` the prediction part)::
         model.eval(); with torch.no_grad():
             for batch_idx, batch in val_loader:
                 batch = transfer_batch(trainer, batch)
-                model_step(trainer, stage="validate", batch, batch_idx)
+                outputs = model_step(trainer, stage="validate", batch, batch_idx)
+                on_evaluation_batch_end(trainer, "validate", outputs, batch, batch_idx)
         reduce_metrics, log_metrics                        # the epoch-level metrics
         on_validation_end(trainer)                         # epoch-level val metrics are ready
 
@@ -64,7 +65,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
             for batch_idx, batch in predict_loader:
                 batch = transfer_batch(trainer, batch)
                 outputs = model_step(trainer, stage="predict", batch, batch_idx)
-                on_predict_batch_end(trainer, outputs, batch, batch_idx)
+                on_evaluation_batch_end(trainer, "predict", outputs, batch, batch_idx)
         all_gather_object(trainer, obj)                    # several processes, predictions kept
 
     trainer.save_checkpoint(path):                         # called by the checkpoint callback
@@ -368,15 +369,19 @@ def on_train_batch_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch
 
 
 @hookspec
-def on_predict_batch_end(trainer: Trainer, outputs: Any, batch: Any, batch_idx: int) -> None:
-    """A prediction batch is done: ``outputs`` is what ``predict_step`` returned for it.
+def on_evaluation_batch_end(trainer: Trainer, stage: str, outputs: Any, batch: Any,
+                            batch_idx: int) -> None:
+    """A batch of validation, test or prediction is done.
 
-    Fires: once per batch of ``predict``, on every process. ``trainer.batch_indices`` holds the
-    dataset indices of the batch where the predict dataloader's order is fixed (a sequential or
-    non-shuffling distributed sampler), else ``None``. A writer that streams predictions to disk
-    works here, so nothing needs to be held in memory.
+    Fires: once per batch of ``stage`` (``"validate"``, within ``fit`` too, ``"test"`` or
+    ``"predict"``), on every process, after its ``model_step``; not for the sanity check's
+    batches. ``outputs`` is what the step method returned (for ``"predict"``, the predictions).
+    In ``predict``, ``trainer.batch_indices`` holds the dataset indices of the batch where the
+    dataloader's order is fixed (a sequential or non-shuffling distributed sampler), else
+    ``None``: a writer that streams predictions to disk works here, so nothing needs to be held
+    in memory. ``trainer.num_eval_batches`` is the number of batches the pass runs.
 
-    Result: all. Implemented by: callbacks (prediction writers).
+    Result: all. Implemented by: callbacks (prediction writers, progress displays).
     """
 
 

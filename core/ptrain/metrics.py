@@ -92,11 +92,15 @@ class MetricStore:
                                  step=trainer.global_step)
 
     def progress_values(self) -> dict[str, float]:
-        """The ``prog_bar`` metrics as numbers (a host sync: call at a bounded rate)."""
-        names = [n for n in self.prog_bar if n in self.callback_metrics]
-        if not names:
+        """The ``prog_bar`` metrics as numbers: the latest published values, and the running
+        means of the epoch values the stage under way has logged so far (a host sync: call at
+        a bounded rate)."""
+        shown = {n: self.callback_metrics[n] for n in self.prog_bar if n in self.callback_metrics}
+        for name, (total, count) in self.epoch_sums.get(self.trainer.stage, {}).items():
+            if name in self.prog_bar:
+                shown[name] = total / count
+        if not shown:
             return {}
-        values = torch.stack(
-            [self.callback_metrics[n].detach().float().reshape(()).cpu() for n in names]
-        ).tolist()
+        names = list(shown)
+        values = torch.stack([shown[n].detach().float().reshape(()).cpu() for n in names]).tolist()
         return dict(zip(names, values))

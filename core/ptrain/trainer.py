@@ -120,6 +120,7 @@ class Trainer:
         self.return_predictions = True  # predict: keep and return the outputs
         self.predictions: list[Any] | None = None
         self.batch_indices: list[int] | None = None  # predict: the batch's dataset indices
+        self.num_eval_batches: float = 0  # batches of the validation/test/predict pass under way
         self.exception: BaseException | None = None
         self.metrics = MetricStore(self)
         self.loop_state: dict[str, Any] = {}

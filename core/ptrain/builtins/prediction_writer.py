@@ -47,7 +47,9 @@ class PredictionWriter:
             self.folder.mkdir(parents=True, exist_ok=True)
 
     @hookimpl
-    def on_predict_batch_end(self, trainer, outputs: Any, batch_idx: int) -> None:
+    def on_evaluation_batch_end(self, trainer, stage: str, outputs: Any, batch_idx: int) -> None:
+        if stage != "predict":
+            return
         record = {"predictions": to_cpu(outputs), "batch_indices": trainer.batch_indices}
         torch.save(record, self.folder / f"rank{trainer.global_rank}-batch{batch_idx:06d}.pt")
         self.written += 1

@@ -1,8 +1,9 @@
 """The ``progress-bar`` callback: a live bar on a terminal, plain lines otherwise.
 
-Shows the epoch, batches done, it/s and the metrics logged with ``prog_bar=True``. It turns
-metrics into numbers (a host sync) only when it redraws, at most every ``refresh_rate`` seconds
-on a terminal. At the end of ``fit`` it prints one summary line with the final metrics.
+Shows the epoch (or the validate/test/predict pass), batches done, it/s and the metrics logged
+with ``prog_bar=True`` (running means for those the stage under way averages). It turns metrics
+into numbers (a host sync) only when it redraws, at most every ``refresh_rate`` seconds on a
+terminal. At the end of each stage it prints one summary line with the final metrics.
 Turn it off with ``--no-progress-bar`` (the same as ``-p no:progress-bar``).
 """
 
@@ -15,6 +16,7 @@ from ptrain.hookspecs import hookimpl
 
 PLAIN_INTERVAL_S = 30.0  # without a terminal, a mid-epoch line at most this often
 _FINISHED = {"validate": "Validation", "test": "Test"}
+_ACTIVE = {"validate": "Validating", "test": "Testing", "predict": "Predicting"}
 
 
 def _format(metrics: dict[str, float]) -> str:
@@ -37,11 +39,44 @@ class ProgressBar:
                     help="seconds between redraws of the bar on a terminal")
 
     @hookimpl
-    def setup(self, trainer) -> None:
+    def setup(self, trainer, stage: str) -> None:
         self.enabled = trainer.is_global_zero
         self.terminal = sys.stdout.isatty()
-        self.fit_start = time.monotonic()
+        self.fit_start = self.last_draw = time.monotonic()
         self.epoch_started = False
+        self.stage = stage
+        self.task = None
+
+    @hookimpl
+    def on_evaluation_batch_end(self, trainer, stage: str, batch_idx: int) -> None:
+        """Progress of a ``validate``, ``test`` or ``predict`` run (within ``fit``, validation
+        stays under the training bar)."""
+        if not self.enabled or self.stage == "fit":
+            return
+        now = time.monotonic()
+        done = batch_idx + 1
+        last = done >= trainer.num_eval_batches
+        if now - self.last_draw < (self.refresh_rate if self.terminal else PLAIN_INTERVAL_S) \
+                and not (last and self.terminal):
+            return
+        self.last_draw = now
+        total = trainer.num_eval_batches
+        total = None if total == float("inf") else int(total)
+        metrics = _format(trainer.metrics.progress_values())
+        label = _ACTIVE[stage]
+        if not self.terminal:
+            of = f"/{total}" if total is not None else ""
+            print(f"{label}  batch {done}{of}  {metrics}  ...".rstrip(), flush=True)
+            return
+        if self.live is None:
+            self.live = self._new_progress()
+            self.live.start()
+        if self.task is None:
+            self.task = self.live.add_task(label, total=total, completed=0, rate="", metrics="")
+        elapsed = now - self.fit_start
+        rate = f"{done / elapsed:.1f} it/s" if elapsed > 0 else ""
+        self.live.update(self.task, completed=done, rate=rate, metrics=metrics)
+        self.live.refresh()
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
@@ -54,17 +89,21 @@ class ProgressBar:
         self.total = None if total == float("inf") else int(total)
         if self.terminal:
             if self.live is None:
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
-                                           TextColumn, TimeElapsedColumn)
-
-                self.live = Progress(
-                    TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
-                    TextColumn("{task.fields[metrics]}"), auto_refresh=False,
-                )
+                self.live = self._new_progress()
                 self.live.start()
             self.task = self.live.add_task(self._epoch_label(trainer), total=self.total,
                                            completed=self.start_batch, rate="", metrics="")
+
+    @staticmethod
+    def _new_progress():
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        return Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[metrics]}"), auto_refresh=False,
+        )
 
     def _epoch_label(self, trainer) -> str:
         limit = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
