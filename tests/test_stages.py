@@ -409,3 +409,31 @@ def test_the_progress_bar_draws_test_and_predict_passes_with_prog_bar_metrics(tm
     assert "Test finished in " in drawn
     drawn = _on_a_terminal("predict", *common)
     assert "Predicting" in drawn and "4/4" in drawn and "Prediction finished in " in drawn
+
+
+# -- strategies and precisions apply to every stage ------------------------------------------------
+
+
+def test_the_precision_applies_to_test_and_predict(tmp_path):
+    module = StagedRegressor(predict_n=10, predict_batch=5)
+    t = trainer(tmp_path, precision="bf16-mixed")
+    predictions = t.predict(module)
+    # the forward ran under bf16 autocast, as in training
+    assert {p["y"].dtype for p in predictions} == {torch.bfloat16}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = module(module.predict_x)
+    assert torch.equal(torch.cat([p["y"] for p in predictions]), expected)
+    [metrics] = t.test(module)
+    assert set(metrics) == {"test_loss"}
+
+
+@pytest.mark.slow
+def test_predict_and_test_under_fsdp(tmp_path):
+    module = StagedRegressor(predict_n=11, predict_batch=3)
+    t = trainer(tmp_path, strategy="fsdp", devices=2)
+    predictions = t.predict(module)
+    with torch.no_grad():
+        expected = module(module.predict_x)
+    assert torch.allclose(torch.cat([p["y"] for p in predictions]), expected, atol=1e-6)
+    [metrics] = t.test(module)
+    assert set(metrics) == {"test_loss"} and metrics["test_loss"] > 0
