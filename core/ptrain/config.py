@@ -96,15 +96,17 @@ def to_seconds(value: Any) -> float:
     return seconds
 
 
-def _positive(convert):
-    def positive(value: Any):
+def positive(convert):
+    """``convert`` that also refuses a number <= 0 (``positive(to_int)``: a count >= 1)."""
+
+    def positive_number(value: Any):
         number = convert(value)
         if number <= 0:
             raise ValueError(f"expected a positive number, got {value!r}")
         return number
 
-    positive.__doc__ = convert.__doc__
-    return positive
+    positive_number.__doc__ = convert.__doc__
+    return positive_number
 
 
 def _batch_limit(value: Any) -> int | float:
@@ -166,16 +168,16 @@ def core_options() -> OptionGroup:
           help=f"callback plugins to enable (NAME) or block (no:NAME); on by default: "
                f"{', '.join(DEFAULT_CALLBACKS)}")
     g.add("devices", to_devices, default=1, help="device count, 'auto' or a list of indices")
-    g.add("num_nodes", _positive(to_int), default=1, help="number of machines")
+    g.add("num_nodes", positive(to_int), default=1, help="number of machines")
     g.add("max_epochs", to_int, help="stop after this many epochs (default: 1000 when no other "
           "limit is set)")
     g.add("min_epochs", to_int, help="train at least this many epochs before a stop takes effect")
     g.add("max_steps", to_int, help="stop after this many optimizer steps")
     g.add("min_steps", to_int, help="train at least this many optimizer steps")
     g.add("max_time", to_seconds, help="stop after this long: seconds or DD:HH:MM:SS")
-    g.add("val_check_interval", _positive(to_int_or_float), default=1.0,
+    g.add("val_check_interval", positive(to_int_or_float), default=1.0,
           help="validate every this fraction of an epoch (float) or this many batches (int)")
-    g.add("check_val_every_n_epoch", _positive(to_int), default=1,
+    g.add("check_val_every_n_epoch", positive(to_int), default=1,
           help="validate at the end of every n-th epoch")
     g.add("limit_train_batches", _batch_limit, default=1.0,
           help="train on this many batches (int) or this fraction (float) of each epoch")
@@ -197,12 +199,12 @@ def core_options() -> OptionGroup:
     g.add("deterministic", _deterministic, default=False,
           help="use only deterministic algorithms (torch.use_deterministic_algorithms); an op "
                "without one is an error naming it, or with 'warn' a warning")
-    g.add("accumulate_grad_batches", _positive(to_int), default=1,
+    g.add("accumulate_grad_batches", positive(to_int), default=1,
           help="accumulate gradients over this many batches per optimizer step")
-    g.add("gradient_clip_val", _positive(to_float), help="clip gradients at this norm or value")
+    g.add("gradient_clip_val", positive(to_float), help="clip gradients at this norm or value")
     g.add("gradient_clip_algorithm", str, default="norm", choices=("norm", "value"),
           help="how gradient_clip_val clips")
-    g.add("log_every_n_steps", _positive(to_int), default=50,
+    g.add("log_every_n_steps", positive(to_int), default=50,
           help="write step metrics (and check the loss is finite) every n optimizer steps")
     g.add("default_root_dir", str, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")

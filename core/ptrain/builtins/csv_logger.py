@@ -25,8 +25,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ptrain.config import dump_config
+from ptrain.config import dump_config, positive
 from ptrain.hookspecs import hookimpl
+from ptrain.options import to_int
 
 METRICS_FILE = "metrics.csv"
 CONFIG_FILE = "config.toml"
@@ -34,13 +35,8 @@ CONFIG_FILE = "config.toml"
 INDEX_COLUMNS = ("step", "epoch")
 
 
-def _positive_int(value: Any) -> int:
-    from ptrain.options import to_int
-
-    number = to_int(value)
-    if number < 1:
-        raise ValueError(f"expected a positive number of steps, got {value!r}")
-    return number
+#: a number of optimizer steps, at least 1
+_positive_int = positive(to_int)
 
 
 class CSVLogger:
