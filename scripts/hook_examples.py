@@ -130,6 +130,38 @@ class WallClock:
         if trainer.is_global_zero:
             outcome = "failed" if trainer.exception is not None else "done"
             print(f"{stage} {outcome} after {time.perf_counter() - self.started:.1f} s")
+# == on_loop_start
+import time
+
+from ptrain import hookimpl
+
+
+class LoopClock:
+    def __init__(self):
+        self.started = {}
+
+    @hookimpl
+    def on_loop_start(self, loop):
+        self.started[loop] = time.perf_counter()
+# == on_loop_end
+import time
+
+from ptrain import hookimpl
+
+
+class LoopClock:
+    def __init__(self):
+        self.started = {}
+
+    @hookimpl
+    def on_loop_start(self, loop):
+        self.started[loop] = time.perf_counter()
+
+    @hookimpl
+    def on_loop_end(self, trainer, loop):
+        seconds = time.perf_counter() - self.started.pop(loop)
+        if trainer.is_global_zero and loop in ("fit", "test"):
+            print(f"{loop} took {seconds:.1f} s")
 # == transfer_batch
 from ptrain import hookimpl
 from ptrain.data import move_to_device
@@ -140,6 +172,18 @@ class XPUAccelerator:
     def transfer_batch(self, trainer, batch):
         # from pinned memory the copy is asynchronous: the step does not wait for it
         return move_to_device(batch, trainer.device, non_blocking=True)
+# == on_batch_start
+from ptrain import hookimpl
+
+
+class CountSamples:
+    def __init__(self):
+        self.samples = 0
+
+    @hookimpl
+    def on_batch_start(self, stage, batch):
+        if stage == "train":
+            self.samples += len(batch[0])  # a shape: no wait for the device
 # == model_step
 import torch
 
@@ -151,6 +195,18 @@ class BF16Autocast:
     def model_step(self, trainer):
         with torch.autocast(trainer.device.type, dtype=torch.bfloat16):
             return (yield)  # the forward pass and the loss run inside
+# == on_before_backward
+from ptrain import hookimpl
+
+
+class LossSum:
+    def __init__(self):
+        self.total = None
+
+    @hookimpl
+    def on_before_backward(self, loss):
+        loss = loss.detach()  # stays on the device: no host sync per step
+        self.total = loss if self.total is None else self.total + loss
 # == backward
 import torch
 
@@ -165,6 +221,18 @@ class LossScaling:
     def backward(self, loss):
         self.scaler.scale(loss).backward()
         return True  # done: the default loss.backward() does not run
+# == on_after_backward
+import torch
+
+from ptrain import hookimpl
+
+
+class GradientNorm:
+    @hookimpl
+    def on_after_backward(self, trainer):
+        grads = [p.grad for p in trainer.module.parameters() if p.grad is not None]
+        # a tensor, logged without a host sync; published every log_every_n_steps
+        trainer.module.log("grad_norm", torch.nn.utils.get_total_norm(grads))
 # == on_before_optimizer_step
 import torch
 
@@ -210,6 +278,23 @@ class LossScaling:
         self.scaler.step(optimizer)  # skips the step if the gradients overflowed
         self.scaler.update()
         return True
+# == on_before_zero_grad
+import torch
+
+from ptrain import hookimpl
+
+
+class WeightAverage:
+    def __init__(self, decay: float = 0.999):
+        self.decay, self.average = decay, None
+
+    @hookimpl
+    def on_before_zero_grad(self, trainer):
+        weights = [p.detach() for p in trainer.module.parameters()]
+        if self.average is None:
+            self.average = [w.clone() for w in weights]
+        else:
+            torch._foreach_lerp_(self.average, weights, 1 - self.decay)
 # == on_train_batch_end
 from ptrain import hookimpl
 
@@ -248,6 +333,22 @@ class ReshuffleEachEpoch:
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         if hasattr(sampler, "set_epoch"):  # a DistributedSampler shuffles by epoch
             sampler.set_epoch(trainer.current_epoch)
+# == on_epoch_metrics
+import time
+
+from ptrain import hookimpl
+
+
+class EpochSeconds:
+    @hookimpl
+    def on_epoch_start(self):
+        self.start = time.perf_counter()
+
+    @hookimpl
+    def on_epoch_metrics(self, trainer, stage):
+        if stage == "train":  # published with the epoch's other metrics
+            trainer.module.log("epoch_seconds", time.perf_counter() - self.start,
+                               on_step=False, on_epoch=True)
 # == on_epoch_end
 from ptrain import hookimpl
 

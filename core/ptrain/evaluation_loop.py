@@ -65,34 +65,44 @@ class _EvalMode:
         self.trainer.stage = self.previous_stage
 
 
-def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float,
-                 report: bool = True) -> None:
+def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
     hooks = trainer.step_hooks
     for batch_idx, batch in enumerate(loader):
         if batch_idx >= num_batches:
             break
         batch = hooks.transfer_batch(trainer=trainer, batch=batch)
+        if hooks.has_on_batch_start:
+            hooks.on_batch_start(trainer=trainer, stage=stage, batch=batch, batch_idx=batch_idx)
         outputs = hooks.model_step(trainer=trainer, stage=stage, batch=batch,
                                    batch_idx=batch_idx)
-        if report:
-            hooks.on_evaluation_batch_end(trainer=trainer, stage=stage, outputs=outputs,
-                                          batch=batch, batch_idx=batch_idx)
+        hooks.on_evaluation_batch_end(trainer=trainer, stage=stage, outputs=outputs,
+                                      batch=batch, batch_idx=batch_idx)
+
+
+def _evaluation_pass(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
+    """``on_loop_start``, then the batches and ``on_epoch_metrics`` in eval mode under
+    ``torch.no_grad`` (as Lightning's epoch-end hooks run). The caller publishes and ends the
+    loop."""
+    trainer.num_eval_batches = num_batches
+    trainer.hook.on_loop_start(trainer=trainer, loop=stage)
+    with _EvalMode(trainer, stage):
+        _run_batches(trainer, stage, loader, num_batches)
+        trainer.hook.on_epoch_metrics(trainer=trainer, stage=stage)
 
 
 def run_evaluation(trainer: Trainer, stage: str) -> None:
     """One pass of ``stage`` (``"validate"`` or ``"test"``) over its dataloader; the metrics it
     logged are averaged, reduced and published into ``callback_metrics``. A validation pass
-    ends with ``on_validation_end``."""
+    ends with ``on_validation_end``, then ``on_loop_end``."""
     loader = trainer.val_dataloader if stage == "validate" else trainer.test_dataloader
     num_batches = 0 if loader is None else stage_batches(trainer, stage, loader)
     if num_batches == 0:
         return
-    trainer.num_eval_batches = num_batches
-    with _EvalMode(trainer, stage):
-        _run_batches(trainer, stage, loader, num_batches)
+    _evaluation_pass(trainer, stage, loader, num_batches)
     trainer.metrics.publish_epoch(stage)
     if stage == "validate":
         trainer.hook.on_validation_end(trainer=trainer)
+    trainer.hook.on_loop_end(trainer=trainer, loop=stage)
 
 
 def run_validation(trainer: Trainer) -> None:
@@ -102,8 +112,10 @@ def run_validation(trainer: Trainer) -> None:
 
 def run_sanity_check(trainer: Trainer) -> None:
     """Run the first ``num_sanity_val_steps`` validation batches (-1: all) before training, so a
-    broken ``validation_step`` fails in seconds. Nothing is published, no validation hook fires,
-    and every random generator is left as it was, so the run trains exactly as without it."""
+    broken ``validation_step`` fails in seconds. The pass fires its loop and batch hooks with
+    ``trainer.sanity_checking`` ``True``, but nothing is published, ``on_validation_end`` does
+    not fire, and every random generator is left as it was, so the run trains exactly as
+    without it."""
     steps = trainer.num_sanity_val_steps
     loader = trainer.val_dataloader
     if loader is None or steps == 0:
@@ -116,8 +128,11 @@ def run_sanity_check(trainer: Trainer) -> None:
     rng = checkpoint_io.capture_rng_states()  # iterating a DataLoader draws a base seed
     trainer.sanity_checking = True
     try:
-        with _EvalMode(trainer, "validate"):
-            _run_batches(trainer, "validate", loader, num_batches, report=False)
+        trainer.hook.on_loop_start(trainer=trainer, loop="sanity_check")
+        _evaluation_pass(trainer, "validate", loader, num_batches)
+        trainer.metrics.discard("validate")
+        trainer.hook.on_loop_end(trainer=trainer, loop="validate")
+        trainer.hook.on_loop_end(trainer=trainer, loop="sanity_check")
     finally:
         trainer.sanity_checking = False
         trainer.metrics.discard("validate")
@@ -163,12 +178,16 @@ def run_prediction(trainer: Trainer) -> list[Any] | None:
     indices = _dataset_indices(loader)
     outputs: list[Any] = []
     batch_indices: list[list[int] | None] = []
+    trainer.hook.on_loop_start(trainer=trainer, loop="predict")
     with _EvalMode(trainer, "predict"):
         for batch_idx, batch in enumerate(loader):
             if batch_idx >= num_batches:
                 break
             trainer.batch_indices = next(indices) if indices is not None else None
             batch = hooks.transfer_batch(trainer=trainer, batch=batch)
+            if hooks.has_on_batch_start:
+                hooks.on_batch_start(trainer=trainer, stage="predict", batch=batch,
+                                     batch_idx=batch_idx)
             output = hooks.model_step(trainer=trainer, stage="predict", batch=batch,
                                       batch_idx=batch_idx)
             hooks.on_evaluation_batch_end(trainer=trainer, stage="predict", outputs=output,
@@ -176,14 +195,14 @@ def run_prediction(trainer: Trainer) -> list[Any] | None:
             if keep:
                 outputs.append(to_cpu(output))
                 batch_indices.append(trainer.batch_indices)
+        trainer.hook.on_epoch_metrics(trainer=trainer, stage="predict")
     trainer.batch_indices = None
     trainer.metrics.discard("predict")
-    if not keep:
-        return None
-    if trainer.world_size == 1:
-        return outputs
-    return gather_predictions(trainer, outputs, batch_indices,
-                              getattr(loader, "batch_size", None))
+    if keep and trainer.world_size > 1:
+        outputs = gather_predictions(trainer, outputs, batch_indices,
+                                     getattr(loader, "batch_size", None))
+    trainer.hook.on_loop_end(trainer=trainer, loop="predict")
+    return outputs if keep else None
 
 
 def _split(value: Any, n: int, where: str) -> list[Any]:

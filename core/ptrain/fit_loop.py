@@ -108,12 +108,16 @@ class FitLoop:
     def run(self) -> None:
         t = self.trainer
         t.should_stop = False
+        t.hook.on_loop_start(trainer=t, loop="fit")
         if not self._limits_reached():
             run_sanity_check(t)
+        t.hook.on_loop_start(trainer=t, loop="train")
         while not self._limits_reached():
             stopped_early = self.run_epoch()
             if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
                 break
+        t.hook.on_loop_end(trainer=t, loop="train")
+        t.hook.on_loop_end(trainer=t, loop="fit")
 
     def _limits_reached(self) -> bool:
         t = self.trainer
@@ -201,6 +205,7 @@ class FitLoop:
             if validate_this_epoch and not validated_last:
                 run_validation(t)
                 self.agree_on_stop()
+        hook.on_epoch_metrics(trainer=t, stage="train")
         t.metrics.publish_step()
         t.metrics.publish_epoch("train")
         if not stopped_early:
@@ -220,21 +225,26 @@ class FitLoop:
         t.sync_gradients = ((batch_idx + 1) % self.accumulate == 0
                             or batch_idx + 1 == self.num_batches)
         batch = hook.transfer_batch(trainer=t, batch=batch)
+        if hook.has_on_batch_start:
+            hook.on_batch_start(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
         output = hook.model_step(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
         loss = output["loss"] if isinstance(output, dict) else output
         if loss is None:  # the module skipped this batch
             return None
         t.loss_window.append((t.current_epoch, batch_idx, t.global_step, loss.detach()))
         if self.automatic:
-            hook.backward(trainer=t, loss=loss / self.accumulate if self.accumulate > 1 else loss)
+            t.run_backward(loss / self.accumulate if self.accumulate > 1 else loss)
             if t.sync_gradients:
                 self._step_optimizers()
         return loss
 
     def _step_optimizers(self) -> None:
         t = self.trainer
+        hooks = self.step_hooks
         for optimizer in t.optimizers:
             t.run_optimizer_step(optimizer)
+            if hooks.has_on_before_zero_grad:
+                hooks.on_before_zero_grad(trainer=t, optimizer=optimizer)
             optimizer.zero_grad(set_to_none=True)
         for entry in self.step_schedulers:
             if t.global_step % entry["frequency"] == 0:

@@ -36,9 +36,14 @@ from ptrain.errors import ConfigError
 from ptrain.loading import bind_impl
 
 PER_STEP_HOOKS = (
-    "transfer_batch", "model_step", "backward", "on_before_optimizer_step", "clip_gradients",
-    "optimizer_step", "on_train_batch_end", "on_evaluation_batch_end",
+    "transfer_batch", "on_batch_start", "model_step", "on_before_backward", "backward",
+    "on_after_backward", "on_before_optimizer_step", "clip_gradients", "optimizer_step",
+    "on_before_zero_grad", "on_train_batch_end", "on_evaluation_batch_end",
 )
+#: Per-step notifications the loop calls only when some plugin implements them (``has_NAME``),
+#: so that a run without them pays not even a call.
+OPTIONAL_STEP_HOOKS = ("on_batch_start", "on_before_backward", "on_after_backward",
+                       "on_before_optimizer_step", "on_before_zero_grad")
 #: Set to ``1`` to print every hook call to stderr (see :class:`StderrTracer`).
 TRACE_ENV = "PTRAIN_TRACE"
 _TRACE_ON = ("1", "true", "yes", "on")
@@ -89,12 +94,14 @@ def _direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
 
 
 class StepHooks:
-    """The per-step hooks of one run, as direct callers (attributes named after the hooks)."""
+    """The per-step hooks of one run, as direct callers (attributes named after the hooks), and
+    ``has_NAME`` for each of :data:`OPTIONAL_STEP_HOOKS`: whether any plugin implements it."""
 
     def __init__(self, pm: pluggy.PluginManager):
         for name in PER_STEP_HOOKS:
             setattr(self, name, direct_caller(pm, name))
-        self.has_before_optimizer_step = bool(pm.hook.on_before_optimizer_step.get_hookimpls())
+        for name in OPTIONAL_STEP_HOOKS:
+            setattr(self, f"has_{name}", bool(getattr(pm.hook, name).get_hookimpls()))
 
 
 # -- observation ---------------------------------------------------------------------------------

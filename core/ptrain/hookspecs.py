@@ -27,17 +27,25 @@ part alone on their dataloader, ``predict`` the prediction part)::
         load_state_dict(trainer, state)                    # each plugin, its own saved state
         setup(trainer, stage="fit")
         log_hyperparams(trainer, hyperparameters)   # module's hparams + datamodule's
-        [sanity check: the first num_sanity_val_steps validation batches, nothing published]
+        on_loop_start(trainer, loop="fit")
+        on_loop_start(trainer, loop="sanity_check")  # the first num_sanity_val_steps validation
+        [a validation pass (below), nothing published, no on_validation_end]       # batches
+        on_loop_end(trainer, loop="sanity_check")
+        on_loop_start(trainer, loop="train")
         while not stopped:
             on_epoch_start(trainer)
             for batch_idx, batch in train_loader:
                 batch = transfer_batch(trainer, batch)
+                on_batch_start(trainer, stage="train", batch, batch_idx)
                 loss = model_step(trainer, stage="train", batch, batch_idx)  # forward + loss
+                on_before_backward(trainer, loss)
                 backward(trainer, loss)
+                on_after_backward(trainer)
                 if trainer.sync_gradients:                   # end of an accumulation window
                     on_before_optimizer_step(trainer, optimizer)
                     clip_gradients(trainer, optimizer)       # only when clipping is configured
                     optimizer_step(trainer, optimizer)
+                    on_before_zero_grad(trainer, optimizer)
                     optimizer.zero_grad(set_to_none=True); schedulers with interval "step"
                 # a module that optimizes manually calls, inside model_step instead:
                 #   backward (manual_backward), and per optimizer.step() the three step hooks
@@ -47,26 +55,38 @@ part alone on their dataloader, ``predict`` the prediction part)::
                 if validation is due: run validation (below)
                 on_train_batch_end(trainer, batch, batch_idx, loss)
             [validation, if due at the end of this epoch]
+            on_epoch_metrics(trainer, stage="train")       # the last moment to log for the epoch
+            reduce_metrics, log_metrics                    # the epoch-level metrics
             schedulers with interval "epoch"
             on_epoch_end(trainer)
+        on_loop_end(trainer, loop="train")
+        on_loop_end(trainer, loop="fit")
         teardown(trainer, stage="fit")                     # always, also after an error
 
     validation (and test, with stage="test" over the test loader, without on_validation_end):
+        on_loop_start(trainer, loop="validate")
         model.eval(); with torch.no_grad():
             for batch_idx, batch in val_loader:
                 batch = transfer_batch(trainer, batch)
+                on_batch_start(trainer, "validate", batch, batch_idx)
                 outputs = model_step(trainer, stage="validate", batch, batch_idx)
                 on_evaluation_batch_end(trainer, "validate", outputs, batch, batch_idx)
+        on_epoch_metrics(trainer, stage="validate")
         reduce_metrics, log_metrics                        # the epoch-level metrics
         on_validation_end(trainer)                         # epoch-level val metrics are ready
+        on_loop_end(trainer, loop="validate")
 
     prediction:
+        on_loop_start(trainer, loop="predict")
         model.eval(); with torch.no_grad():
             for batch_idx, batch in predict_loader:
                 batch = transfer_batch(trainer, batch)
+                on_batch_start(trainer, "predict", batch, batch_idx)
                 outputs = model_step(trainer, stage="predict", batch, batch_idx)
                 on_evaluation_batch_end(trainer, "predict", outputs, batch, batch_idx)
+        on_epoch_metrics(trainer, stage="predict")
         all_gather_object(trainer, obj)                    # several processes, predictions kept
+        on_loop_end(trainer, loop="predict")
 
     trainer.save_checkpoint(path):                         # called by the checkpoint callback
         state_dict(trainer)                                # each plugin, stored under its name
@@ -266,6 +286,35 @@ def teardown(trainer: Trainer, stage: str) -> None:
     """
 
 
+@hookspec
+def on_loop_start(trainer: Trainer, loop: str) -> None:
+    """A loop begins.
+
+    Fires: on every process, with ``loop`` one of ``"fit"`` (the whole ``fit`` call, after
+    ``setup``), ``"sanity_check"`` (the few validation batches before training), ``"train"``
+    (the training epochs, after the sanity check), ``"validate"``, ``"test"`` or ``"predict"``
+    (one pass over that stage's dataloader: also each validation within ``fit``, and the one
+    inside the sanity check, where ``trainer.sanity_checking`` is ``True``). Lightning's
+    ``on_fit_start``, ``on_sanity_check_start``, ``on_train_start`` and
+    ``on_{validation,test,predict}_start`` (and ``_epoch_start``) are these.
+
+    Result: all. Implemented by: callbacks (timers, displays, Lightning adapters).
+    """
+
+
+@hookspec
+def on_loop_end(trainer: Trainer, loop: str) -> None:
+    """A loop that :func:`on_loop_start` announced is done.
+
+    Fires: on every process, once per ``on_loop_start`` of the same ``loop``, unless an error
+    ended the loop (``teardown`` fires then). A ``"validate"`` or ``"test"`` pass ends after its
+    metrics are published (for ``"validate"`` within ``fit``, after ``on_validation_end``);
+    ``"fit"`` ends after the last epoch, before ``teardown``.
+
+    Result: all. Implemented by: callbacks.
+    """
+
+
 # --------------------------------------------------------------------------------------------------
 # Per step. Each of these fires once per batch: implementations must not sync the host with the
 # device (no ``.item()``, no printing of tensors).
@@ -319,6 +368,41 @@ def backward(trainer: Trainer, loss: torch.Tensor) -> bool | None:
 
 
 @hookspec
+def on_batch_start(trainer: Trainer, stage: str, batch: Any, batch_idx: int) -> None:
+    """A batch is on the device and about to be run.
+
+    Fires: once per batch of ``stage`` (``"train"``, ``"validate"``, ``"test"`` or
+    ``"predict"``; the sanity check's too), after ``transfer_batch`` and before ``model_step``.
+    Costs nothing per step when no plugin implements it.
+
+    Result: all. Implemented by: callbacks.
+    """
+
+
+@hookspec
+def on_before_backward(trainer: Trainer, loss: torch.Tensor) -> None:
+    """``loss`` is about to be backpropagated.
+
+    Fires: before each ``backward`` call (every training batch in automatic optimization, each
+    ``manual_backward`` in manual optimization), with the loss ``backward`` receives.
+
+    Result: all. Implemented by: callbacks.
+    """
+
+
+@hookspec
+def on_after_backward(trainer: Trainer) -> None:
+    """A backward pass is done: the gradients of this micro-batch are accumulated.
+
+    Fires: after each ``backward`` call. Inside an accumulation window, and before
+    ``on_before_optimizer_step`` unscales them, the gradients may still be scaled by a
+    loss-scaling precision plugin.
+
+    Result: all. Implemented by: callbacks.
+    """
+
+
+@hookspec
 def on_before_optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
     """Gradients are complete and about to be clipped and applied.
 
@@ -357,6 +441,19 @@ def optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool |
 
 
 @hookspec
+def on_before_zero_grad(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer`` stepped; its gradients are about to be cleared (set to ``None``).
+
+    Fires: in automatic optimization, after each ``optimizer_step``, before
+    ``optimizer.zero_grad(set_to_none=True)`` (ptrain clears gradients right after the step, so
+    their memory is free during the next forward pass; Lightning clears them before the next
+    backward).
+
+    Result: all. Implemented by: callbacks (weight averaging, gradient statistics).
+    """
+
+
+@hookspec
 def on_train_batch_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor) -> None:
     """A training batch is done (and the validation due after it, if any).
 
@@ -374,8 +471,8 @@ def on_evaluation_batch_end(trainer: Trainer, stage: str, outputs: Any, batch: A
     """A batch of validation, test or prediction is done.
 
     Fires: once per batch of ``stage`` (``"validate"``, within ``fit`` too, ``"test"`` or
-    ``"predict"``), on every process, after its ``model_step``; not for the sanity check's
-    batches. ``outputs`` is what the step method returned (for ``"predict"``, the predictions).
+    ``"predict"``), on every process, after its ``model_step``; for the sanity check's batches
+    too, with ``trainer.sanity_checking`` ``True``. ``outputs`` is what the step method returned (for ``"predict"``, the predictions).
     In ``predict``, ``trainer.batch_indices`` holds the dataset indices of the batch where the
     dataloader's order is fixed (a sequential or non-shuffling distributed sampler), else
     ``None``: a writer that streams predictions to disk works here, so nothing needs to be held
@@ -401,6 +498,21 @@ def on_epoch_start(trainer: Trainer) -> None:
 
 
 @hookspec
+def on_epoch_metrics(trainer: Trainer, stage: str) -> None:
+    """The batches of a training epoch or an evaluation pass are done, and its epoch-level
+    metrics are about to be averaged, reduced and published: the last moment to ``log`` a value
+    that belongs to this epoch (it is published with the others).
+
+    Fires: once per training epoch (``stage="train"``, after the epoch's last batch and the
+    validation due after it, before ``on_epoch_end``) and once per validation, test or
+    prediction pass (``"validate"``, ``"test"``, ``"predict"``; in the sanity check too, whose
+    metrics are then discarded). Lightning's ``on_{train,validation,test,predict}_epoch_end``.
+
+    Result: all. Implemented by: callbacks and modules that log epoch aggregates.
+    """
+
+
+@hookspec
 def on_epoch_end(trainer: Trainer) -> None:
     """A training epoch is done; its epoch-level metrics are in ``trainer.callback_metrics``.
 
@@ -418,9 +530,8 @@ def on_validation_end(trainer: Trainer) -> None:
 
     Fires: after every validation run (within ``fit`` and in ``validate``), with the model back in
     training mode. Set ``trainer.should_stop`` to stop. Not after the sanity check that precedes
-    training: it only runs ``transfer_batch`` and ``model_step`` (with ``trainer.sanity_checking``
-    ``True``) and publishes nothing, so a plugin that changes the model for a validation run in
-    ``model_step`` and restores it here leaves the sanity check alone.
+    training: it publishes nothing (its batches fire the per-batch hooks and
+    ``on_loop_start``/``on_loop_end("validate")``, with ``trainer.sanity_checking`` ``True``).
 
     Result: all. Implemented by: callbacks (early stopping, best-model checkpointing).
     """

@@ -306,7 +306,7 @@ class TrainModule(HyperParametersMixin, nn.Module):
         """Backward through the active precision and strategy plugins (the ``backward`` hook).
         Under a multi-process strategy the gradients are synchronised unless
         ``trainer.sync_gradients`` is ``False`` (see ``ptrain_toggling.toggle_model``)."""
-        self.trainer.step_hooks.backward(trainer=self.trainer, loss=loss)
+        self.trainer.run_backward(loss)
 
 
 class ManualOptimizer:

@@ -243,12 +243,23 @@ class Trainer:
                 checkpoint["datamodule_state"] = datamodule_state
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
 
+    def run_backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` through the ``backward`` hook, with ``on_before_backward`` and
+        ``on_after_backward`` around it. The loop calls it per batch; manual optimization through
+        ``manual_backward``."""
+        hooks = self.step_hooks
+        if hooks.has_on_before_backward:
+            hooks.on_before_backward(trainer=self, loss=loss)
+        hooks.backward(trainer=self, loss=loss)
+        if hooks.has_on_after_backward:
+            hooks.on_after_backward(trainer=self)
+
     def run_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale/inspect, clip and step ``optimizer`` through the hooks; counts a global step.
         The loop calls it at the end of each accumulation window; manual optimization calls it
         through ``optimizer.step()``."""
         hooks = self.step_hooks
-        if hooks.has_before_optimizer_step:
+        if hooks.has_on_before_optimizer_step:
             hooks.on_before_optimizer_step(trainer=self, optimizer=optimizer)
         if self.gradient_clip_val is not None:
             hooks.clip_gradients(trainer=self, optimizer=optimizer)
