@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from ptrain.options import OptionGroup
     from ptrain.trainer import Trainer
 
-_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN}
 
 
 # -- environment -------------------------------------------------------------------------------

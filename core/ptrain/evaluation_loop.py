@@ -70,7 +70,7 @@ def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) 
     for batch_idx, batch in enumerate(loader):
         if batch_idx >= num_batches:
             break
-        batch = hooks.transfer_batch(trainer=trainer, batch=batch)
+        batch = trainer.metrics.batch = hooks.transfer_batch(trainer=trainer, batch=batch)
         if hooks.has_on_batch_start:
             hooks.on_batch_start(trainer=trainer, stage=stage, batch=batch, batch_idx=batch_idx)
         outputs = hooks.model_step(trainer=trainer, stage=stage, batch=batch,
@@ -87,7 +87,9 @@ def _evaluation_pass(trainer: Trainer, stage: str, loader: Any, num_batches: flo
     trainer.hook.on_loop_start(trainer=trainer, loop=stage)
     with _EvalMode(trainer, stage):
         _run_batches(trainer, stage, loader, num_batches)
-        trainer.hook.on_epoch_metrics(trainer=trainer, stage=stage)
+        trainer.metrics.preview_epoch(stage)
+        with trainer.metrics.epoch_level():
+            trainer.hook.on_epoch_metrics(trainer=trainer, stage=stage)
 
 
 def run_evaluation(trainer: Trainer, stage: str) -> None:
@@ -126,6 +128,7 @@ def run_sanity_check(trainer: Trainer) -> None:
     if num_batches == 0:
         return
     rng = checkpoint_io.capture_rng_states()  # iterating a DataLoader draws a base seed
+    metrics = dict(trainer.callback_metrics)  # the epoch-end hooks' preview is not kept
     trainer.sanity_checking = True
     try:
         trainer.hook.on_loop_start(trainer=trainer, loop="sanity_check")
@@ -136,6 +139,8 @@ def run_sanity_check(trainer: Trainer) -> None:
     finally:
         trainer.sanity_checking = False
         trainer.metrics.discard("validate")
+        trainer.callback_metrics.clear()
+        trainer.callback_metrics.update(metrics)
         checkpoint_io.restore_rng_states(rng)
 
 

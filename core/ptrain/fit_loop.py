@@ -171,7 +171,8 @@ class FitLoop:
         t.current_epoch = state["epoch"]
         validate_this_epoch = (t.val_dataloader is not None and t.limit_val_batches != 0
                                and (t.current_epoch + 1) % t.check_val_every_n_epoch == 0)
-        hook.on_epoch_start(trainer=t)
+        with t.metrics.epoch_level():
+            hook.on_epoch_start(trainer=t)
         stopped_early = False
         pending_grads = False
         validated_last = True  # whether the last batch seen was followed by a validation
@@ -205,7 +206,9 @@ class FitLoop:
             if validate_this_epoch and not validated_last:
                 run_validation(t)
                 self.agree_on_stop()
-        hook.on_epoch_metrics(trainer=t, stage="train")
+        t.metrics.preview_epoch("train")
+        with t.metrics.epoch_level():
+            hook.on_epoch_metrics(trainer=t, stage="train")
         t.metrics.publish_step()
         t.metrics.publish_epoch("train")
         if not stopped_early:
@@ -224,7 +227,7 @@ class FitLoop:
         t.batch_idx = batch_idx
         t.sync_gradients = ((batch_idx + 1) % self.accumulate == 0
                             or batch_idx + 1 == self.num_batches)
-        batch = hook.transfer_batch(trainer=t, batch=batch)
+        batch = t.metrics.batch = hook.transfer_batch(trainer=t, batch=batch)
         if hook.has_on_batch_start:
             hook.on_batch_start(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
         output = hook.model_step(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)

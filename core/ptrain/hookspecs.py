@@ -549,8 +549,8 @@ def reduce_metrics(
 
     Fires: on every process at the same points (the core's publish points: every
     ``log_every_n_steps`` steps, after each validation, at the end of each epoch, and to agree on
-    stopping), so an implementation may run collectives. ``op`` is ``"mean"``, ``"sum"`` or
-    ``"max"``.
+    stopping), so an implementation may run collectives. ``op`` is ``"mean"``, ``"sum"``,
+    ``"max"`` or ``"min"``.
 
     Result: firstresult; a dict with the same keys. Implemented by: strategies. Default: the
     metrics unchanged (one process).

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ptrain.errors import ModelError
+from ptrain.hook_methods import ModuleHookMethods
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -136,15 +137,19 @@ def class_path(obj: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-class TrainModule(HyperParametersMixin, nn.Module):
+class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
     """A model plus how to train it.
 
     Override ``training_step`` (return the loss tensor, or a dict with ``"loss"``),
     ``configure_optimizers`` and optionally ``validation_step``, ``test_step``, ``predict_step``
     and the dataloaders of the stages (``train_dataloader``, ``val_dataloader``,
-    ``test_dataloader``, ``predict_dataloader``; or pass a :class:`DataModule`). Set ``automatic_optimization = False`` to call backward and the optimizer
-    steps yourself (through :meth:`manual_backward` and the optimizers of :meth:`optimizers`, so
-    that precision and strategy plugins still apply).
+    ``test_dataloader``, ``predict_dataloader``; or pass a :class:`DataModule`). Set
+    ``automatic_optimization = False`` to call backward and the optimizer steps yourself
+    (through :meth:`manual_backward` and the optimizers of :meth:`optimizers`, so that
+    precision and strategy plugins still apply). The hook methods (``on_train_epoch_end``,
+    ``on_validation_batch_start``, ``setup``, ``configure_callbacks``, ...; see
+    :class:`~ptrain.hook_methods.ModuleHookMethods`) run where Lightning runs them; one not
+    overridden costs nothing.
     """
 
     automatic_optimization: bool = True
@@ -278,23 +283,92 @@ class TrainModule(HyperParametersMixin, nn.Module):
 
     # -- to call -----------------------------------------------------------------------------
 
-    def log(
-        self,
-        name: str,
-        value: torch.Tensor | float,
-        prog_bar: bool = False,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-    ) -> None:
-        """Record a metric. The value stays a tensor (no host sync) until it is shown or written.
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool | None = None,
+            on_step: bool | None = None, on_epoch: bool | None = None,
+            reduce_fx: Any = "mean", enable_graph: bool = False, sync_dist: bool = False,
+            sync_dist_group: Any = None, add_dataloader_idx: bool = True,
+            batch_size: int | None = None, metric_attribute: str | None = None,
+            rank_zero_only: bool = False) -> None:
+        """Record a metric, with Lightning's arguments and meaning (see :mod:`ptrain.metrics`
+        for the names published and the defaults of ``on_step``/``on_epoch``). The value (a
+        number, a one-element tensor or a ``torchmetrics.Metric``) stays on the device until
+        it is published: no host sync here.
 
-        Defaults: in ``training_step`` ``on_step=True, on_epoch=False``; in ``validation_step``
-        and ``test_step`` ``on_step=False, on_epoch=True`` (averaged over the pass). With both
-        on, the metric is published as ``NAME_step`` and ``NAME_epoch``. Outside a stage (no
-        trainer attached): ignored; in ``predict_step``: an error.
+        ``logger=False``: in ``callback_metrics`` and the progress bar, not sent to the loggers.
+        ``reduce_fx``: the epoch aggregate, ``"mean"`` (weighted by ``batch_size``, read from
+        the batch when not given), ``"sum"``, ``"max"`` or ``"min"``. Every published value is
+        reduced across processes, so ``sync_dist`` (either value) and ``sync_dist_group=None``
+        are what ptrain always does; ``enable_graph=True``, another ``sync_dist_group`` and
+        ``rank_zero_only=True`` are refused (ptrain's published values are detached and the
+        same on every rank). ``metric_attribute`` is accepted for a Metric logged by name.
+        Outside a stage (no trainer attached) the call records nothing; in ``predict_step``
+        it is an error.
         """
+        for argument, value_given, refused in (
+                ("enable_graph", enable_graph, True), ("rank_zero_only", rank_zero_only, True)):
+            if value_given is refused:
+                raise ModelError(f"self.log({name!r}, ..., {argument}={refused}) is not supported:"
+                                 f" ptrain publishes detached values reduced over every process, "
+                                 f"the same on every rank. Remove {argument}.")
+        if sync_dist_group is not None:
+            raise ModelError(f"self.log({name!r}, ..., sync_dist_group=...) is not supported: "
+                             f"values are reduced over all processes. Remove sync_dist_group.")
         if self._trainer is not None:
-            self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch)
+            self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch,
+                                      logger=logger is not False, reduce_fx=reduce_fx,
+                                      batch_size=batch_size)
+
+    def log_dict(self, dictionary: dict[str, Any], prog_bar: bool = False,
+                 logger: bool | None = None, on_step: bool | None = None,
+                 on_epoch: bool | None = None, reduce_fx: Any = "mean",
+                 enable_graph: bool = False, sync_dist: bool = False,
+                 sync_dist_group: Any = None, add_dataloader_idx: bool = True,
+                 batch_size: int | None = None, rank_zero_only: bool = False) -> None:
+        """:meth:`log` for each entry of ``dictionary``, with the same arguments."""
+        for name, value in dictionary.items():
+            self.log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step,
+                     on_epoch=on_epoch, reduce_fx=reduce_fx, enable_graph=enable_graph,
+                     sync_dist=sync_dist, sync_dist_group=sync_dist_group,
+                     add_dataloader_idx=add_dataloader_idx, batch_size=batch_size,
+                     rank_zero_only=rank_zero_only)
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The run's logger plugins (those implementing ``log_metrics`` or
+        ``log_hyperparams``); on processes other than global rank 0, a stand-in for each whose
+        every method and attribute does nothing, so logging code needs no rank check."""
+        if self._trainer is None:
+            return []
+        from ptrain.trainer import is_logger
+
+        found = [p for p in self._trainer.plugins.values() if is_logger(p)]
+        return found if self.global_rank == 0 else [NoOpLogger() for _ in found]
+
+    @property
+    def logger(self) -> Any:
+        """The first of :attr:`loggers` (``self.logger.experiment`` is TensorBoard's
+        ``SummaryWriter`` with the ``tensorboard`` logger), or ``None`` without any."""
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Let only ``optimizer``'s parameters require gradients (manual optimization with
+        several optimizers, as in a GAN); :meth:`untoggle_optimizer` restores every
+        parameter's ``requires_grad``."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        own = {id(p) for group in inner.param_groups for p in group["params"]}
+        if "_toggled" not in self.__dict__ or not self.__dict__["_toggled"]:
+            self.__dict__["_toggled"] = {p: p.requires_grad for p in self.parameters()}
+        for parameter in self.parameters():
+            if id(parameter) not in own:
+                parameter.requires_grad = False
+            else:
+                parameter.requires_grad = self.__dict__["_toggled"][parameter]
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo :meth:`toggle_optimizer`: every parameter's ``requires_grad`` as before."""
+        for parameter, requires_grad in self.__dict__.pop("_toggled", {}).items():
+            parameter.requires_grad = requires_grad
 
     def optimizers(self) -> Any:
         """The optimizer (or list of them) for manual optimization; their ``step()`` runs the
@@ -307,6 +381,18 @@ class TrainModule(HyperParametersMixin, nn.Module):
         Under a multi-process strategy the gradients are synchronised unless
         ``trainer.sync_gradients`` is ``False`` (see ``ptrain_toggling.toggle_model``)."""
         self.trainer.run_backward(loss)
+
+
+class NoOpLogger:
+    """What :attr:`TrainModule.loggers` holds on processes other than global rank 0: every
+    attribute is this object again and calling it does nothing (``experiment.add_image(...)``
+    included)."""
+
+    def __getattr__(self, name: str) -> NoOpLogger:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoOpLogger:
+        return self
 
 
 class ManualOptimizer:

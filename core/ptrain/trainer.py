@@ -26,6 +26,7 @@ from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
+from ptrain.hook_methods import adapt_callbacks, module_plugins
 from ptrain.loading import (IMPL_MARK, call_impl, call_per_plugin, create_plugin_manager,
                             instantiate, register)
 from ptrain.metrics import MetricStore
@@ -63,7 +64,7 @@ class Trainer:
         self._init_kwargs = dict(options, plugin_options=plugin_options)  # to rebuild in a worker
         objects = {k: v for k, v in options.items()  # plugin objects; names are text (or
                    if k in EXCLUSIVE_KINDS and not isinstance(v, (str, int))}  # precision=16)
-        callbacks = list(options.get("callbacks") or [])
+        callbacks = adapt_callbacks(list(options.get("callbacks") or []), "callback-methods")
         named = {k: v for k, v in options.items() if k not in objects}
         named["callbacks"] = [c for c in callbacks if isinstance(c, str)]
         self.options = core_options().resolve(named, "Trainer(...)")
@@ -109,6 +110,8 @@ class Trainer:
         self.model: torch.nn.Module | None = None
         self.module: TrainModule | None = None
         self.datamodule: DataModule | None = None
+        self.given_dataloaders: dict[str, Any] = {}  # stage -> the loader fit/test/... received
+        self._module_plugins: list[Any] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[dict[str, Any]] = []
         self.precision_policy = PrecisionPolicy()
@@ -181,32 +184,37 @@ class Trainer:
         return self.log_dir / LAST_CHECKPOINT
 
     def fit(self, module: TrainModule, datamodule: DataModule | None = None,
-            ckpt_path: str | None = None) -> None:
+            ckpt_path: str | None = None, *, train_dataloaders: Any = None,
+            val_dataloaders: Any = None) -> None:
         """Train ``module``; with ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resume
-        exactly."""
-        self._run("fit", module, datamodule, ckpt_path)
+        exactly. Dataloaders given here are used instead of the module's (or the datamodule's)
+        for their stage."""
+        self._run("fit", module, datamodule, ckpt_path,
+                  {"train": train_dataloaders, "validate": val_dataloaders})
 
     def validate(self, module: TrainModule, datamodule: DataModule | None = None,
-                 ckpt_path: str | None = None) -> list[dict[str, float]]:
+                 ckpt_path: str | None = None, *,
+                 dataloaders: Any = None) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]`` like Lightning. ``ckpt_path`` (a path,
         ``"last"`` or ``"best"``) loads those weights first."""
-        return [self._run("validate", module, datamodule, ckpt_path)]
+        return [self._run("validate", module, datamodule, ckpt_path, {"validate": dataloaders})]
 
     def test(self, module: TrainModule, datamodule: DataModule | None = None,
-             ckpt_path: str | None = None) -> list[dict[str, float]]:
+             ckpt_path: str | None = None, *, dataloaders: Any = None) -> list[dict[str, float]]:
         """Run one pass of ``test_step`` over the test dataloader; returns ``[metrics]`` (what
         ``test_step`` logged, averaged over the test set and reduced across processes)."""
-        return [self._run("test", module, datamodule, ckpt_path)]
+        return [self._run("test", module, datamodule, ckpt_path, {"test": dataloaders})]
 
     def predict(self, module: TrainModule, datamodule: DataModule | None = None,
-                ckpt_path: str | None = None, return_predictions: bool = True) -> list[Any] | None:
+                ckpt_path: str | None = None, return_predictions: bool = True, *,
+                dataloaders: Any = None) -> list[Any] | None:
         """Run ``predict_step`` over the predict dataloader and return its outputs, one per
         batch: under several processes gathered from all of them in dataset order, without the
         samples a distributed sampler repeats, batched as one process would have. With
         ``return_predictions=False`` nothing is kept (stream them to disk with the
         ``prediction-writer`` callback) and ``None`` is returned."""
         self.return_predictions = return_predictions
-        return self._run("predict", module, datamodule, ckpt_path)
+        return self._run("predict", module, datamodule, ckpt_path, {"predict": dataloaders})
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
@@ -269,7 +277,7 @@ class Trainer:
     # -- running a stage ----------------------------------------------------------------------
 
     def _run(self, stage: str, module: TrainModule, datamodule: DataModule | None,
-             ckpt_path: str | None) -> dict[str, float]:
+             ckpt_path: str | None, dataloaders: dict[str, Any]) -> dict[str, float]:
         if not isinstance(module, TrainModule):
             raise ModelError(f"the model must be a ptrain.TrainModule, got "
                              f"{type(module).__module__}.{type(module).__qualname__}; subclass "
@@ -279,6 +287,7 @@ class Trainer:
                              f"{type(datamodule).__qualname__}.")
         _check_stage_methods(stage, module)
         self.module, self.datamodule = module, datamodule
+        self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
         scratch = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
@@ -324,6 +333,7 @@ class Trainer:
         module = self.module
         module._trainer = self
         self._start_time = time.monotonic()
+        replaced = self._register_module_plugins()
         try:
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -336,6 +346,7 @@ class Trainer:
             self._prepare_data()
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
+            module.setup(stage)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
             if stage == "fit":
                 setup = configure_optimizers(module)
@@ -372,12 +383,37 @@ class Trainer:
             self.stage = None
             try:
                 self.hook.teardown(trainer=self, stage=stage)
+                module.teardown(stage)
                 if self.datamodule is not None:
                     self.datamodule.teardown(stage)
             finally:
+                self._unregister_module_plugins(replaced)
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
                                self.predict_dataloader):
                     stop_workers(loader)
+
+    def _register_module_plugins(self) -> list[tuple[str, Any]]:
+        """Register, for this stage, the plugins the module brings (its hook methods, its
+        ``configure_callbacks``); one named like a plugin of the trainer replaces it. Returns
+        the replaced ``(name, plugin)`` pairs for :meth:`_unregister_module_plugins`."""
+        replaced = []
+        self._module_plugins = []
+        for plugin in module_plugins(self.module, TrainModule):
+            name = object_name(plugin)
+            existing = self.pm.get_plugin(name)
+            if existing is not None:
+                self.pm.unregister(existing)
+                replaced.append((name, existing))
+            register(self.pm, plugin, name)
+            self._module_plugins.append(plugin)
+        return replaced
+
+    def _unregister_module_plugins(self, replaced: list[tuple[str, Any]]) -> None:
+        for plugin in self._module_plugins:
+            self.pm.unregister(plugin)
+        self._module_plugins = []
+        for name, plugin in replaced:
+            register(self.pm, plugin, name)
 
     def _prepare_data(self) -> None:
         """``prepare_data()`` of the datamodule and the module, where overridden: once per
@@ -410,8 +446,10 @@ class Trainer:
         self.lr_schedulers = setup.lr_schedulers
 
     def _dataloader(self, stage: str):
-        source = self.datamodule if self.datamodule is not None else self.module
-        loader = getattr(source, _LOADER_METHODS[stage])()
+        loader = self.given_dataloaders.get(stage)
+        if loader is None:
+            source = self.datamodule if self.datamodule is not None else self.module
+            loader = getattr(source, _LOADER_METHODS[stage])()
         if loader is None:
             return None
         if stage == "train" and self.overfit_batches and isinstance(loader, DataLoader) \
@@ -579,16 +617,18 @@ class StageFunction:
 
     def __reduce__(self):
         t = self.trainer
-        recipe = (t._init_kwargs, t.config, t.module, t.datamodule, t.log_dir)
+        recipe = (type(t), t._init_kwargs, t.config, t.module, t.datamodule,
+                  t.given_dataloaders, t.log_dir)
         return _rebuild_stage_function, (recipe, self.stage, self.checkpoint_file)
 
 
 def _rebuild_stage_function(recipe: tuple, stage: str,
                             checkpoint_file: Path | None) -> StageFunction:
-    init_kwargs, config, module, datamodule, log_dir = recipe
-    trainer = Trainer(**init_kwargs)
+    cls, init_kwargs, config, module, datamodule, dataloaders, log_dir = recipe
+    trainer = cls(**init_kwargs)
     trainer.config = config
     trainer.module, trainer.datamodule, trainer.log_dir = module, datamodule, log_dir
+    trainer.given_dataloaders = dataloaders
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True)
 
 

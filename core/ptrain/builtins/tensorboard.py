@@ -43,6 +43,12 @@ class TensorBoardLogger:
         self.writer = None
         self._session_started = False
 
+    @property
+    def experiment(self) -> Any:
+        """The ``SummaryWriter`` of the run under way (global rank 0 only; ``None`` elsewhere
+        and outside a stage): ``self.logger.experiment.add_image(...)`` in a module."""
+        return self.writer
+
     @hookimpl
     def setup(self, trainer) -> None:
         self._session_started = False

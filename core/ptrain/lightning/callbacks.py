@@ -1,0 +1,71 @@
+"""``lightning.pytorch.callbacks``: Lightning's callback classes over ptrain's plugins.
+
+Each takes Lightning's arguments; an argument whose Lightning meaning ptrain does not have is
+refused with a message (never ignored). ``EarlyStopping`` and ``LearningRateMonitor`` come from
+the ``ptrain-early-stopping`` and ``ptrain-lr-monitor`` distributions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptrain.builtins.checkpoint import ModelCheckpoint as _Checkpoint
+from ptrain.hook_methods import Callback
+from ptrain.lightning._refuse import refuse, refuse_unless
+
+
+class ModelCheckpoint(_Checkpoint):
+    """Lightning's ``ModelCheckpoint``, as ptrain's ``checkpoint`` callback (it replaces the
+    default one). Files go to ``<run folder>/checkpoints`` like Lightning's default ``dirpath``;
+    ``save_last=None`` (Lightning's default) writes no ``last.ckpt``."""
+
+    def __init__(self, dirpath: Any = None, filename: str | None = None,
+                 monitor: str | None = None, verbose: bool = False,
+                 save_last: bool | None = None, save_top_k: int = 1,
+                 save_on_exception: bool = False, save_weights_only: bool = False,
+                 mode: str = "min", auto_insert_metric_name: bool = True,
+                 every_n_train_steps: int | None = None, train_time_interval: Any = None,
+                 every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
+                 enable_version_counter: bool = True):
+        refuse_unless("ModelCheckpoint", locals(), {
+            "dirpath": (None, "checkpoints go to <run folder>/checkpoints; choose the run folder "
+                              "with Trainer(default_root_dir=...)"),
+            "save_on_exception": (False, "a checkpoint is not written after an error; resume "
+                                         "from the last one written"),
+            "save_weights_only": (False, "ptrain checkpoints always hold the full training "
+                                         "state; export weights with `ptrain export`"),
+            "enable_version_counter": (True, "ptrain never overwrites a kept checkpoint "
+                                             "file"),
+        })
+        if save_last == "link":
+            raise refuse("ModelCheckpoint", "save_last", save_last,
+                         "last.ckpt is written as a file; use save_last=True")
+        if every_n_train_steps and every_n_epochs is None:
+            every_n_epochs = 0  # Lightning: a step interval alone turns epoch saving off
+        super().__init__(filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
+                         save_last=bool(save_last), every_n_epochs=1 if every_n_epochs is None
+                         else every_n_epochs, every_n_train_steps=every_n_train_steps or 0,
+                         train_time_interval=train_time_interval,
+                         save_on_train_epoch_end=save_on_train_epoch_end,
+                         auto_insert_metric_name=auto_insert_metric_name)
+        self.verbose = verbose
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_DISTRIBUTIONS:
+        distribution, module = _FROM_DISTRIBUTIONS[name]
+        try:
+            return getattr(__import__(f"ptrain.lightning.{module}", fromlist=[name]), name)
+        except ImportError as exc:
+            if exc.name is None or not exc.name.startswith("ptrain_"):
+                raise
+            raise ImportError(f"ptrain.lightning.callbacks.{name} comes with the {distribution} "
+                              f"distribution, which is not installed: pip install "
+                              f"{distribution}") from None
+    raise AttributeError(f"module 'ptrain.lightning.callbacks' has no attribute {name!r}")
+
+
+_FROM_DISTRIBUTIONS = {"EarlyStopping": ("ptrain-early-stopping", "_early_stopping"),
+                       "LearningRateMonitor": ("ptrain-lr-monitor", "_lr_monitor")}
+
+__all__ = ["Callback", "ModelCheckpoint", *_FROM_DISTRIBUTIONS]

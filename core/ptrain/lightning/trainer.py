@@ -1,0 +1,240 @@
+"""``lightning.pytorch.Trainer``'s signature over :class:`ptrain.Trainer`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ptrain.errors import ConfigError
+from ptrain.lightning._refuse import refuse
+from ptrain.module import DataModule
+from ptrain.trainer import Trainer as _Trainer
+from ptrain.trainer import is_logger
+
+#: Lightning's strategy names -> ptrain's
+_STRATEGIES = {"ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_notebook": "ddp",
+               "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
+               "deepspeed_stage_3": "zero3", "single_device": "single-device"}
+
+
+class Trainer(_Trainer):
+    """Lightning's ``Trainer(...)``: each argument keeps its Lightning meaning and becomes a
+    ptrain option, callback selection or plugin; a value ptrain can't honour is refused with a
+    :class:`ConfigError` naming it and what to do. ``plugin_options`` and ``seed`` are ptrain's
+    own extras. The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
+    the first logger's ``save_dir/name/version_N``.
+
+    Also Lightning's attribute names: ``lightning_module``, ``logger``, ``loggers``,
+    ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
+    ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``.
+    """
+
+    def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
+                 devices: Any = "auto", num_nodes: int = 1, precision: Any = None,
+                 logger: Any = None, callbacks: Any = None, fast_dev_run: int | bool = False,
+                 max_epochs: int | None = None, min_epochs: int | None = None,
+                 max_steps: int = -1, min_steps: int | None = None, max_time: Any = None,
+                 limit_train_batches: int | float | None = None,
+                 limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None,
+                 limit_predict_batches: int | float | None = None,
+                 overfit_batches: int | float = 0.0,
+                 val_check_interval: int | float | None = None,
+                 check_val_every_n_epoch: int | None = 1,
+                 num_sanity_val_steps: int | None = None, log_every_n_steps: int | None = None,
+                 enable_checkpointing: bool | None = None,
+                 enable_progress_bar: bool | None = None,
+                 enable_model_summary: bool | None = None, accumulate_grad_batches: int = 1,
+                 gradient_clip_val: int | float | None = None,
+                 gradient_clip_algorithm: str | None = None, deterministic: Any = None,
+                 benchmark: bool | None = None, inference_mode: bool = True,
+                 use_distributed_sampler: bool = True, profiler: Any = None,
+                 detect_anomaly: bool = False, barebones: bool = False, plugins: Any = None,
+                 sync_batchnorm: bool = False, reload_dataloaders_every_n_epochs: int = 0,
+                 default_root_dir: Any = None, enable_autolog_hparams: bool = True,
+                 model_registry: str | None = None,
+                 plugin_options: dict[str, dict[str, Any]] | None = None,
+                 seed: int | None = None):
+        given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        options, loggers = _translate(given)
+        super().__init__(plugin_options=plugin_options, **options)
+        self._init_kwargs = given  # a worker rebuilds this trainer from Lightning's arguments
+        self._given_loggers = loggers
+        if benchmark is not None:  # Lightning sets it for the process, as here
+            torch.backends.cudnn.benchmark = benchmark
+
+    # -- Lightning's stage signatures ---------------------------------------------------------
+
+    def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: Any = None, ckpt_path: str | None = None) -> None:
+        if isinstance(train_dataloaders, DataModule):  # fit(model, datamodule) positionally
+            train_dataloaders, datamodule = None, train_dataloaders
+        super().fit(model, datamodule, ckpt_path, train_dataloaders=train_dataloaders,
+                    val_dataloaders=val_dataloaders)
+
+    def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
+
+    def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
+
+    def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool | None = None,
+                ckpt_path: str | None = None) -> list[Any] | None:
+        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        return super().predict(model, datamodule, ckpt_path,
+                               return_predictions=return_predictions is not False,
+                               dataloaders=dataloaders)
+
+    def _stage_arguments(self, model: Any, dataloaders: Any, datamodule: Any) -> tuple:
+        if isinstance(dataloaders, DataModule):
+            dataloaders, datamodule = None, dataloaders
+        if model is None:  # Lightning: the model of the last fit
+            if self.module is None:
+                raise ConfigError("no model was given and this trainer has not run fit(); pass "
+                                  "the model: trainer.test(model, ...).")
+            model = self.module
+        return model, dataloaders, datamodule
+
+    # -- Lightning's attribute names ----------------------------------------------------------
+
+    @property
+    def lightning_module(self) -> Any:
+        return self.module
+
+    @property
+    def loggers(self) -> list[Any]:
+        return [plugin for plugin in self.plugins.values() if is_logger(plugin)]
+
+    @property
+    def logger(self) -> Any:
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    @property
+    def logged_metrics(self) -> dict[str, float]:
+        return self.metrics.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        return self.metrics.progress_values()
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        return self.plugins.get("checkpoint")
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        return self.plugins.get("early-stopping")
+
+    @property
+    def training(self) -> bool:
+        return self.stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        return self.stage == "validate" and not self.sanity_checking
+
+    @property
+    def testing(self) -> bool:
+        return self.stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.stage == "predict"
+
+
+def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Lightning's arguments -> ptrain's Trainer options, and the logger objects."""
+    g = given
+    for argument, accepted, instead in (
+        ("plugins", None, "pass precision/strategy by name; ptrain has no plugin objects of "
+                          "Lightning's kinds"),
+        ("use_distributed_sampler", True, "ptrain's multi-process strategies always shard the "
+                                          "data; give your own sampler in the dataloader and "
+                                          "leave this out"),
+        ("sync_batchnorm", False, "convert the model yourself with "
+                                  "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)"),
+        ("reload_dataloaders_every_n_epochs", 0, "build a dataloader whose dataset changes "
+                                                 "per epoch instead"),
+        ("enable_autolog_hparams", True, "leave out save_hyperparameters() to log none"),
+        ("model_registry", None, "push the checkpoint to your registry after fit()"),
+    ):
+        if g[argument] != accepted:
+            raise refuse("Trainer", argument, g[argument], instead)
+    callbacks = g["callbacks"]
+    callbacks = [] if callbacks is None else (
+        list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
+    for argument, name in (("enable_checkpointing", "checkpoint"),
+                           ("enable_progress_bar", "progress-bar"),
+                           ("enable_model_summary", "model-summary")):
+        if g[argument] is False or (g["barebones"] and g[argument] is None):
+            callbacks.append(f"no:{name}")
+    logger = g["logger"]
+    loggers = [] if logger in (None, True, False) else (
+        list(logger) if isinstance(logger, (list, tuple)) else [logger])
+    if logger is False or g["barebones"] or (loggers and not any(
+            getattr(x, "name", None) == "tensorboard" for x in loggers)):
+        callbacks.append("no:tensorboard")
+    callbacks.extend(loggers)
+    profiler = g["profiler"]
+    if profiler == "pytorch":
+        callbacks.append("profiler")
+    elif profiler is not None:
+        raise refuse("Trainer", "profiler", profiler,
+                      "use profiler='pytorch' (the profiler plugin), or time the run with the "
+                      "progress display's figures")
+    root = g["default_root_dir"]
+    if loggers and hasattr(loggers[0], "root_dir"):
+        root = loggers[0].root_dir
+    else:
+        root = str(Path(root if root is not None else ".") / "lightning_logs")
+    strategy = g["strategy"]
+    if isinstance(strategy, str):
+        strategy = _STRATEGIES.get(strategy, strategy)
+        if strategy == "auto":
+            devices = g["devices"]
+            many = (isinstance(devices, int) and (devices > 1 or devices == -1)) or (
+                isinstance(devices, (list, tuple)) and len(devices) > 1)
+            strategy = "ddp" if many else "single-device"
+    devices = g["devices"]
+    if devices == -1:
+        devices = "auto"
+    if g["deterministic"] and g["benchmark"]:
+        raise ConfigError("Trainer(deterministic=True, benchmark=True) contradict each other: "
+                          "cuDNN's autotuner picks algorithms that may not be deterministic. "
+                          "Choose one.")
+    options: dict[str, Any] = {
+        "accelerator": g["accelerator"], "strategy": strategy, "devices": devices,
+        "num_nodes": g["num_nodes"], "callbacks": callbacks, "default_root_dir": root,
+        "fast_dev_run": g["fast_dev_run"], "overfit_batches": g["overfit_batches"] or 0,
+        "check_val_every_n_epoch": g["check_val_every_n_epoch"] or 1,
+        "accumulate_grad_batches": g["accumulate_grad_batches"],
+        "detect_anomaly": g["detect_anomaly"], "deterministic": bool(g["deterministic"])
+        if g["deterministic"] != "warn" else "warn",
+    }
+    if g["precision"] is not None:
+        options["precision"] = g["precision"]
+    for argument in ("max_epochs", "min_epochs", "min_steps", "max_time", "limit_train_batches",
+                     "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                     "val_check_interval", "num_sanity_val_steps", "log_every_n_steps",
+                     "gradient_clip_algorithm", "seed"):
+        if g[argument] is not None:
+            options[argument] = g[argument]
+    if g["max_steps"] != -1:
+        options["max_steps"] = g["max_steps"]
+    if g["gradient_clip_val"]:  # Lightning: 0 or None is no clipping
+        options["gradient_clip_val"] = g["gradient_clip_val"]
+    if isinstance(options.get("max_time"), dict):  # Lightning allows {"hours": 1, ...}
+        t = options["max_time"]
+        options["max_time"] = ((t.get("days", 0) * 24 + t.get("hours", 0)) * 60
+                               + t.get("minutes", 0)) * 60 + t.get("seconds", 0)
+    if hasattr(options.get("max_time"), "total_seconds"):
+        options["max_time"] = options["max_time"].total_seconds()
+    return options, loggers
