@@ -116,6 +116,7 @@ class FitLoop:
             stopped_early = self.run_epoch()
             if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
                 break
+        t.current_epoch = t.loop_state["epoch"]  # Lightning's: the epochs completed
         t.hook.on_loop_end(trainer=t, loop="train")
         t.hook.on_loop_end(trainer=t, loop="fit")
 

@@ -97,6 +97,7 @@ class Trainer:
         if self.overfit_batches:
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
         self.log_dir: Path | None = None
+        self._own_log_dir: Path | None = None  # the run folder this trainer's stages write to
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
@@ -296,7 +297,7 @@ class Trainer:
             print(f"fast_dev_run: {self.limit_train_batches} batch(es) of each stage, one "
                   f"epoch; no checkpoint or log is written.", flush=True)
         else:
-            self.log_dir = self._choose_log_dir(checkpoint_file)
+            self.log_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file)
         try:
             function = StageFunction(self, stage, checkpoint_file)
             result = self.hook.launch(trainer=self, function=function)
@@ -315,7 +316,8 @@ class Trainer:
         here."""
         if result.model is not None:
             self.module.load_state_dict(result.model)
-        self.global_step, self.current_epoch = result.global_step, result.current_epoch
+        if stage == "fit":  # the counters of training (an evaluation stage leaves them)
+            self.global_step, self.current_epoch = result.global_step, result.current_epoch
         self.metrics.callback_metrics.clear()
         self.metrics.callback_metrics.update(
             {k: torch.tensor(v) for k, v in result.metrics.items()})
@@ -330,6 +332,8 @@ class Trainer:
 
         self.stage = "train" if stage == "fit" else stage
         self.exception = None
+        self.metrics.callback_metrics.clear()  # a stage reports its own metrics only
+        self.metrics.logged_metrics.clear()
         module = self.module
         module._trainer = self
         self._start_time = time.monotonic()
@@ -476,12 +480,16 @@ class Trainer:
         return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path=str(ckpt_path)))
 
     def _choose_log_dir(self, checkpoint_file: Path | None) -> Path:
-        """Resuming from ``<run>/checkpoints/*.ckpt`` continues in ``<run>``; otherwise a new
-        ``version_N`` folder, so no run overwrites another's files."""
+        """Resuming from ``<run>/checkpoints/*.ckpt`` continues in ``<run>``; a later stage of
+        this trainer continues in the folder of its earlier ones (Lightning's one logger version
+        per trainer: ``fit`` then ``test`` log to one place); otherwise a new ``version_N``
+        folder, so no run overwrites another's files."""
         if checkpoint_file is not None and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
             run = checkpoint_file.parent.parent
             if _VERSION.match(run.name):
                 return run
+        if self._own_log_dir is not None:
+            return self._own_log_dir
         root = Path(self.default_root_dir)
         return root / f"version_{max((n for n, _ in _versions(root)), default=-1) + 1}"
 
@@ -593,18 +601,23 @@ class StageFunction:
     It is picklable, so a strategy may run it in worker processes it starts. Unpickled there, it
     rebuilds the trainer from the arguments the original was made with (plugins selected by name
     are instantiated anew in the worker; plugin objects, the module and the datamodule are
-    pickled), keeps the run folder chosen by the launching process, and returns a
+    pickled), keeps the run folder chosen by the launching process, starts from the launching
+    process's CPU random generators (so every worker draws as that process would have), and
+    returns a
     :class:`WorkerResult` (with the weights on each machine's local rank 0). Gathering the
     weights is a collective, so every rank takes part.
     """
 
     def __init__(self, trainer: Trainer, stage: str, checkpoint_file: Path | None,
-                 in_worker: bool = False):
+                 in_worker: bool = False, launcher_rng: dict[str, Any] | None = None):
         self.trainer, self.stage, self.checkpoint_file = trainer, stage, checkpoint_file
         self.in_worker = in_worker
+        self.launcher_rng = launcher_rng
 
     def __call__(self) -> dict[str, float] | WorkerResult | None:
         trainer = self.trainer
+        if self.launcher_rng is not None:  # continue the launching process's random streams
+            checkpoint_io.restore_rng_states(self.launcher_rng)
         result = trainer._run_stage(self.stage, self.checkpoint_file)
         if not self.in_worker:
             return result
@@ -619,17 +632,20 @@ class StageFunction:
         t = self.trainer
         recipe = (type(t), t._init_kwargs, t.config, t.module, t.datamodule,
                   t.given_dataloaders, t.log_dir)
-        return _rebuild_stage_function, (recipe, self.stage, self.checkpoint_file)
+        # the CPU generators as they are in the launching process (seed_everything before the
+        # stage seeds every worker alike, as running the script in each process would)
+        rng = {k: v for k, v in checkpoint_io.capture_rng_states().items() if k != "cuda"}
+        return _rebuild_stage_function, (recipe, self.stage, self.checkpoint_file, rng)
 
 
-def _rebuild_stage_function(recipe: tuple, stage: str,
-                            checkpoint_file: Path | None) -> StageFunction:
+def _rebuild_stage_function(recipe: tuple, stage: str, checkpoint_file: Path | None,
+                            rng: dict[str, Any]) -> StageFunction:
     cls, init_kwargs, config, module, datamodule, dataloaders, log_dir = recipe
     trainer = cls(**init_kwargs)
     trainer.config = config
     trainer.module, trainer.datamodule, trainer.log_dir = module, datamodule, log_dir
     trainer.given_dataloaders = dataloaders
-    return StageFunction(trainer, stage, checkpoint_file, in_worker=True)
+    return StageFunction(trainer, stage, checkpoint_file, in_worker=True, launcher_rng=rng)
 
 
 def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor] | None:

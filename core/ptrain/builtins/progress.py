@@ -30,7 +30,6 @@ class ProgressBar:
         self.live = None
         self.task = None
         self.fit_start = 0.0
-        self.epoch_started = False  # in this run: else no epoch is under way to count
 
     @staticmethod
     @hookimpl
@@ -43,7 +42,6 @@ class ProgressBar:
         self.enabled = trainer.is_global_zero
         self.terminal = sys.stdout.isatty()
         self.fit_start = self.last_draw = time.monotonic()
-        self.epoch_started = False
         self.stage = stage
         self.task = None
 
@@ -83,7 +81,6 @@ class ProgressBar:
         if not self.enabled:
             return
         self.epoch_start = self.last_draw = time.monotonic()
-        self.epoch_started = True
         self.start_batch = trainer.loop_state.get("batch", 0)
         total = trainer.num_training_batches
         self.total = None if total == float("inf") else int(total)
@@ -157,8 +154,8 @@ class ProgressBar:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             seconds = time.monotonic() - self.fit_start
             # the epochs begun (the last may have stopped early), resumed ones included
-            epochs = (trainer.current_epoch + 1 if self.epoch_started
-                      else trainer.loop_state.get("epoch", 0))
+            state = trainer.loop_state
+            epochs = state.get("epoch", 0) + (1 if state.get("batch", 0) else 0)
             if stage == "fit":
                 what = (f"Training finished: {epochs} epoch(s), {trainer.global_step} steps in "
                         f"{seconds:.1f} s.")

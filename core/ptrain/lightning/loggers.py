@@ -32,6 +32,7 @@ class _RunFolder:
                            "in self.log"),
         })
         self.save_dir, self._name = os.fspath(save_dir), name or ""
+        self._run_dir: str | None = None  # set by the Trainer once a stage chose the folder
 
     @property
     def root_dir(self) -> str:
@@ -51,7 +52,7 @@ class CSVLogger(_CSV, _RunFolder):
     @property
     def log_dir(self) -> str | None:
         """The run folder (``None`` before the first stage)."""
-        return None if self.path is None else str(Path(self.path).parent)
+        return str(Path(self.path).parent) if self.path is not None else self._run_dir
 
 
 class TensorBoardLogger(_TensorBoard, _RunFolder):
@@ -73,8 +74,8 @@ class TensorBoardLogger(_TensorBoard, _RunFolder):
 
     @property
     def log_dir(self) -> str | None:
-        """The run folder (``None`` outside a stage and on ranks other than 0)."""
-        return None if self.writer is None else self.writer.log_dir
+        """The run folder (``None`` before the first stage)."""
+        return self.writer.log_dir if self.writer is not None else self._run_dir
 
 
 def __getattr__(name: str) -> Any:

@@ -58,7 +58,11 @@ class Trainer(_Trainer):
                  plugin_options: dict[str, dict[str, Any]] | None = None,
                  seed: int | None = None):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        options, loggers = _translate(given)
+        options, loggers, strategy_options = _translate(given)
+        if strategy_options:
+            plugin_options = dict(plugin_options or {})
+            plugin_options[options["strategy"]] = {**strategy_options,
+                                                   **plugin_options.get(options["strategy"], {})}
         super().__init__(plugin_options=plugin_options, **options)
         self._init_kwargs = given  # a worker rebuilds this trainer from Lightning's arguments
         self._given_loggers = loggers
@@ -66,6 +70,14 @@ class Trainer(_Trainer):
             torch.backends.cudnn.benchmark = benchmark
 
     # -- Lightning's stage signatures ---------------------------------------------------------
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._run(*args, **kwargs)
+        finally:  # the loggers' log_dir, also where the stage ran in worker processes
+            for logger in self._given_loggers:
+                if hasattr(logger, "_run_dir") and self._own_log_dir is not None:
+                    logger._run_dir = str(self._own_log_dir)
 
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None) -> None:
@@ -150,8 +162,9 @@ class Trainer(_Trainer):
         return self.stage == "predict"
 
 
-def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-    """Lightning's arguments -> ptrain's Trainer options, and the logger objects."""
+def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+    """Lightning's arguments -> ptrain's Trainer options, the logger objects, and the options
+    of the strategy plugin a Lightning strategy name implies."""
     g = given
     for argument, accepted, instead in (
         ("plugins", None, "pass precision/strategy by name; ptrain has no plugin objects of "
@@ -196,6 +209,13 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     else:
         root = str(Path(root if root is not None else ".") / "lightning_logs")
     strategy = g["strategy"]
+    strategy_options: dict[str, Any] = {}
+    if isinstance(strategy, str) and strategy.startswith("ddp_find_unused_parameters_"):
+        flag = strategy.rsplit("_", 1)[1]
+        if flag not in ("true", "false"):
+            raise refuse("Trainer", "strategy", strategy, "use 'ddp_find_unused_parameters_true' "
+                                                          "or '..._false'")
+        strategy, strategy_options = "ddp", {"find_unused_parameters": flag == "true"}
     if isinstance(strategy, str):
         strategy = _STRATEGIES.get(strategy, strategy)
         if strategy == "auto":
@@ -237,4 +257,4 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
                                + t.get("minutes", 0)) * 60 + t.get("seconds", 0)
     if hasattr(options.get("max_time"), "total_seconds"):
         options["max_time"] = options["max_time"].total_seconds()
-    return options, loggers
+    return options, loggers, strategy_options
