@@ -403,7 +403,7 @@ def test_max_epochs(make_trainer):
     module, reference = fresh()
     trainer = fit(make_trainer, module, recorder, max_epochs=3)
     assert recorder.epochs_started == recorder.epochs_ended == [0, 1, 2]
-    assert trainer.current_epoch == 2 and trainer.global_step == 24
+    assert trainer.current_epoch == 3 and trainer.global_step == 24  # epochs run
     hand_fit(reference, 3)
     assert_same_params(module, reference)
 
@@ -497,14 +497,14 @@ def test_max_time_stops_at_a_check_point(make_trainer):
                   max_time=0.7, log_every_n_steps=1)
     took = time.monotonic() - start
     assert 1 <= trainer.global_step <= 5, trainer.global_step  # 0.7 s / 0.2 s per batch, + 1
-    assert trainer.current_epoch == 0
+    assert trainer.current_epoch == 1  # the one epoch begun
     assert took < 0.7 + 10.0  # not the 160 s of 100 epochs
 
     # check points only at the end of each epoch: the stop waits for the first one
     torch.manual_seed(0)
     trainer = fit(make_trainer, TinyRegressor(with_val=False), Sleeper(0.05), max_epochs=100,
                   max_time=0.1)
-    assert trainer.global_step == 8 and trainer.current_epoch == 0
+    assert trainer.global_step == 8 and trainer.current_epoch == 1
 
 
 # -------------------------------------------------------------------------------------------
@@ -802,6 +802,28 @@ def test_seed_makes_shuffle_and_dropout_reproducible(make_trainer):
     fit(make_trainer, other_seed, max_epochs=2, seed=1)
     assert_same_params(first, second)
     assert params_differ(first, other_seed)
+
+
+def test_seed_is_applied_once_when_the_trainer_is_made_and_the_cli_agrees(tmp_path):
+    from tests.conftest import run_cli
+
+    runs = tmp_path / "runs"
+    torch.manual_seed(99)  # whatever the state before: the trainer's seed decides
+    trainer = ptrain.Trainer(accelerator="cpu", seed=3, max_epochs=2, default_root_dir=str(runs),
+                             callbacks=["no:progress-bar", "no:tensorboard"])
+    module = TinyRegressor(shuffle=True, dropout=0.5)  # built after: seeded weights
+    torch.manual_seed(3)
+    assert_same_params(module, TinyRegressor(shuffle=True, dropout=0.5))
+    trainer.fit(module)
+    result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--model.shuffle", "true",
+                     "--model.dropout", "0.5", "--accelerator", "cpu", "--seed", "3",
+                     "--max-epochs", "2", "--default-root-dir", str(tmp_path / "cli"),
+                     "-p", "no:progress-bar", "-p", "no:tensorboard")
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(tmp_path / "cli" / "version_0" / "checkpoints" / "last.ckpt",
+                       weights_only=True)["model"]
+    for name, value in module.state_dict().items():
+        assert torch.equal(saved[name], value), name  # data order, dropout and init alike
 
 
 # -------------------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def test_fast_dev_run_runs_n_batches_of_each_stage_and_writes_nothing(tmp_path, 
     assert "stage-recorder" not in t.plugins and "csv" not in t.plugins  # loggers take no part
     module = StagedRegressor()
     t.fit(module)
-    assert t.global_step == batches and t.current_epoch == 0
+    assert t.global_step == batches and t.current_epoch == 1  # one epoch run
     # the validation set has 2 batches
     assert [s for s, _ in recorder.steps] == ["train"] * batches + ["validate"] * min(batches, 2)
     t.test(module)

@@ -100,11 +100,17 @@ def test_the_recorder_sees_every_hook_call_of_a_fit_in_order(tmp_path):
     module = TinyModule()
     trainer = run_fit(recorder, module=module, root_dir=tmp_path)
     names = recorder.names()
-    # after setup, the sanity check runs the one validation batch before the first epoch
-    assert names[:12] == ["launch", "setup_device", "precision_policy", "wrap_model",
+    # after setup, the sanity check runs the one validation batch before the first epoch;
+    # the optional per-step hooks (on_batch_start, ...) are not called: no plugin implements them
+    assert names[:20] == ["launch", "setup_device", "precision_policy", "wrap_model",
                           "wrap_optimizer", "prepare_dataloader", "prepare_dataloader", "setup",
-                          "log_hyperparams", "transfer_batch", "model_step", "on_epoch_start"]
-    assert names[12:17] == ["transfer_batch", "model_step", "backward", "optimizer_step",
+                          "log_hyperparams", "on_loop_start", "on_loop_start", "on_loop_start",
+                          "transfer_batch", "model_step", "on_evaluation_batch_end",
+                          "on_epoch_metrics", "on_loop_end", "on_loop_end", "on_loop_start",
+                          "on_epoch_start"]
+    assert [c.kwargs["loop"] for c in recorder.calls_of("on_loop_start")][:4] == [
+        "fit", "sanity_check", "validate", "train"]
+    assert names[20:25] == ["transfer_batch", "model_step", "backward", "optimizer_step",
                             "on_train_batch_end"]
     assert names[-1] == "teardown"
     # the per-step hooks, which the core calls directly (no wrapper is registered for them)

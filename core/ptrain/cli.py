@@ -334,7 +334,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
 
     from ptrain.hook_calls import TRACE_ENV
     from ptrain.module import DataModule, TrainModule
-    from ptrain.trainer import Trainer, seed_everything
+    from ptrain.trainer import Trainer
 
     if spec.trace:  # in the environment, so that the processes a strategy starts trace too
         os.environ[TRACE_ENV] = "1"
@@ -354,8 +354,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         ckpt_path = str(trainer.resolve_ckpt_path(ckpt_path))
         spec.model, spec.data = _components_from_checkpoint(ckpt_path, spec.model, spec.data)
         trainer.config.update(model=spec.model, data=spec.data)
-    if trainer.seed is not None:
-        seed_everything(trainer.seed)  # before the model is built: its initial weights count
+    # the trainer seeded when it was made (--seed): the model is built after it, as from Python
     module = _build_component(spec.model, TrainModule, "--model")
     datamodule = _build_component(spec.data, DataModule, "--data") if spec.data else None
     run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test,

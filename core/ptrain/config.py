@@ -208,7 +208,8 @@ def core_options() -> OptionGroup:
           help="write step metrics (and check the loss is finite) every n optimizer steps")
     g.add("default_root_dir", str, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")
-    g.add("seed", to_int, help="seed Python, NumPy and torch for a reproducible run")
+    g.add("seed", to_int, help="seed Python, NumPy and torch once, when the trainer is made "
+                               "(before the model is built), for a reproducible run")
     g.add("detect_anomaly", to_bool, default=False,
           help="debugging: name the forward operation whose backward produced a NaN/Inf "
                "(torch.autograd anomaly mode; slower: see docs/configuration.md)")

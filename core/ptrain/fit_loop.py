@@ -116,7 +116,8 @@ class FitLoop:
             stopped_early = self.run_epoch()
             if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
                 break
-        t.current_epoch = t.loop_state["epoch"]  # Lightning's: the epochs completed
+        # Lightning's meaning after fit: the epochs run, one stopped part-way included
+        t.current_epoch = t.loop_state["epoch"] + (1 if t.loop_state["batch"] else 0)
         t.hook.on_loop_end(trainer=t, loop="train")
         t.hook.on_loop_end(trainer=t, loop="fit")
 

@@ -90,6 +90,8 @@ class Trainer:
 
         for name, value in self.options.items():  # trainer.max_epochs, trainer.precision, ...
             setattr(self, name, value)
+        if self.seed is not None:  # once, here: a model built after the trainer is seeded too
+            seed_everything(self.seed)
         if self.max_epochs is None and self.max_steps is None and self.max_time is None:
             self.max_epochs = 1000
         if self.fast_dev_run:
@@ -339,8 +341,6 @@ class Trainer:
         self._start_time = time.monotonic()
         replaced = self._register_module_plugins()
         try:
-            if self.seed is not None:
-                seed_everything(self.seed)
             self.device = self.hook.setup_device(trainer=self)
             if not isinstance(self.device, torch.device):
                 raise PluginError(f"the accelerator {self.options['accelerator']!r} chose no "
@@ -679,15 +679,27 @@ def _core_version() -> str:
         return "unknown"
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's generators (all devices)."""
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+    """Seed Python's, NumPy's and torch's generators (all devices) and return the seed.
+
+    Call it before the model is built, so that its initial weights are seeded too (or pass
+    ``seed`` to the :class:`Trainer`, which calls this when it is made, and make the model
+    after it; ``ptrain fit --seed`` does the same). ``seed=None`` takes a random seed and prints
+    it. ``workers`` is accepted for Lightning's signature: torch already seeds each DataLoader
+    worker's Python, NumPy and torch generators from a base seed drawn from the seeded
+    generator, so their draws are reproducible either way.
+    """
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+        print(f"seed_everything: no seed given, using {seed}", flush=True)
     random.seed(seed)
     torch.manual_seed(seed)
     try:
         import numpy as np
     except ImportError:
-        return
+        return seed
     np.random.seed(seed % 2**32)
+    return seed
 
 
 __all__ = ["StageFunction", "Trainer", "WorkerResult", "full_state_dict", "seed_everything"]
