@@ -11,7 +11,7 @@ from typing import Any
 
 from ptrain.builtins.checkpoint import ModelCheckpoint as _Checkpoint
 from ptrain.hook_methods import Callback
-from ptrain.lightning._refuse import refuse, refuse_unless
+from ptrain.lightning._common import from_distribution, refuse, refuse_unless
 
 
 class ModelCheckpoint(_Checkpoint):
@@ -52,20 +52,13 @@ class ModelCheckpoint(_Checkpoint):
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_DISTRIBUTIONS:
-        distribution, module = _FROM_DISTRIBUTIONS[name]
-        try:
-            return getattr(__import__(f"ptrain.lightning.{module}", fromlist=[name]), name)
-        except ImportError as exc:
-            if exc.name is None or not exc.name.startswith("ptrain_"):
-                raise
-            raise ImportError(f"ptrain.lightning.callbacks.{name} comes with the {distribution} "
-                              f"distribution, which is not installed: pip install "
-                              f"{distribution}") from None
-    raise AttributeError(f"module 'ptrain.lightning.callbacks' has no attribute {name!r}")
+    return from_distribution(__name__, name, _FROM_DISTRIBUTIONS)
 
 
-_FROM_DISTRIBUTIONS = {"EarlyStopping": ("ptrain-early-stopping", "_early_stopping"),
-                       "LearningRateMonitor": ("ptrain-lr-monitor", "_lr_monitor")}
+_FROM_DISTRIBUTIONS = {
+    "EarlyStopping": ("ptrain-early-stopping", "ptrain.lightning._early_stopping",
+                      "EarlyStopping"),
+    "LearningRateMonitor": ("ptrain-lr-monitor", "ptrain_lr_monitor", "LearningRateMonitor"),
+}
 
 __all__ = ["Callback", "ModelCheckpoint", *_FROM_DISTRIBUTIONS]

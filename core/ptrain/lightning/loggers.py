@@ -14,7 +14,7 @@ from typing import Any
 
 from ptrain.builtins.csv_logger import CSVLogger as _CSV
 from ptrain.builtins.tensorboard import TensorBoardLogger as _TensorBoard
-from ptrain.lightning._refuse import refuse_unless
+from ptrain.lightning._common import from_distribution, refuse_unless
 
 
 class _RunFolder:
@@ -79,20 +79,12 @@ class TensorBoardLogger(_TensorBoard, _RunFolder):
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_DISTRIBUTIONS:
-        distribution, module, native = _FROM_DISTRIBUTIONS[name]
-        try:
-            return getattr(__import__(module, fromlist=[native]), native)
-        except ImportError as exc:
-            if exc.name is None or not exc.name.startswith("ptrain_"):
-                raise
-            raise ImportError(f"ptrain.lightning.loggers.{name} comes with the {distribution} "
-                              f"distribution, which is not installed: pip install "
-                              f"{distribution}") from None
-    raise AttributeError(f"module 'ptrain.lightning.loggers' has no attribute {name!r}")
+    return from_distribution(__name__, name, _FROM_DISTRIBUTIONS)
 
 
-_FROM_DISTRIBUTIONS = {"MLFlowLogger": ("ptrain-mlflow", "ptrain_mlflow", "MLflowLogger"),
-                       "WandbLogger": ("ptrain-wandb", "ptrain_wandb", "WandbLogger")}
+_FROM_DISTRIBUTIONS = {
+    "MLFlowLogger": ("ptrain-mlflow", "ptrain.lightning._mlflow_logger", "MLFlowLogger"),
+    "WandbLogger": ("ptrain-wandb", "ptrain.lightning._wandb_logger", "WandbLogger"),
+}
 
 __all__ = ["CSVLogger", "TensorBoardLogger", *_FROM_DISTRIBUTIONS]

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ptrain.errors import ConfigError
-from ptrain.lightning._refuse import refuse
+from ptrain.lightning._common import refuse
 from ptrain.module import DataModule
 from ptrain.trainer import Trainer as _Trainer
 from ptrain.trainer import is_logger

@@ -1,0 +1,220 @@
+"""``ptrain.lightning``'s adapters, and the Lightning behaviours of the native API behind them:
+the Trainer's Lightning arguments (translated or refused), module hook methods, and ``self.log``'s
+arguments. The whole programs are compared against Lightning in test_lightning_dropin.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ptrain
+import ptrain.lightning as pl
+from conftest import TinyRegressor
+from ptrain.lightning.callbacks import ModelCheckpoint
+from ptrain.lightning.loggers import CSVLogger
+from ptrain.module import NoOpLogger
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+
+
+def test_the_namespace_is_the_native_api():
+    assert pl.LightningModule is ptrain.TrainModule
+    assert pl.LightningDataModule is ptrain.DataModule
+    assert issubclass(pl.Trainer, ptrain.Trainer)
+    assert pl.seed_everything(5) == 5
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("plugins", ["something"]), ("use_distributed_sampler", False), ("sync_batchnorm", True),
+    ("reload_dataloaders_every_n_epochs", 1), ("enable_autolog_hparams", False),
+    ("model_registry", "hub"), ("profiler", "simple"),
+])
+def test_a_lightning_argument_ptrain_cannot_honour_is_refused_by_name(argument, value):
+    with pytest.raises(ptrain.ConfigError, match=f"Trainer\\({argument}=.*is not supported"):
+        pl.Trainer(**{argument: value})
+
+
+def test_lightning_values_take_lightnings_meaning(tmp_path):
+    trainer = pl.Trainer(precision=16, logger=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path), max_steps=-1, gradient_clip_val=0,
+                         **QUIET)
+    assert trainer.options["precision"] == "16-mixed"
+    assert {"tensorboard", "checkpoint", "progress-bar", "model-summary"}.isdisjoint(
+        trainer.plugins)
+    assert trainer.max_steps is None and trainer.gradient_clip_val is None
+    assert trainer.default_root_dir == str(tmp_path / "lightning_logs")
+    assert pl.Trainer(devices=2, strategy="auto", **QUIET).options["strategy"] == "ddp"
+    unused = pl.Trainer(devices=2, strategy="ddp_find_unused_parameters_true", **QUIET)
+    assert unused.config["plugins"]["ddp"]["find_unused_parameters"] is True
+
+
+def test_a_logger_names_the_run_folder_and_a_second_stage_logs_beside_the_first(tmp_path):
+    trainer = pl.Trainer(max_epochs=1, logger=CSVLogger(tmp_path, name="exp"), **QUIET)
+    module = TinyRegressor()
+    trainer.fit(module)
+    trainer.validate(module)
+    assert trainer.log_dir == tmp_path / "exp" / "version_0"
+    assert trainer.logger.log_dir == str(tmp_path / "exp" / "version_0")
+    header = (trainer.log_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "train_loss" in header and "val_loss" in header
+    assert not (tmp_path / "exp" / "version_1").exists()
+    assert set(trainer.callback_metrics) == {"val_loss"}  # the last stage's metrics only
+
+
+def test_model_checkpoint_takes_lightnings_arguments_or_refuses_them(tmp_path):
+    with pytest.raises(ptrain.ConfigError, match="ModelCheckpoint\\(dirpath="):
+        ModelCheckpoint(dirpath=str(tmp_path))
+    checkpoint = ModelCheckpoint(every_n_train_steps=4)
+    assert checkpoint.save_last is False and checkpoint.every_n_epochs == 0
+
+
+class HookedModule(TinyRegressor):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def setup(self, stage):
+        self.calls.append(f"setup:{stage}")
+
+    def on_train_epoch_end(self):
+        self.calls.append(f"train_epoch_end:{self.current_epoch}")
+        self.log("epoch_marker", float(self.current_epoch))
+
+    def on_validation_batch_start(self, batch, batch_idx):
+        self.calls.append("val_batch_start")
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["calls_so_far"] = len(self.calls)
+
+    def on_load_checkpoint(self, checkpoint):
+        self.calls.append(f"loaded:{checkpoint['calls_so_far']}")
+
+    def teardown(self, stage):
+        self.calls.append(f"teardown:{stage}")
+
+
+def test_a_modules_hook_methods_run_at_lightnings_points(tmp_path):
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=2, limit_val_batches=1,
+                             num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"])
+    module = HookedModule()
+    trainer.fit(module)
+    assert module.calls == ["setup:fit", "val_batch_start", "train_epoch_end:0",
+                            "val_batch_start", "train_epoch_end:1", "teardown:fit"]
+    # logged in an epoch-end hook: an epoch value (Lightning's default there), not a step one
+    assert float(trainer.callback_metrics["epoch_marker"]) == 1.0
+    resumed = HookedModule()
+    ptrain.Trainer(accelerator="cpu", max_epochs=3, limit_val_batches=0,
+                   default_root_dir=str(tmp_path), callbacks=["no:progress-bar",
+                                                              "no:tensorboard"]).fit(
+        resumed, ckpt_path="last")
+    assert resumed.calls[:2] == ["setup:fit", "loaded:5"]
+
+
+class OverridesUnsupported(TinyRegressor):
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+
+def test_a_lightning_hook_ptrain_does_not_call_is_refused(tmp_path):
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ptrain.ModelError, match="on_after_batch_transfer is a Lightning hook "
+                                                "that ptrain does not call"):
+        trainer.fit(OverridesUnsupported())
+
+
+class LogsEverything(TinyRegressor):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log_dict({"d1": loss, "d2": 2 * loss}, on_step=False, on_epoch=True,
+                      sync_dist=True)
+        self.log("peak", loss, on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("total", 1.0, on_step=False, on_epoch=True, reduce_fx=torch.sum)
+        self.log("hidden", loss, logger=False)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        # the last validation batch is short: the mean must weigh it by its size
+        self.log("val_mse", nn.functional.mse_loss(self(x), y))
+
+
+def test_self_log_arguments(tmp_path):
+    module = LogsEverything(n=32, batch_size=8, val_n=20)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard", "csv"],
+                             num_sanity_val_steps=0)
+    losses = []
+    original = module.training_step
+
+    def recording(batch, batch_idx):
+        loss = original(batch, batch_idx)
+        losses.append(float(loss.detach()))
+        return loss
+
+    module.training_step = recording
+    trainer.fit(module)
+    metrics = trainer.callback_metrics
+    assert float(metrics["d2"]) == pytest.approx(2 * float(metrics["d1"]))
+    assert float(metrics["peak"]) == pytest.approx(max(losses))
+    assert float(metrics["total"]) == 4.0  # four batches
+    assert "hidden" in metrics and "hidden" not in trainer.metrics.logged_metrics
+    x, y = module.val_set.tensors
+    with torch.no_grad():
+        assert float(metrics["val_mse"]) == pytest.approx(
+            float(nn.functional.mse_loss(module(x), y)), rel=1e-5)
+
+
+def test_self_log_refuses_what_it_cannot_do(tmp_path):
+    class Graph(TinyRegressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("g", loss, enable_graph=True)
+            return loss
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ptrain.ModelError, match="enable_graph=True\\) is not supported"):
+        trainer.fit(Graph())
+
+
+def test_a_torchmetrics_metric_is_computed_and_reset_per_epoch(tmp_path):
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class WithMetric(TinyRegressor):
+        def __init__(self):
+            super().__init__(val_n=20)
+            self.mae = torchmetrics.MeanAbsoluteError()
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.mae(self(x), y)
+            self.log("val_mae", self.mae)
+
+    module = WithMetric()
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"],
+                             num_sanity_val_steps=0)
+    trainer.fit(module)
+    x, y = module.val_set.tensors
+    with torch.no_grad():
+        expected = float((module(x) - y).abs().mean())  # this epoch's only: it was reset
+    assert float(trainer.callback_metrics["val_mae"]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_loggers_off_rank_zero_are_stand_ins_that_do_nothing():
+    stand_in = NoOpLogger()
+    assert stand_in.experiment.add_image("x", torch.zeros(3, 2, 2)) is stand_in
+
+
+def test_toggle_optimizer_freezes_the_other_parameters_and_untoggle_restores():
+    module = TinyRegressor()
+    frozen = nn.Linear(2, 2)
+    module.extra = frozen
+    frozen.bias.requires_grad = False
+    optimizer = torch.optim.SGD(module.net.parameters(), lr=0.1)
+    module.toggle_optimizer(optimizer)
+    assert all(p.requires_grad for p in module.net.parameters())
+    assert not any(p.requires_grad for p in frozen.parameters())
+    module.untoggle_optimizer(optimizer)
+    assert frozen.weight.requires_grad and not frozen.bias.requires_grad
