@@ -329,7 +329,7 @@ def test_resuming_a_finished_run_continues_from_its_last_epoch(make_trainer):
 
     more = make_trainer(max_epochs=3, callbacks=QUIET)
     more.fit(TinyRegressor(), ckpt_path="last")
-    assert more.global_step == 24 and more.current_epoch == 2
+    assert more.global_step == 24 and more.current_epoch == 3
 
 
 def test_resume_after_a_max_steps_stop_continues_exactly(make_trainer, tmp_path):

@@ -37,8 +37,8 @@ def fit(make_trainer, module, *plugins, max_epochs: int = 10, **options):
 
 def assert_stopped_at(trainer, module, epoch: int, steps: int | None = None):
     """The run ended in ``epoch`` (0-based) after running epochs 0..epoch, each to its end
-    unless ``steps`` says otherwise."""
-    assert trainer.current_epoch == epoch
+    unless ``steps`` says otherwise (``current_epoch`` after fit counts the epochs run)."""
+    assert trainer.current_epoch == epoch + 1
     assert module.epochs_seen == list(range(epoch + 1))
     expected = (epoch + 1) * STEPS_PER_EPOCH if steps is None else steps
     assert trainer.global_step == expected
@@ -219,10 +219,10 @@ def test_a_stop_asked_before_min_epochs_survives_a_resume(make_trainer, tmp_path
     values = [5, 0.5, 6, 7, 8, 9]
     first = trainer(3)
     first.fit(SequenceModule(values))
-    assert first.current_epoch == 2 and first.plugins["early-stopping"].stopped_epoch == 1
+    assert first.current_epoch == 3 and first.plugins["early-stopping"].stopped_epoch == 1
     resumed, module = trainer(10), SequenceModule(values)
     resumed.fit(module, ckpt_path="last")
-    assert resumed.current_epoch == 3 and module.epochs_seen == [3]
+    assert resumed.current_epoch == 4 and module.epochs_seen == [3]
     assert resumed.plugins["early-stopping"].stopped_epoch == 1
 
 
@@ -253,7 +253,7 @@ def test_resume_in_the_middle_of_a_patience_window(make_trainer, tmp_path, capsy
     root = tmp_path / "cut"
     first = named_trainer(make_trainer, root, max_epochs=4)
     first.fit(SequenceModule(RESUME_VALUES))
-    assert first.current_epoch == 3 and first.plugins["early-stopping"].reason is None
+    assert first.current_epoch == 4 and first.plugins["early-stopping"].reason is None
     saved = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
     state = saved["plugins"]["early-stopping"]
     assert (state["best"], state["best_epoch"], state["wait"], state["reason"]) == (3.0, 2, 1,
@@ -263,7 +263,7 @@ def test_resume_in_the_middle_of_a_patience_window(make_trainer, tmp_path, capsy
     resumed.fit(module, ckpt_path="last")
     es = resumed.plugins["early-stopping"]
     assert module.epochs_seen == [4, 5]
-    assert resumed.current_epoch == whole.current_epoch == 5
+    assert resumed.current_epoch == whole.current_epoch == 6
     assert resumed.global_step == whole.global_step
     for attr in ("best", "best_epoch", "best_step", "wait", "stopped_epoch", "reason"):
         assert getattr(es, attr) == getattr(es_whole, attr), attr
@@ -330,7 +330,7 @@ def test_ddp_decides_on_the_mean_across_ranks(make_trainer, capfd):
     start = time.monotonic()
     trainer.fit(module)
     assert time.monotonic() - start < 60  # the job ended: no rank left waiting
-    assert trainer.current_epoch == 7
+    assert trainer.current_epoch == 8
     assert trainer.callback_metrics["val_metric"].item() == pytest.approx(3.0)
     out = capfd.readouterr().out
     assert out.count("Early stopping at epoch 7: val_metric did not improve") == 1, out

@@ -77,6 +77,7 @@ class EarlyStopping:
         validates = trainer.val_dataloader is not None and trainer.limit_val_batches != 0
         self._checks_after_validation = (self.check_on == "validation" or
                                          (self.check_on == "auto" and validates))
+        self._last_epoch: int | None = None  # the index of the last epoch that ended
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
@@ -90,6 +91,7 @@ class EarlyStopping:
 
     @hookimpl
     def on_epoch_end(self, trainer) -> None:
+        self._last_epoch = trainer.current_epoch  # after fit, current_epoch counts the epochs
         if not self._checks_after_validation:
             self._check(trainer)
 
@@ -153,7 +155,7 @@ class EarlyStopping:
 
     @hookimpl
     def teardown(self, trainer, stage: str) -> None:
-        line = self.summary(trainer.current_epoch)
+        line = self.summary(self._last_epoch)
         if stage == "fit" and line is not None and trainer.is_global_zero:
             print(line, flush=True)
 
