@@ -476,3 +476,52 @@ def test_options_for_a_plugin_outside_the_run_raise_config_error(make_trainer):
 def test_unknown_option_of_an_active_plugin_raises_config_error(make_trainer):
     with pytest.raises(ptrain.ConfigError, match="Did you mean 'every_n_epochs'"):
         make_trainer(plugin_options={"checkpoint": {"every_n_epoch": 2}})
+
+
+LOCAL_CALLBACKS = '''
+import json
+from pathlib import Path
+
+import ptrain
+
+
+class EpochLog:  # Lightning's method names, no @hookimpl, not packaged
+    def __init__(self):
+        self.epochs = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.epochs.append(trainer.current_epoch)
+
+    def on_fit_end(self, trainer, pl_module):
+        Path("epochs.json").write_text(json.dumps(self.epochs))
+
+
+class StepCount:  # a ptrain plugin with an option, not packaged
+    def __init__(self, out: str = "steps.txt"):
+        self.out = out
+
+    @staticmethod
+    @ptrain.hookimpl
+    def add_options(options):
+        options.add("out", str, default="steps.txt", help="where to write the step count")
+
+    @ptrain.hookimpl
+    def teardown(self, trainer):
+        Path(self.out).write_text(str(trainer.global_step))
+'''
+
+
+def test_p_module_class_loads_a_local_callback_without_packaging_it(tmp_path):
+    from conftest import REPO
+
+    (tmp_path / "my_callbacks.py").write_text(LOCAL_CALLBACKS)
+    result = run_cli("fit", *MODEL, "--max-epochs", "2", "--default-root-dir", "runs",
+                     "-p", "my_callbacks:EpochLog", "-p", "my_callbacks:StepCount",
+                     "--step-count-out", "counted.txt", "-p", "no:progress-bar",
+                     cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert_ok(result)
+    assert (tmp_path / "epochs.json").read_text() == "[0, 1]"
+    assert (tmp_path / "counted.txt").read_text() == "16"
+    missing = run_cli("fit", *MODEL, "-p", "my_callbacks:Nope", cwd=tmp_path,
+                      env={"PYTHONPATH": str(REPO)})
+    assert_usage_error(missing, "my_callbacks:Nope", "could not be imported")

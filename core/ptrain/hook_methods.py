@@ -91,6 +91,10 @@ UNSUPPORTED_MODULE_METHODS = {
     "on_test_model_eval": "change modes in on_test_start", "on_test_model_train":
     "change modes in on_test_end", "on_predict_model_eval": "change modes in on_predict_start",
     "configure_sharded_model": "create the layers in __init__",
+    "configure_model": "create the layers in __init__ (configure_model arrives with sharded "
+                       "model creation)",
+    "configure_gradient_clipping": "set gradient_clip_val and gradient_clip_algorithm on the "
+                                   "Trainer, or write a plugin implementing clip_gradients",
     "optimizer_step": "write a plugin implementing the optimizer_step hook",
     "optimizer_zero_grad": "gradients are set to None right after each step; use "
                            "on_before_zero_grad to act before",

@@ -120,20 +120,21 @@ class MetricStore:
             raise ModelError(f"self.log({name!r}, ..., on_step=False, on_epoch=False) would "
                              f"record nothing; set on_step=True (each step) or on_epoch=True "
                              f"(the epoch's aggregate).")
-        fx = _reduce_fx_name(reduce_fx, name)
-        metric_object = value if _is_metric_object(value) else None
-        if metric_object is not None:
-            value = getattr(metric_object, "_forward_cache", None) if on_step else None
-            if on_step and value is None:
-                raise ModelError(f"self.log({name!r}, metric, on_step=True) needs the metric's "
-                                 f"value for this batch: call metric(preds, target) (its "
-                                 f"forward) before logging it, not only metric.update(...).")
-        elif isinstance(value, torch.Tensor):
+        fx = "mean" if reduce_fx == "mean" else _reduce_fx_name(reduce_fx, name)
+        metric_object = None
+        if isinstance(value, torch.Tensor):  # the usual case first: no more checks per call
             value = value.detach()
             if value.numel() != 1:
                 raise ModelError(f"self.log({name!r}, ...) got a tensor of shape "
                                  f"{tuple(value.shape)}; log one number (a 0-dim or one-element "
                                  f"tensor), e.g. its .mean().")
+        elif _is_metric_object(value):
+            metric_object = value
+            value = getattr(metric_object, "_forward_cache", None) if on_step else None
+            if on_step and value is None:
+                raise ModelError(f"self.log({name!r}, metric, on_step=True) needs the metric's "
+                                 f"value for this batch: call metric(preds, target) (its "
+                                 f"forward) before logging it, not only metric.update(...).")
         else:
             try:
                 value = torch.tensor(float(value), device=self.trainer.device)
@@ -145,10 +146,12 @@ class MetricStore:
         step_name, epoch_name = (f"{name}_step", f"{name}_epoch") if forked else (name, name)
         if forked:
             self.forked[step_name] = self.forked[epoch_name] = name
-        for shown in (step_name, epoch_name) if prog_bar else ():
-            self.prog_bar.add(shown)
+        if prog_bar:
+            self.prog_bar.add(step_name)
+            self.prog_bar.add(epoch_name)
         if not logger:
-            self.not_logged.update((step_name, epoch_name))
+            self.not_logged.add(step_name)
+            self.not_logged.add(epoch_name)
         if on_step:
             if stage == "train":
                 self.step_values[step_name] = value

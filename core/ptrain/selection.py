@@ -6,8 +6,11 @@ accelerators), so a broken plugin never breaks a run that does not select it.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +69,28 @@ def _from_catalog(catalog: Catalog, kind: str, name: str) -> SelectedPlugin:
     return SelectedPlugin(kind, name, target, info, declare_options(target, name))
 
 
+def _from_class_path(path: str) -> SelectedPlugin:
+    """A callback named ``MODULE:CLASS`` (``-p my_callbacks:PrintLoss``): a class not packaged
+    as a plugin, imported with the current folder importable (as ``python -m`` does). Its
+    options, if it declares any, come as for an installed plugin."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise PluginError(f"callback {path!r} is neither an installed plugin's name nor "
+                          f"MODULE:CLASS; e.g. -p my_callbacks:PrintLoss.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise PluginError(f"callback {path!r} could not be imported: {type(exc).__name__}: "
+                          f"{exc}. Check the module path (relative to {os.getcwd()!r}) and the "
+                          f"class name.") from None
+    name = object_name(target)
+    return SelectedPlugin("callback", name, target, None, declare_options(target, name))
+
+
 def _require_available(plugin: SelectedPlugin) -> None:
     reason = check_available(plugin.target, plugin.name)
     if reason is not None:
@@ -121,7 +146,9 @@ def select_plugins(
         _require_available(plugin)
         selected.append(plugin)
     for entry in enabled:
-        if isinstance(entry, str):
+        if isinstance(entry, str) and ":" in entry:
+            selected.append(_from_class_path(entry))
+        elif isinstance(entry, str):
             plugin = _from_catalog(catalog, "callback", entry)
             _require_available(plugin)
             selected.append(plugin)

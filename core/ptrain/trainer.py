@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import random
 import re
@@ -26,7 +27,8 @@ from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
-from ptrain.hook_methods import adapt_callbacks, module_plugins
+from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
+                                 is_hook_method_callback, module_plugins)
 from ptrain.loading import (IMPL_MARK, call_impl, call_per_plugin, create_plugin_manager,
                             instantiate, register)
 from ptrain.metrics import MetricStore
@@ -158,14 +160,18 @@ class Trainer:
         plugins, config = {}, {}
         for plugin in selected:
             given = plugin_options.get(plugin.name, {})
-            if plugin.info is None:  # an object given from Python: it has its options already
+            if plugin.info is None and not inspect.isclass(plugin.target):
+                # an object given from Python: it has its options already
                 if given:
                     raise ConfigError(f"plugin {plugin.name!r} was given as an object; pass its "
                                       f"options to its constructor, not in plugin_options.")
                 plugins[plugin.name] = plugin.target
                 continue
             resolved = plugin.options.resolve(given, "config")
-            plugins[plugin.name] = instantiate(plugin.target, plugin.name, resolved)
+            created = instantiate(plugin.target, plugin.name, resolved)
+            if plugin.info is None and is_hook_method_callback(created):  # -p MODULE:CLASS
+                created = callback_hook_plugin([created], plugin.name)
+            plugins[plugin.name] = created
             if resolved:
                 config[plugin.name] = resolved
         return plugins, config
