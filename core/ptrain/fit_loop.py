@@ -238,7 +238,13 @@ class FitLoop:
             return None
         t.loss_window.append((t.current_epoch, batch_idx, t.global_step, loss.detach()))
         if self.automatic:
-            t.run_backward(loss / self.accumulate if self.accumulate > 1 else loss)
+            # Trainer.run_backward's steps, inlined: the hot path saves a call per batch
+            scaled = loss / self.accumulate if self.accumulate > 1 else loss
+            if hook.has_on_before_backward:
+                hook.on_before_backward(trainer=t, loss=scaled)
+            hook.backward(trainer=t, loss=scaled)
+            if hook.has_on_after_backward:
+                hook.on_after_backward(trainer=t)
             if t.sync_gradients:
                 self._step_optimizers()
         return loss
