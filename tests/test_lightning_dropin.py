@@ -90,9 +90,10 @@ def test_classifier_keeps_the_same_checkpoints(classifier):
     assert ptrain["best_model"] == lightning["best_model"]
 
 
-def test_gan_with_manual_optimization_matches(tmp_path):
-    lightning = run_program("gan", tmp_path, "lightning")
-    ptrain = run_program("gan", tmp_path, "ptrain")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gan_with_manual_optimization_matches(tmp_path, precision):
+    lightning = run_program("gan", tmp_path, "lightning", precision)
+    ptrain = run_program("gan", tmp_path, "ptrain", precision)
     assert ptrain["weights"] == lightning["weights"]
     assert ptrain["global_step"] == lightning["global_step"]
     assert ptrain["epochs_ended"] == lightning["epochs_ended"] == 3  # the module's own hook
@@ -126,9 +127,14 @@ def _with_ptrains_documented_order(events: list[str]) -> list[str]:
     return out + held_batch_end
 
 
-def test_a_custom_callback_sees_lightnings_hooks_in_lightnings_order(tmp_path):
-    lightning = run_program("hook_order", tmp_path, "lightning")["events"]
-    ptrain = run_program("hook_order", tmp_path, "ptrain")["events"]
+@pytest.mark.parametrize("setting", [
+    pytest.param(("32-true", "1"), id="one-process"),
+    pytest.param(("bf16-mixed", "1"), id="bf16-mixed"),
+    pytest.param(("32-true", "2"), id="ddp-2", marks=pytest.mark.slow),
+])
+def test_a_custom_callback_sees_lightnings_hooks_in_lightnings_order(tmp_path, setting):
+    lightning = run_program("hook_order", tmp_path, "lightning", *setting)["events"]
+    ptrain = run_program("hook_order", tmp_path, "ptrain", *setting)["events"]
     expected = _with_ptrains_documented_order(lightning)
     # each source's own sequence is Lightning's; between a callback and the module, ptrain
     # calls the callbacks' methods of one loop event before the module's (documented)

@@ -80,12 +80,12 @@ def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) 
 
 
 def _evaluation_pass(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
-    """``on_loop_start``, then the batches and ``on_epoch_metrics`` in eval mode under
-    ``torch.no_grad`` (as Lightning's epoch-end hooks run). The caller publishes and ends the
-    loop."""
+    """``on_loop_start``, the batches and ``on_epoch_metrics``, in eval mode under
+    ``torch.no_grad`` (as Lightning runs its start and epoch-end hooks). The caller publishes
+    and ends the loop."""
     trainer.num_eval_batches = num_batches
-    trainer.hook.on_loop_start(trainer=trainer, loop=stage)
-    with _EvalMode(trainer, stage):
+    with _EvalMode(trainer, stage):  # trainer.stage is the pass's from its first hook on
+        trainer.hook.on_loop_start(trainer=trainer, loop=stage)
         _run_batches(trainer, stage, loader, num_batches)
         trainer.metrics.preview_epoch(stage)
         with trainer.metrics.epoch_level():
@@ -183,8 +183,8 @@ def run_prediction(trainer: Trainer) -> list[Any] | None:
     indices = _dataset_indices(loader)
     outputs: list[Any] = []
     batch_indices: list[list[int] | None] = []
-    trainer.hook.on_loop_start(trainer=trainer, loop="predict")
     with _EvalMode(trainer, "predict"):
+        trainer.hook.on_loop_start(trainer=trainer, loop="predict")
         for batch_idx, batch in enumerate(loader):
             if batch_idx >= num_batches:
                 break

@@ -133,7 +133,8 @@ class _Dispatch:
 
     def call(self, name: str, trainer: Trainer, *args: Any) -> None:
         for function in self.methods.get(name, ()):
-            if function(trainer, *args) == -1 and name == "on_train_batch_start":
+            result = function(trainer, *args)
+            if name == "on_train_batch_start" and isinstance(result, int) and result == -1:
                 raise ModelError(
                     "on_train_batch_start returned -1, which in Lightning ends the epoch early; "
                     "ptrain does not skip batches that way. Set trainer.should_stop = True to "

@@ -32,7 +32,19 @@ MODULE_HOOKS = [
 
 
 class Recorder(Callback):
-    pass
+    """Records every hook it sees; at each teardown, appends what it saw since the last one to
+    ``events-rank<R>.jsonl`` (so the events of every process and stage end up on disk)."""
+
+    def __init__(self, out):
+        self.out, self.written = out, 0
+
+    def teardown(self, trainer, pl_module, stage):
+        EVENTS.append("cb:teardown")
+        path = os.path.join(self.out, f"events-rank{trainer.global_rank}.jsonl")
+        with open(path, "a") as f:
+            for event in EVENTS[self.written:]:
+                f.write(json.dumps(event) + "\n")
+        self.written = len(EVENTS)
 
 
 def _recording(name, prefix):
@@ -42,7 +54,8 @@ def _recording(name, prefix):
 
 
 for _name in CALLBACK_HOOKS:
-    setattr(Recorder, _name, _recording(_name, "cb:"))
+    if _name != "teardown":
+        setattr(Recorder, _name, _recording(_name, "cb:"))
 
 
 class Model(pl.LightningModule):
@@ -72,18 +85,22 @@ for _name in MODULE_HOOKS:
     setattr(Model, _name, _recording(_name, "m:"))
 
 
-def main(out: str) -> None:
+def main(out: str, precision: str = "32-true", devices: int = 1) -> None:
     pl.seed_everything(0)
-    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[Recorder()],
-                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=devices, precision=precision,
+                         callbacks=[Recorder(os.path.abspath(out))], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, num_sanity_val_steps=1,
                          limit_val_batches=1)
     model = Model()
     trainer.fit(model)
     trainer.test(model, verbose=False)
-    with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"events": EVENTS}, f)
+    if trainer.is_global_zero:
+        with open(os.path.join(out, "events-rank0.jsonl")) as f:
+            events = [json.loads(line) for line in f]
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"events": events}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:3], *[int(d) for d in sys.argv[3:4]])
