@@ -218,3 +218,23 @@ def test_toggle_optimizer_freezes_the_other_parameters_and_untoggle_restores():
     assert not any(p.requires_grad for p in frozen.parameters())
     module.untoggle_optimizer(optimizer)
     assert frozen.weight.requires_grad and not frozen.bias.requires_grad
+
+
+def test_the_native_trainer_signature_lists_every_core_option_with_its_default():
+    import inspect
+
+    from ptrain.config import core_options
+
+    parameters = inspect.signature(ptrain.Trainer.__init__).parameters
+    options = core_options().options
+    named = [n for n in parameters if n not in ("self", "plugin_options", "catalog",
+                                                "unknown")]
+    assert set(named) == set(options)  # an IDE completes each; help(Trainer) lists them
+    for name in named:
+        default, core_default = parameters[name].default, options[name].default
+        if name == "callbacks":  # None for the list, to keep the default immutable
+            assert default is None and core_default == []
+            continue
+        assert default == core_default and type(default) is type(core_default), name
+    with pytest.raises(ptrain.ConfigError, match="max_epoch.*Did you mean 'max_epochs'"):
+        ptrain.Trainer(max_epoch=3)  # a misspelt option is named, with the closest one

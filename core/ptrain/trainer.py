@@ -61,8 +61,47 @@ class Trainer:
     ``hook``.
     """
 
-    def __init__(self, *, plugin_options: dict[str, dict[str, Any]] | None = None,
-                 catalog: Catalog | None = None, **options: Any):
+    def __init__(
+        self, *,
+        accelerator: Any = "auto",
+        strategy: Any = "single-device",
+        precision: Any = "32-true",
+        callbacks: list[Any] | None = None,
+        devices: int | str | list[int] = 1,
+        num_nodes: int = 1,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int | None = None,
+        min_steps: int | None = None,
+        max_time: float | str | None = None,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int = 1,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        num_sanity_val_steps: int = 2,
+        fast_dev_run: bool | int = False,
+        overfit_batches: int | float = 0,
+        deterministic: bool | str = False,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        log_every_n_steps: int = 50,
+        default_root_dir: str = "runs",
+        seed: int | None = None,
+        detect_anomaly: bool = False,
+        plugin_options: dict[str, dict[str, Any]] | None = None,
+        catalog: Catalog | None = None,
+        **unknown: Any,
+    ):
+        # the core's options, as ptrain fit --help describes them (config.core_options holds
+        # their converters; a test keeps these defaults equal to its defaults). An unknown
+        # keyword goes on to be refused with the closest option's name.
+        options = {name: value for name, value in locals().items()
+                   if name not in ("self", "plugin_options", "catalog", "unknown", "__class__")}
+        options["callbacks"] = list(callbacks or [])
+        options.update(unknown)
         self._init_kwargs = dict(options, plugin_options=plugin_options)  # to rebuild in a worker
         objects = {k: v for k, v in options.items()  # plugin objects; names are text (or
                    if k in EXCLUSIVE_KINDS and not isinstance(v, (str, int))}  # precision=16)
