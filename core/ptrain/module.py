@@ -339,9 +339,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         every method and attribute does nothing, so logging code needs no rank check."""
         if self._trainer is None:
             return []
-        from ptrain.trainer import is_logger
-
-        found = [p for p in self._trainer.plugins.values() if is_logger(p)]
+        found = self._trainer.loggers
         return found if self.global_rank == 0 else [NoOpLogger() for _ in found]
 
     @property

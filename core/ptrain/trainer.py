@@ -58,7 +58,7 @@ class Trainer:
     ``stage``, ``sync_gradients`` (whether the next backward's gradients are synchronised
     across processes; see the ``backward`` hook), ``precision_policy``, ``options`` (the core's
     resolved options), ``config`` (everything resolved), ``plugins`` (name -> plugin object),
-    ``hook``.
+    ``loggers`` (the logger plugins), ``hook``.
     """
 
     def __init__(
@@ -226,6 +226,11 @@ class Trainer:
         return self.metrics.callback_metrics
 
     @property
+    def loggers(self) -> list[Any]:
+        """The run's logger plugins: those implementing ``log_metrics`` or ``log_hyperparams``."""
+        return [plugin for plugin in self.plugins.values() if is_logger(plugin)]
+
+    @property
     def last_checkpoint_path(self) -> Path:
         """Where this run's resumable checkpoint goes (what ``ckpt_path="last"`` finds)."""
         assert self.log_dir is not None
@@ -301,8 +306,8 @@ class Trainer:
 
     def run_backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the ``backward`` hook, with ``on_before_backward`` and
-        ``on_after_backward`` around it. The loop calls it per batch; manual optimization through
-        ``manual_backward``."""
+        ``on_after_backward`` around it (each only when implemented). Manual optimization calls
+        it through ``manual_backward``; the training loop does the same steps inline."""
         hooks = self.step_hooks
         if hooks.has_on_before_backward:
             hooks.on_before_backward(trainer=self, loss=loss)

@@ -11,7 +11,6 @@ from ptrain.errors import ConfigError
 from ptrain.lightning._common import refuse
 from ptrain.module import DataModule
 from ptrain.trainer import Trainer as _Trainer
-from ptrain.trainer import is_logger
 
 #: Lightning's strategy names -> ptrain's
 _STRATEGIES = {"ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_notebook": "ddp",
@@ -26,7 +25,7 @@ class Trainer(_Trainer):
     own extras. The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
     the first logger's ``save_dir/name/version_N``.
 
-    Also Lightning's attribute names: ``lightning_module``, ``logger``, ``loggers``,
+    Also Lightning's attribute names: ``lightning_module``, ``logger``,
     ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
     ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``.
     """
@@ -119,10 +118,6 @@ class Trainer(_Trainer):
     @property
     def lightning_module(self) -> Any:
         return self.module
-
-    @property
-    def loggers(self) -> list[Any]:
-        return [plugin for plugin in self.plugins.values() if is_logger(plugin)]
 
     @property
     def logger(self) -> Any:
