@@ -136,3 +136,33 @@ def test_bf16_true_resumes_with_its_optimizer_state_in_bfloat16(make_trainer):
     trainer.fit(module, ckpt_path="last")
     assert trainer.global_step == 4
     assert all(s["exp_avg"].dtype == torch.bfloat16 for s in trainer.optimizers[0].state.values())
+
+
+class StepsInsideTheStep(TinyRegressor):
+    """Manual optimization that runs the layer again after stepping it, in one training_step."""
+
+    automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizer = self.optimizers()
+        loss = nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        layer = self.net[1]
+        expected = nn.functional.linear(x.to(torch.bfloat16), layer.weight.to(torch.bfloat16),
+                                        layer.bias.to(torch.bfloat16))
+        self.after_step.append(torch.equal(self(x), expected))  # the stepped weights, cast anew
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def test_bf16_mixed_manual_optimization_never_uses_a_stale_weight_copy(make_trainer):
+    module = StepsInsideTheStep()
+    module.after_step = []
+    make_trainer(precision="bf16-mixed", max_epochs=1, limit_train_batches=3).fit(module)
+    # with autocast's weight cache on, the second forward reused the bf16 copy made before the
+    # step
+    assert module.after_step == [True, True, True]

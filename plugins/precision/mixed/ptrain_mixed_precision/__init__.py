@@ -63,8 +63,13 @@ class MixedPrecision:
 
     @hookimpl(wrapper=True)
     def model_step(self, trainer):
-        # forward and loss only: backward and the optimizer step run after this returns
-        with torch.autocast(device_type=trainer.device.type, dtype=self.dtype):
+        # Automatic optimization: forward and loss only, backward and the optimizer step run
+        # after this returns, so autocast may cache each weight's low-precision copy for the
+        # step. Manual optimization steps optimizers inside: a cached copy would go stale when
+        # its weight changes in place, so the cache is off there.
+        cache = trainer.module.automatic_optimization
+        with torch.autocast(device_type=trainer.device.type, dtype=self.dtype,
+                            cache_enabled=cache):
             return (yield)
 
 
