@@ -238,3 +238,33 @@ def test_the_native_trainer_signature_lists_every_core_option_with_its_default()
         assert default == core_default and type(default) is type(core_default), name
     with pytest.raises(ptrain.ConfigError, match="max_epoch.*Did you mean 'max_epochs'"):
         ptrain.Trainer(max_epoch=3)  # a misspelt option is named, with the closest one
+
+
+class ClipsEveryOtherStep(TinyRegressor):
+    def __init__(self):
+        super().__init__(lr=1.0)
+        self.seen = []
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None):
+        self.seen.append((gradient_clip_val, gradient_clip_algorithm))
+        self.before = [p.detach().clone() for p in self.parameters()]
+        if self.global_step % 2 == 0:
+            self.clip_gradients(optimizer, gradient_clip_val=1e-3, gradient_clip_algorithm="value")
+
+    def on_before_zero_grad(self, optimizer):
+        change = max(float((p.detach() - b).abs().max())
+                     for p, b in zip(self.parameters(), self.before))
+        self.changes.append(change)
+
+
+def test_configure_gradient_clipping_runs_every_step_and_decides_itself(tmp_path):
+    module = ClipsEveryOtherStep()
+    module.changes = []
+    ptrain.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, limit_val_batches=0,
+                   default_root_dir=str(tmp_path),
+                   callbacks=["no:progress-bar", "no:tensorboard"]).fit(module)
+    assert module.seen == [(None, "norm")] * 4  # the trainer's settings, on every step
+    clipped, free = module.changes[0::2], module.changes[1::2]
+    assert all(c <= 1e-3 + 1e-7 for c in clipped)  # lr 1: a step moves by the clipped gradient
+    assert all(f > 1e-3 for f in free)

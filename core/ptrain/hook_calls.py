@@ -94,14 +94,17 @@ def _direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
 
 
 class StepHooks:
-    """The per-step hooks of one run, as direct callers (attributes named after the hooks), and
-    ``has_NAME`` for each of :data:`OPTIONAL_STEP_HOOKS`: whether any plugin implements it."""
+    """The per-step hooks of one run, as direct callers (attributes named after the hooks),
+    ``has_NAME`` for each of :data:`OPTIONAL_STEP_HOOKS` (whether any plugin implements it), and
+    ``clips_every_step`` (whether a plugin asks ``clip_gradients`` to run on every step)."""
 
     def __init__(self, pm: pluggy.PluginManager):
         for name in PER_STEP_HOOKS:
             setattr(self, name, direct_caller(pm, name))
         for name in OPTIONAL_STEP_HOOKS:
             setattr(self, f"has_{name}", bool(getattr(pm.hook, name).get_hookimpls()))
+        self.clips_every_step = any(getattr(impl.plugin, "clips_every_step", False)
+                                    for impl in pm.hook.clip_gradients.get_hookimpls())
 
 
 # -- observation ---------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ METHOD_HOOKS: dict[str, str] = {
     **{m: "on_evaluation_batch_end" for s, m in BATCH_END.items() if s != "train"},
     **{m: m for m in STEP_METHODS},
     "on_save_checkpoint": "state_dict", "on_load_checkpoint": "load_state_dict",
+    "configure_gradient_clipping": "clip_gradients",
 }
 #: methods only a callback object has (a module's setup/teardown are called by the trainer)
 CALLBACK_ONLY = {"setup": "setup", "teardown": "teardown", "on_exception": "teardown",
@@ -79,6 +80,7 @@ CALLBACK_ONLY = {"setup": "setup", "teardown": "teardown", "on_exception": "tear
 CALLBACK_METHODS = {**METHOD_HOOKS, **CALLBACK_ONLY}
 MODULE_METHODS = {m: h for m, h in METHOD_HOOKS.items() if m != "on_sanity_check_start"
                   and m != "on_sanity_check_end"}
+CALLBACK_METHODS.pop("configure_gradient_clipping")  # a module's only
 
 #: Lightning module hooks ptrain does not call, with what to do instead: a module overriding one
 #: is refused at the start of the run rather than silently not called.
@@ -93,8 +95,6 @@ UNSUPPORTED_MODULE_METHODS = {
     "configure_sharded_model": "create the layers in __init__",
     "configure_model": "create the layers in __init__ (configure_model arrives with sharded "
                        "model creation)",
-    "configure_gradient_clipping": "set gradient_clip_val and gradient_clip_algorithm on the "
-                                   "Trainer, or write a plugin implementing clip_gradients",
     "optimizer_step": "write a plugin implementing the optimizer_step hook",
     "optimizer_zero_grad": "gradients are set to None right after each step; use "
                            "on_before_zero_grad to act before",
@@ -192,6 +192,19 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
             dispatch.call("on_exception", trainer, trainer.exception)
         dispatch.call("teardown", trainer, stage)
 
+    inside_clip: list[bool] = []
+
+    def clip_gradients(trainer, optimizer):
+        if inside_clip:  # the module's own clip_gradients call: the next implementation clips
+            return None
+        inside_clip.append(True)
+        try:
+            dispatch.call("configure_gradient_clipping", trainer, optimizer,
+                          trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        finally:
+            inside_clip.clear()
+        return True
+
     def state_dict(trainer):
         return states(trainer)
 
@@ -202,8 +215,11 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
         on_loop_start, on_loop_end, on_epoch_start, on_epoch_metrics, on_batch_start,
         on_train_batch_end, on_evaluation_batch_end, on_before_backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
-        load_state_dict)}
+        load_state_dict, clip_gradients)}
     namespace = {hook: staticmethod(mark(functions[hook])) for hook in hooks}
+    if "clip_gradients" in hooks:  # it decides on every step, before any other clipping
+        namespace["clip_gradients"] = staticmethod(_hookimpl(tryfirst=True)(clip_gradients))
+        namespace["clips_every_step"] = True
     namespace["name"] = name
     return type("HookMethods", (), namespace)()
 
@@ -404,6 +420,13 @@ class ModuleHookMethods:
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read back what :meth:`on_save_checkpoint` stored (after the weights are loaded)."""
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip ``optimizer``'s gradients before each of its steps; called with the trainer's
+        ``gradient_clip_val``/``gradient_clip_algorithm`` on every step once overridden. The
+        default clips with them (``self.clip_gradients``); an override decides itself."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_callbacks(self) -> Any:
         """Callbacks this model needs (one or a list; plugin objects or Lightning-style

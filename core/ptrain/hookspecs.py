@@ -418,8 +418,11 @@ def on_before_optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer)
 def clip_gradients(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool | None:
     """Clip the gradients of ``optimizer``'s parameters.
 
-    Fires: once per optimizer step, only when ``trainer.gradient_clip_val`` is set, with
-    ``trainer.gradient_clip_algorithm`` ``"norm"`` or ``"value"``.
+    Fires: once per optimizer step when ``trainer.gradient_clip_val`` is set, with
+    ``trainer.gradient_clip_algorithm`` ``"norm"`` or ``"value"``; on every optimizer step when
+    a registered plugin has the attribute ``clips_every_step = True`` (an implementation that
+    decides itself whether and how to clip, such as the one calling a module's
+    ``configure_gradient_clipping``; it runs ``tryfirst`` and returns ``True``).
 
     Result: firstresult; return ``True`` once clipped. Implemented by: strategies whose gradients
     are sharded. Default: ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``.

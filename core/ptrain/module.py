@@ -374,6 +374,27 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         wrapped = [ManualOptimizer(self.trainer, opt) for opt in self.trainer.optimizers]
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Clip ``optimizer``'s gradients now, by norm (default) or value, through the run's
+        ``clip_gradients`` hook (so a sharding strategy clips its shards correctly);
+        ``gradient_clip_val=None`` clips nothing. For ``configure_gradient_clipping`` and manual
+        optimization."""
+        if gradient_clip_val is None:
+            return
+        if gradient_clip_algorithm not in (None, "norm", "value"):
+            raise ModelError(f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r})"
+                             f": valid choices are 'norm' and 'value'.")
+        trainer = self.trainer
+        saved = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        trainer.gradient_clip_val = gradient_clip_val
+        trainer.gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        try:
+            trainer.step_hooks.clip_gradients(trainer=trainer,
+                                              optimizer=getattr(optimizer, "optimizer", optimizer))
+        finally:
+            trainer.gradient_clip_val, trainer.gradient_clip_algorithm = saved
+
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Backward through the active precision and strategy plugins (the ``backward`` hook).
         Under a multi-process strategy the gradients are synchronised unless

@@ -322,7 +322,7 @@ class Trainer:
         hooks = self.step_hooks
         if hooks.has_on_before_optimizer_step:
             hooks.on_before_optimizer_step(trainer=self, optimizer=optimizer)
-        if self.gradient_clip_val is not None:
+        if self.gradient_clip_val is not None or hooks.clips_every_step:
             hooks.clip_gradients(trainer=self, optimizer=optimizer)
         hooks.optimizer_step(trainer=self, optimizer=optimizer)
         self.global_step += 1
