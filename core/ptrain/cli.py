@@ -9,7 +9,6 @@ plugin.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import os
@@ -198,24 +197,6 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
     return parser
 
 
-def _import_object(path: str, what: str) -> Any:
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ModelError(f"{what} {path!r} must be MODULE:CLASS, e.g. examples.digits:"
-                         f"DigitsClassifier.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the current folder is importable
-    try:
-        target = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as exc:
-        raise ModelError(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
-                         f"Check the module path (relative to {os.getcwd()!r}) and the class "
-                         f"name.") from None
-    return target
-
-
 def _instantiate(cls: Any, init_args: dict[str, Any], what: str) -> Any:
     params = inspect.signature(cls).parameters
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -314,7 +295,9 @@ def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
 
 def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
     """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it."""
-    cls = _import_object(cfg["class_path"], flag)
+    from ptrain.loading import import_object
+
+    cls = import_object(cfg["class_path"], flag, ModelError, "examples.digits:DigitsClassifier")
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
                          f"(it is {cls!r}).")

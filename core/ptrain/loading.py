@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import operator
+import os
+import sys
 from types import ModuleType
 from typing import Any, Callable
 
@@ -46,6 +48,26 @@ def import_target(info: PluginInfo) -> Any:
             f"{info.distribution}, or leave it out of this run (`-p no:{info.name}` keeps a "
             f"callback from being imported)."
         ) from exc
+    return target
+
+
+def import_object(path: str, what: str, error: type[Exception], example: str) -> Any:
+    """The object ``MODULE:ATTRIBUTE`` names (``--model``, ``-p MODULE:CLASS``), imported with
+    the current folder importable, as ``python -m`` does. A malformed path or a failed import is
+    ``error`` naming ``what`` and the path; ``example`` shows the form."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise error(f"{what} {path!r} must be MODULE:CLASS, e.g. {example}.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise error(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
+                    f"Check the module path (relative to {os.getcwd()!r}) and the class "
+                    f"name.") from None
     return target
 
 

@@ -6,11 +6,8 @@ accelerators), so a broken plugin never breaks a run that does not select it.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
 import re
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +15,7 @@ from typing import Any
 from ptrain.catalog import Catalog, PluginInfo
 from ptrain.config import DEFAULT_CALLBACKS, canonical_plugin_name
 from ptrain.errors import PluginError
-from ptrain.loading import check_available, declare_options, import_target
+from ptrain.loading import check_available, declare_options, import_object, import_target
 from ptrain.options import OptionGroup
 
 BLOCK_PREFIX = "no:"
@@ -73,20 +70,7 @@ def _from_class_path(path: str) -> SelectedPlugin:
     """A callback named ``MODULE:CLASS`` (``-p my_callbacks:PrintLoss``): a class not packaged
     as a plugin, imported with the current folder importable (as ``python -m`` does). Its
     options, if it declares any, come as for an installed plugin."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise PluginError(f"callback {path!r} is neither an installed plugin's name nor "
-                          f"MODULE:CLASS; e.g. -p my_callbacks:PrintLoss.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as exc:
-        raise PluginError(f"callback {path!r} could not be imported: {type(exc).__name__}: "
-                          f"{exc}. Check the module path (relative to {os.getcwd()!r}) and the "
-                          f"class name.") from None
+    target = import_object(path, "callback", PluginError, "-p my_callbacks:PrintLoss")
     name = object_name(target)
     return SelectedPlugin("callback", name, target, None, declare_options(target, name))
 
