@@ -64,6 +64,30 @@ class BF16Mixed:
     def precision_policy(self):
         return PrecisionPolicy(param_dtype=torch.float32, compute_dtype=torch.bfloat16,
                                reduce_dtype=torch.float32)
+# == module_init_context
+import contextlib
+
+import torch
+
+from ptrain import hookimpl
+
+
+class BF16Init:
+    """Layers made in configure_model (or Trainer.init_module) get bfloat16 parameters from the
+    start, instead of float32 ones cast later."""
+
+    @hookimpl
+    def module_init_context(self, empty_init):
+        @contextlib.contextmanager
+        def bf16_default():
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(previous)
+
+        return bf16_default()
 # == wrap_model
 import torch
 
@@ -114,6 +138,22 @@ class WallClock:
         self.started = time.perf_counter()
         if trainer.is_global_zero:
             print(f"{stage}: {trainer.world_size} process(es) on {trainer.device}")
+# == report_error
+import os
+
+from ptrain import WorkerError, hookimpl
+
+
+class PeerLost:
+    """A rank whose collective broke because a peer died says which peer, not only "connection
+    reset" (a sketch: ptrain's strategies report the first failing rank's own error)."""
+
+    @hookimpl
+    def report_error(self, trainer, exception):
+        if trainer.world_size > 1 and "Connection closed by peer" in str(exception):
+            return WorkerError(f"rank {trainer.global_rank} (pid {os.getpid()}) lost a peer "
+                               f"in a collective: {exception}")
+        return None  # raise the error as it is
 # == teardown
 import time
 

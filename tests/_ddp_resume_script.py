@@ -4,7 +4,8 @@
 
 It trains ``WideRegressor`` (two hidden layers) with shuffled data, dropout, Adam and a per-step
 LR scheduler on two CPU processes (gloo), writes ``last.ckpt`` every ``--every-n-train-steps``
-optimizer steps, and saves the final parameters and loop counters of the launching process to ``--out``.
+optimizer steps, and saves rank 0's final parameters and loop counters to ``--out`` (every rank runs
+this script: the script launcher starts it again as rank 1).
 ``--kill-step K`` makes rank 0 SIGKILL the whole process group when ``global_step`` first
 reaches ``K`` (start it with ``start_new_session=True``); ``--resume`` continues from
 ``ckpt_path="last"``.
@@ -51,10 +52,12 @@ def main(argv: list[str] | None = None) -> None:
                         "ddp": {"timeout": 120.0}},
     )
     trainer.fit(model, ckpt_path="last" if args.resume else None)
-    torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
-                "global_step": trainer.global_step,
-                "current_epoch": trainer.current_epoch,
-                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}, args.out)
+    if trainer.is_global_zero:  # every rank runs this script (the script launcher)
+        torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
+                    "global_step": trainer.global_step,
+                    "current_epoch": trainer.current_epoch,
+                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}},
+                   args.out)
 
 
 if __name__ == "__main__":

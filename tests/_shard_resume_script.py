@@ -56,10 +56,13 @@ def main(argv: list[str] | None = None) -> None:
         default_root_dir=args.root, callbacks=callbacks,
         plugin_options={"checkpoint": {"every_n_train_steps": EVERY_N_TRAIN_STEPS}})
     trainer.fit(model, ckpt_path="last" if args.resume else None)
-    torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "global_step": trainer.global_step, "current_epoch": trainer.current_epoch,
-                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}, args.out)
+    params = trainer.full_state_dict()  # each rank holds its shards: gathered, on rank 0
+    if trainer.is_global_zero:  # every rank runs this script (the script launcher)
+        torch.save({"params": params, "global_step": trainer.global_step,
+                    "current_epoch": trainer.current_epoch,
+                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}},
+                   args.out)
 
 
-if __name__ == "__main__":  # the workers are spawned: they import this file, and must not run it
+if __name__ == "__main__":
     main()

@@ -4,6 +4,7 @@ plugin implements it. Plugins here are real objects registered through ``Trainer
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import subprocess
 import sys
@@ -412,6 +413,92 @@ def test_teardown_fires_after_an_error_with_the_exception(make_trainer):
     with pytest.raises(RuntimeError, match="boom"):
         make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=3).fit(TinyRegressor())
     assert plugin.events == ["start0", "val0", "start1", "val1", "teardown-fit-RuntimeError"]
+
+
+class ReplacingError:
+    """Raises an error of its own in place of the stage's, as a strategy reporting the first
+    failing rank's error does."""
+
+    name = "replacing-error"
+
+    def __init__(self):
+        self.seen: list[BaseException] = []
+        self.in_teardown: BaseException | None = None
+
+    @hookimpl
+    def on_validation_end(self, trainer):
+        raise RuntimeError("the stage's own error")
+
+    @hookimpl
+    def report_error(self, trainer, exception):
+        self.seen.append(exception)
+        return ptrain.ConfigError("the error that explains it")
+
+    @hookimpl
+    def teardown(self, trainer):
+        self.in_teardown = trainer.exception
+
+
+def test_report_error_replaces_the_error_a_stage_raises(make_trainer):
+    plugin = ReplacingError()
+    with pytest.raises(ptrain.ConfigError, match="the error that explains it") as info:
+        make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=2).fit(TinyRegressor())
+    assert [str(e) for e in plugin.seen] == ["the stage's own error"]
+    assert plugin.in_teardown is info.value  # teardown sees the error that is raised
+    assert info.value.__suppress_context__  # not chained to the one it replaced
+
+
+class Float64Layers:
+    """Layers made in configure_model (or init_module) get float64 parameters."""
+
+    name = "float64-layers"
+
+    def __init__(self):
+        self.entered = 0
+
+    @hookimpl
+    def module_init_context(self, empty_init):
+        @contextlib.contextmanager
+        def float64():
+            self.entered += 1
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(previous)
+
+        return float64()
+
+
+class BuiltInConfigureModel(TinyRegressor):
+    def __init__(self):
+        super().__init__()
+        self.configured = 0
+
+    def configure_model(self):
+        self.configured += 1
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x.double()), y.double())
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x.double()), y.double()))
+
+
+def test_configure_model_runs_once_inside_every_init_context(make_trainer):
+    plugin, module = Float64Layers(), BuiltInConfigureModel()
+    trainer = make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=1)
+    trainer.fit(module)
+    trainer.validate(module)
+    assert module.configured == 1 and plugin.entered == 1  # the second stage found it built
+    assert module.net.weight.dtype == torch.float64
+    with trainer.init_module():
+        extra = nn.Linear(2, 2)
+    assert extra.weight.dtype == torch.float64 and plugin.entered == 2
 
 
 class Counter:

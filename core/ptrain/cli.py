@@ -464,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _main_parser().print_help()
         return 0
     except PtrainError as exc:
-        print(f"ptrain: error: {exc}", file=sys.stderr)
+        if not getattr(exc, "ptrain_reported_to_launcher", False):  # else rank 0 prints it
+            print(f"ptrain: error: {exc}", file=sys.stderr)
         return USAGE_EXIT
     except WorkerError as exc:  # a worker's bug: its traceback is in the message
         print(f"ptrain: {exc}", file=sys.stderr)

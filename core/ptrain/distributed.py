@@ -2,15 +2,22 @@
 
 ptrain runs on torch's own distributed engine; nothing here is a process pool of its own:
 
-- **Where the processes come from.** :func:`detect_environment` finds ranks set by a launcher
-  that already ran (``torchrun`` / torch's elastic agent, or SLURM's ``srun``); then the stage
-  runs in the process it was called in. Otherwise :func:`launch_workers` starts the workers with
-  torch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``, the engine behind
-  ``torchrun``), with c10d rendezvous, across ``num_nodes`` machines when asked.
-- **A failing worker ends the job.** The elastic agent stops every worker of a job when one
-  fails; the error of the rank that failed first is raised in the launching process (a
-  :class:`ptrain.PtrainError` as itself, anything else as :class:`WorkerError` carrying the
-  worker's traceback). Collectives have a timeout, so no rank waits for ever.
+- **Where the processes come from** (the strategy's ``launcher`` option; ``auto`` tries them in
+  this order). :func:`detect_environment` finds ranks set by a launcher that already ran
+  (``torchrun`` / torch's elastic agent, SLURM's ``srun``, or an earlier stage of this script);
+  then the stage runs in the process it was called in. Otherwise, when the program can be run
+  again (a script, ``python -m``, the ``ptrain`` command), the ``script`` launcher
+  (:mod:`ptrain.script_launch`) starts it again as the other ranks and this process becomes
+  rank 0, for the rest of the script. Where it can't (an interactive session, a notebook, a
+  stage called from a test runner, ``--num-nodes`` > 1), the ``spawn`` launcher,
+  :func:`launch_workers`, runs this one stage in new worker processes with torch's elastic
+  launcher (``torch.distributed.launcher.api.elastic_launch``, the engine behind ``torchrun``),
+  with c10d rendezvous, across ``num_nodes`` machines when asked; the module and plugins are
+  pickled to the workers and the trained weights come back.
+- **A failing rank ends the job.** The error of the rank that failed first is raised in the
+  launching process (a :class:`ptrain.PtrainError` as itself, anything else as
+  :class:`WorkerError` carrying the rank's traceback) and the other ranks are stopped.
+  Collectives have a timeout, so no rank waits for ever.
 - :class:`ProcessGroupStrategy`: hook implementations that set the ranks, create the process
   group, give each rank its shard of the data (``DistributedSampler``, ``set_epoch`` each
   epoch), reduce metrics across ranks and put barriers after checkpoint writes. The ``ddp``,
@@ -25,8 +32,6 @@ import os
 import pickle
 import re
 import tempfile
-import time
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -37,8 +42,9 @@ import torch.distributed as dist
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
+from ptrain import rank_errors, script_launch
 from ptrain.data import rebuild_dataloader
-from ptrain.errors import ConfigError, PtrainError, WorkerError
+from ptrain.errors import ConfigError, PtrainError
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
@@ -60,7 +66,7 @@ class Environment:
     global_rank: int
     local_rank: int
     world_size: int
-    source: str  # "torchelastic", "slurm" or "environment"
+    source: str  # "torchelastic", "slurm", "script" (ptrain's script launcher) or "environment"
 
 
 def detect_environment() -> Environment | None:
@@ -75,7 +81,8 @@ def detect_environment() -> Environment | None:
     """
     env = os.environ
     if all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        source = "torchelastic" if "TORCHELASTIC_RUN_ID" in env else "environment"
+        source = ("torchelastic" if "TORCHELASTIC_RUN_ID" in env else
+                  "script" if script_launch.LAUNCHER_PID in env else "environment")
         return Environment(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), source)
     if ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
             and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")):
@@ -156,38 +163,30 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
     try:
         return pickle.loads(payload)()
     except BaseException as exc:
-        rank = os.environ.get("RANK", "0")
-        try:
-            payload = pickle.dumps(exc)
-        except Exception:  # an exception that can't travel is reported by its traceback
-            payload = None
-        record = {"rank": int(rank), "time": time.time(), "exception": payload,
-                  "traceback": traceback.format_exc()}
-        with open(os.path.join(error_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(record, f)
+        rank_errors.write_record(error_dir, exc, int(os.environ.get("RANK", "0")))
         raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
 
 
 def _first_error(failed: Any, error_dir: Path) -> BaseException:
-    records = []
-    for path in error_dir.glob("rank*.pkl"):
-        with open(path, "rb") as f:
-            records.append(pickle.load(f))
+    records = rank_errors.read_records(error_dir)
     if records:
-        first = min(records, key=lambda r: r["time"])
-        exc = pickle.loads(first["exception"]) if first["exception"] is not None else None
-        if isinstance(exc, PtrainError):
-            return exc
-        return WorkerError(f"rank {first['rank']} failed; the other ranks were stopped. Its "
-                           f"error:\n{first['traceback'].rstrip()}")
+        return rank_errors.error_of(records[0])
     rank, failure = failed.get_first_failure()
-    how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
-           else f"exited with code {failure.exitcode}")
-    return WorkerError(f"rank {rank} {how} without reporting an error (out of memory? killed "
-                       f"from outside?); the other ranks were stopped.")
+    return rank_errors.silent_failure(rank, failure.exitcode, failure.signal_name())
 
 
 # -- the strategy base -------------------------------------------------------------------------
+
+
+def _launcher_choice(value: Any) -> str:
+    value = str(value)
+    if value not in LAUNCHERS:
+        raise ValueError(f"expected {', '.join(LAUNCHERS)}, got {value!r}")
+    return value
+
+
+#: The ``launcher`` option's choices (see the module docstring).
+LAUNCHERS = ("auto", "script", "spawn")
 
 
 def _backend_choice(value: Any) -> str:
@@ -208,15 +207,18 @@ class ProcessGroupStrategy:
 
     def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
                  rdzv_endpoint: str | None = None, rdzv_id: str = "ptrain",
-                 distributed_sampler: bool = True):
+                 distributed_sampler: bool = True, launcher: str = "auto"):
         self.timeout = timeout
+        self.launcher = launcher
         self.process_group_backend = process_group_backend
         self.rdzv_endpoint, self.rdzv_id = rdzv_endpoint, rdzv_id
         self.distributed_sampler = distributed_sampler
         self.environment: Environment | None = None
 
     @staticmethod
-    def add_process_group_options(options: OptionGroup) -> None:
+    def add_process_group_options(options: OptionGroup, launcher: bool = True) -> None:
+        """The options of this class; ``launcher=False`` for a subclass whose ``launch`` hook
+        starts its processes its own way (the ``launcher`` option would do nothing)."""
         options.add("timeout", float, default=1800.0,
                     help="seconds any collective may wait for the other ranks before the job "
                          "fails (no rank hangs for ever)")
@@ -228,6 +230,14 @@ class ProcessGroupStrategy:
                          "on every machine)")
         options.add("rdzv_id", str, default="ptrain",
                     help="the job's id, the same on every machine of the job")
+        if launcher:
+            options.add("launcher", _launcher_choice, default="auto",
+                        help="how the processes start when no launcher (torchrun, srun) "
+                             "started them: script: this program is run again as the other "
+                             "ranks, which stay up for the rest of it; spawn: each stage runs "
+                             "in new worker processes (the module is pickled to them); auto: "
+                             "script where there is a program to run again and one machine, "
+                             "else spawn")
         options.add("distributed_sampler", to_bool, default=True,
                     help="give each rank its shard of the data with a DistributedSampler; off: "
                          "the dataloaders are used as they are (yours to shard)")
@@ -258,9 +268,18 @@ class ProcessGroupStrategy:
         expected = nprocs * trainer.num_nodes
         self.environment = detect_environment()
         if self.environment is None:
-            return launch_workers(function, nprocs=nprocs,
-                                  num_nodes=trainer.num_nodes, rdzv_endpoint=self.rdzv_endpoint,
-                                  rdzv_id=self.rdzv_id)
+            command = self._relaunch_command(trainer)
+            if command is None:
+                return launch_workers(function, nprocs=nprocs, num_nodes=trainer.num_nodes,
+                                      rdzv_endpoint=self.rdzv_endpoint, rdzv_id=self.rdzv_id)
+            script_launch.start_copies(command, nprocs)
+            self.environment = detect_environment()
+        if self.environment.source == "script" and self.environment.world_size != expected:
+            raise ConfigError(
+                f"an earlier stage of this script started {self.environment.world_size} "
+                f"processes, which run the rest of it, but --devices {trainer.devices} "
+                f"--num-nodes {trainer.num_nodes} asks for {expected}; give every trainer of "
+                f"one script the same devices, or pass launcher='spawn' to the strategy.")
         if self.environment.world_size != expected:
             raise ConfigError(
                 f"this process was started by {self.environment.source} as one of "
@@ -269,6 +288,29 @@ class ProcessGroupStrategy:
                 f"torchrun --nproc-per-node {trainer.devices} --nnodes {trainer.num_nodes})."
             )
         return None  # the processes exist: run here
+
+    def _relaunch_command(self, trainer: Trainer) -> list[str] | None:
+        """The command that starts this program again as the other ranks, or ``None`` for the
+        spawn launcher (see ``launcher``)."""
+        if self.launcher == "spawn":
+            return None
+        command = script_launch.relaunch_command() if trainer.num_nodes == 1 else None
+        if command is None and self.launcher == "script":
+            why = (f"--num-nodes {trainer.num_nodes} (start each machine's processes with "
+                   f"torchrun or srun)" if trainer.num_nodes != 1 else
+                   "there is no program to run again here (an interactive session, python -c, "
+                   "or a stage called from a test runner)")
+            raise ConfigError(f"launcher 'script' can't start the other ranks: {why}; use "
+                              f"launcher 'spawn' or 'auto'.")
+        return command
+
+    @hookimpl
+    def report_error(self, trainer: Trainer, exception: BaseException) -> BaseException | None:
+        if script_launch.is_started_copy():
+            script_launch.record_error(exception)
+        elif script_launch.is_launcher():
+            return script_launch.first_error(exception)
+        return None
 
     @hookimpl(wrapper=True)
     def setup_device(self, trainer: Trainer):
@@ -279,6 +321,10 @@ class ProcessGroupStrategy:
         trainer.global_rank = environment.global_rank
         trainer.local_rank = environment.local_rank
         trainer.world_size = environment.world_size
+        if environment.source == "script" and script_launch.is_started_copy() \
+                and not dist.is_initialized():
+            script_launch.watch_launcher()
+            script_launch.install_quiet_exit()
         device = yield
         if not dist.is_initialized():
             backend = self.process_group_backend
@@ -380,6 +426,7 @@ def held_bytes(model: torch.nn.Module,
 
 
 def _destroy_process_group() -> None:
+    script_launch.end_copies()  # the ranks this process started finish with the group up
     if dist.is_initialized():
         dist.destroy_process_group()
 

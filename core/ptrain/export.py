@@ -157,11 +157,13 @@ def untie(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str
     return tensors, tied, skipped
 
 
-def _check_output(output: Path, checkpoint: Path, force: bool) -> None:
+def check_output(output: Path, checkpoint: Path | None, force: bool) -> None:
+    """Refuse (:class:`ConfigError`) an ``output`` that is a folder, the ``checkpoint`` being
+    read, an existing file without ``force``, or in a folder that does not exist."""
     if output.exists() and output.is_dir():
         raise ConfigError(f"the output {str(output)!r} is a folder; give a file path such as "
                           f"{str(output / 'model.safetensors')!r}.")
-    if output.exists() and output.resolve() == checkpoint.resolve():
+    if checkpoint is not None and output.exists() and output.resolve() == checkpoint.resolve():
         raise ConfigError(f"the output {str(output)!r} is the checkpoint being exported; give "
                           f"another path, such as {str(output.with_suffix('.safetensors'))!r}.")
     if output.exists() and not force:
@@ -185,21 +187,31 @@ def export_safetensors(checkpoint_path: str | Path, output: str | Path, *,
     Raises :class:`CheckpointError` for a missing, foreign or unreadable checkpoint and
     :class:`ConfigError` for an unusable ``output``."""
     checkpoint_path, output = Path(checkpoint_path), Path(output)
+    check_output(output, checkpoint_path, force)
+    state, rest = read_checkpoint_weights(checkpoint_path)
+    return write_weights(state, output, rest)
+
+
+def write_weights(state: dict[str, Any], output: str | Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Write the module state dict ``state`` to ``output`` in safetensors format, atomically
+    (a temporary file renamed into place), with the metadata of the module docstring taken from
+    ``info`` (``module_class``, ``hyper_parameters``, ``ptrain_version``; ``tied`` is worked
+    out here). A non-tensor entry is left out with a warning. Returns the metadata written plus
+    ``tensors``, the number written."""
+    output = Path(output)
     try:
         from safetensors.torch import save_file
     except ImportError:
         raise ConfigError("exporting needs the safetensors package, a dependency of ptrain-core "
                           "that is missing here: pip install safetensors") from None
-    _check_output(output, checkpoint_path, force)
-    state, rest = read_checkpoint_weights(checkpoint_path)
     tensors, tied, skipped = untie(state)
     if skipped:
         warnings.warn(f"ptrain export: {', '.join(skipped)} in the module's state dict "
                       f"{'is not a tensor' if len(skipped) == 1 else 'are not tensors'} and "
-                      f"cannot be stored in safetensors; left out of {output}.", stacklevel=2)
-    info = {"module_class": rest.get("module_class"),
-            "hyper_parameters": rest.get("hyper_parameters") or {},
-            "ptrain_version": rest.get("ptrain_version"),
+                      f"cannot be stored in safetensors; left out of {output}.", stacklevel=3)
+    info = {"module_class": info.get("module_class"),
+            "hyper_parameters": info.get("hyper_parameters") or {},
+            "ptrain_version": info.get("ptrain_version"),
             "tied": tied}
     metadata = {"format": "pt", METADATA_KEY: json.dumps(info, sort_keys=True)}
 
@@ -233,4 +245,5 @@ def run_export(checkpoint: str, output: str, force: bool) -> str:
             f"{info['module_class']}")
 
 
-__all__ = ["export_safetensors", "read_checkpoint_weights", "read_metadata", "untie"]
+__all__ = ["export_safetensors", "read_checkpoint_weights", "read_metadata", "untie",
+           "write_weights"]

@@ -92,9 +92,7 @@ UNSUPPORTED_MODULE_METHODS = {
     "on_validation_model_zero_grad": "gradients are cleared right after each optimizer step",
     "on_test_model_eval": "change modes in on_test_start", "on_test_model_train":
     "change modes in on_test_end", "on_predict_model_eval": "change modes in on_predict_start",
-    "configure_sharded_model": "create the layers in __init__",
-    "configure_model": "create the layers in __init__ (configure_model arrives with sharded "
-                       "model creation)",
+    "configure_sharded_model": "create the layers in configure_model",
     "optimizer_step": "write a plugin implementing the optimizer_step hook",
     "optimizer_zero_grad": "gradients are set to None right after each step; use "
                            "on_before_zero_grad to act before",

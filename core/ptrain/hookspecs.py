@@ -19,6 +19,8 @@ part alone on their dataloader, ``predict`` the prediction part)::
     function():                                    # in every process
         trainer.device = setup_device(trainer)     # accelerator; strategies wrap it (ranks, groups)
         trainer.precision_policy = precision_policy(trainer)
+        with module_init_context(trainer, empty_init=None):   # each plugin's context, entered
+            trainer.module.configure_model()                  # once per module
         trainer.model = wrap_model(trainer, model=StepModule(trainer.module))   # on the CPU
         trainer.optimizers = [wrap_optimizer(trainer, optimizer) for each optimizer]
         train_loader = prepare_dataloader(trainer, dataloader, stage="train")
@@ -61,6 +63,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
             on_epoch_end(trainer)
         on_loop_end(trainer, loop="train")
         on_loop_end(trainer, loop="fit")
+        [after an error: exception = report_error(trainer, exception) or exception]
         teardown(trainer, stage="fit")                     # always, also after an error
 
     validation (and test, with stage="test" over the test loader, without on_validation_end):
@@ -116,6 +119,7 @@ change its result: the way to transform what another plugin produces (a model, a
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
@@ -178,12 +182,14 @@ def check_available() -> str | None:
 def launch(trainer: Trainer, function: Callable[[], Any]) -> Any:
     """Run ``function`` in every process the strategy needs and return rank 0's result.
 
-    Fires: once per ``fit``/``validate``, before any other loop hook. ``function()`` runs the
-    whole stage (``setup_device`` onward) in the calling process. It is picklable: a strategy
-    that needs several processes starts them here and calls the unpickled ``function()`` in each
-    (it rebuilds the trainer there); rank 0 then returns a :class:`ptrain.trainer.WorkerResult`
-    which the launching trainer adopts (the trained weights, counters and metrics). A strategy
-    that finds the processes already started (``torchrun``, SLURM) returns ``None``.
+    Fires: once per stage call (``fit``, ``validate``, ``test``, ``predict``), before any other
+    loop hook. ``function()`` runs the whole stage (``setup_device`` onward) in the calling
+    process. A strategy that needs several processes either makes the calling process one of
+    them (starting the others, e.g. by running the program again, or finding them started by
+    ``torchrun``/SLURM or by an earlier stage) and returns ``None``; or, where it can't, starts
+    worker processes for this stage and calls ``function()`` in each: it is picklable, and
+    rebuilds the trainer there. Rank 0 then returns a :class:`ptrain.trainer.WorkerResult`,
+    which the launching trainer adopts (the trained weights, counters and metrics).
     :mod:`ptrain.distributed` does all of this for strategies built on torch.distributed.
 
     Result: firstresult; ``None`` means "run ``function()`` here", which the core then does.
@@ -214,6 +220,24 @@ def precision_policy(trainer: Trainer) -> PrecisionPolicy:
     settings instead of fighting the precision plugin.
 
     Result: firstresult; a :class:`ptrain.PrecisionPolicy`. Implemented by: precision plugins.
+    """
+
+
+@hookspec
+def module_init_context(trainer: Trainer,
+                        empty_init: bool | None) -> contextlib.AbstractContextManager | None:
+    """A context in which the module's layers are created: ``configure_model()`` runs inside
+    every plugin's (and so does a block under ``Trainer.init_module()``).
+
+    Fires: once per process before the module's ``configure_model`` (the first stage that
+    builds it), and at each ``Trainer.init_module(empty_init)``. ``empty_init``: ``True`` asks
+    that parameters be created without memory or initial values (on the ``meta`` device; the
+    plugin that wraps the model then gives them memory and values, see
+    :mod:`ptrain.meta_init`), ``False`` that they be created whole, ``None`` leaves it to the
+    plugin. A plugin returns a context manager (``torch.device("meta")`` is one), or ``None``.
+
+    Result: all; every context returned is entered, in hook order. Implemented by: sharding
+    strategies (parameters on the meta device, so that no rank holds the whole model).
     """
 
 
@@ -272,6 +296,20 @@ def setup(trainer: Trainer, stage: str) -> None:
     before the first epoch.
 
     Result: all. Implemented by: any plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def report_error(trainer: Trainer, exception: BaseException) -> BaseException | None:
+    """The error a failed stage raises, where another than its own explains it better.
+
+    Fires: once per process when a stage ends with an error (``exception``), before
+    ``teardown``. A multi-process strategy returns the error of the rank that failed first (a
+    rank whose collective broke because another rank died would otherwise report the broken
+    collective), and may stop the job's other processes here.
+
+    Result: firstresult; the exception to raise, or ``None`` to raise ``exception``.
+    Implemented by: strategies.
     """
 
 

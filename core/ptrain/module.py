@@ -238,6 +238,16 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         gathered in dataset order)."""
         raise NotImplementedError(f"{type(self).__name__} must implement predict_step")
 
+    def configure_model(self) -> None:
+        """Create the layers here rather than in ``__init__`` when the model may be too large
+        for one process: ptrain calls it in every process, once per module (the first stage
+        that runs it; later stages find it done), after ``setup`` and before the model is
+        wrapped, inside the strategy's init context (:meth:`ptrain.Trainer.init_module`). Under
+        ``fsdp``/``zero3`` the layers are then created on the meta device and each rank gets
+        only its shards, initialised by each module's ``reset_parameters()`` to the values the
+        model built whole would have had (see :mod:`ptrain.meta_init`). Calling it again
+        yourself must be harmless: return early when the layers exist."""
+
     def configure_optimizers(self) -> Any:
         """Return an optimizer; or a dict ``{"optimizer": opt, "lr_scheduler": sched}`` where the
         scheduler may be a dict ``{"scheduler": s, "interval": "step" | "epoch", "frequency":

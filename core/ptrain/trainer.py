@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from ptrain import checkpoint_io
+from ptrain import checkpoint_io, script_launch
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -269,6 +269,78 @@ class Trainer:
         self.return_predictions = return_predictions
         return self._run("predict", module, datamodule, ckpt_path, {"predict": dataloaders})
 
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Create the layers made in this block the way the run's plugins want them: under a
+        sharding strategy on the ``meta`` device (no memory, no values), so that a model larger
+        than one process's memory can be built; its parameters get their memory (each rank its
+        shards) and initial values (from each module's ``reset_parameters()``) when the model
+        is wrapped, see :mod:`ptrain.meta_init`. ``empty_init``: ``True`` creates them on the
+        meta device under every strategy, ``False`` whole under every strategy, ``None`` as
+        the strategy prefers. The module's ``configure_model()`` runs in this block too.
+
+        ::
+
+            trainer = Trainer(strategy="fsdp", devices=8)
+            with trainer.init_module():
+                model = MyTransformer()   # nothing allocated yet
+            trainer.fit(model)
+        """
+        with contextlib.ExitStack() as stack:
+            for context in self.hook.module_init_context(trainer=self, empty_init=empty_init):
+                stack.enter_context(context)
+            yield
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The module's state dict with every tensor whole and on the CPU, on global rank 0;
+        ``None`` on the other ranks. Under a sharding strategy each rank keeps only its shards
+        after ``fit``: this gathers them, one tensor at a time, so it is a collective that every
+        rank must call. Refused (:class:`ConfigError`, on every rank) when the whole weights
+        would not fit in the memory rank 0's machine has available; then write a checkpoint and
+        ``ptrain export`` it, which reads a sharded checkpoint without a process group."""
+        if self.module is None:
+            raise ConfigError("full_state_dict(): no module yet; call it after fit, validate, "
+                              "test or predict.")
+        needed = sum(t.numel() * t.element_size() for t in self.module.state_dict().values()
+                     if isinstance(t, torch.Tensor))
+        available = self._rank_zero_value(_available_memory() if self.is_global_zero else None)
+        if available is not None and needed > available:
+            raise ConfigError(
+                f"the module's whole weights take {needed / 2**30:.1f} GiB, more than the "
+                f"{available / 2**30:.1f} GiB of memory available to rank 0; gather them "
+                f"elsewhere: trainer.save_checkpoint(path) writes them sharded, and `ptrain "
+                f"export PATH --output model.safetensors` turns that into one file.")
+        return full_state_dict(self.module, keep=self.is_global_zero)
+
+    def save_full_weights(self, path: str | Path, *, force: bool = False) -> None:
+        """Write the module's whole weights to ``path`` as one safetensors file (the format of
+        ``ptrain export``, with the module's class and hyperparameters), gathered as
+        :meth:`full_state_dict` gathers them: every rank calls it, rank 0 writes. An existing
+        file is refused unless ``force``."""
+        from ptrain.export import check_output, write_weights
+
+        path = Path(path)
+        problem = None
+        if self.is_global_zero:
+            try:
+                check_output(path, None, force)
+            except ConfigError as exc:
+                problem = exc
+        problem = self._rank_zero_value(problem)  # every rank stops, or none does
+        if problem is not None:
+            raise problem
+        state = self.full_state_dict()
+        if state is not None:
+            write_weights(state, path, {"module_class": class_path(self.module),
+                                        "hyper_parameters": dict(self.module.hparams),
+                                        "ptrain_version": _core_version()})
+
+    def _rank_zero_value(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank (a collective under several processes)."""
+        if self.world_size == 1:
+            return value
+        return self.hook.all_gather_object(trainer=self, obj=value)[0]
+
     def save_checkpoint(self, path: str | Path) -> None:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
@@ -367,6 +439,7 @@ class Trainer:
         leaves ``fit`` trained, and the counters, metrics and predictions read as after a run
         here."""
         if result.model is not None:
+            self._configure_model(empty_init=False)  # the layers to hold the weights, whole
             self.module.load_state_dict(result.model)
         if stage == "fit":  # the counters of training (an evaluation stage leaves them)
             self.global_step, self.current_epoch = result.global_step, result.current_epoch
@@ -401,6 +474,7 @@ class Trainer:
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
             module.setup(stage)
+            self._configure_model(empty_init=None)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
             if stage == "fit":
                 setup = configure_optimizers(module)
@@ -432,6 +506,10 @@ class Trainer:
             return {k: float(v) for k, v in self.callback_metrics.items()}
         except BaseException as exc:
             self.exception = exc
+            reported = self.hook.report_error(trainer=self, exception=exc)
+            if reported is not None and reported is not exc:
+                self.exception = reported
+                raise reported from None
             raise
         finally:
             self.stage = None
@@ -445,6 +523,17 @@ class Trainer:
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
                                self.predict_dataloader):
                     stop_workers(loader)
+
+    def _configure_model(self, empty_init: bool | None) -> None:
+        """Call the module's ``configure_model()`` inside the plugins' init contexts, the first
+        time a stage runs it (a module already configured is left as it is)."""
+        module = self.module
+        if type(module).configure_model is TrainModule.configure_model \
+                or getattr(module, "_model_configured", False):
+            return
+        with self.init_module(empty_init=empty_init):
+            module.configure_model()
+        module._model_configured = True
 
     def _register_module_plugins(self) -> list[tuple[str, Any]]:
         """Register, for this stage, the plugins the module brings (its hook methods, its
@@ -722,11 +811,27 @@ def _versions(root: Path) -> list[tuple[int, Path]]:
     return [(int(m.group(1)), p) for p in root.iterdir() if (m := _VERSION.match(p.name))]
 
 
+def _available_memory() -> int | None:
+    """Bytes of memory this machine has available (Linux's MemAvailable), or ``None``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _core_version() -> str:
     try:
         return metadata.version("ptrain-core")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+#: The seed of the last seed_everything, for the processes this one starts.
+_SEED_VARIABLE = "PTRAIN_GLOBAL_SEED"
 
 
 def seed_everything(seed: int | None = None, workers: bool = False) -> int:
@@ -735,13 +840,18 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     Call it before the model is built, so that its initial weights are seeded too (or pass
     ``seed`` to the :class:`Trainer`, which calls this when it is made, and make the model
     after it; ``ptrain fit --seed`` does the same). ``seed=None`` takes a random seed and prints
-    it. ``workers`` is accepted for Lightning's signature: torch already seeds each DataLoader
-    worker's Python, NumPy and torch generators from a base seed drawn from the seeded
-    generator, so their draws are reproducible either way.
+    it, except in the processes the script launcher started, which take rank 0's (it is passed
+    to them in the environment, so every rank of the job draws alike). ``workers`` is accepted
+    for Lightning's signature: torch already seeds each DataLoader worker's Python, NumPy and
+    torch generators from a base seed drawn from the seeded generator, so their draws are
+    reproducible either way.
     """
+    if seed is None and script_launch.is_started_copy() and _SEED_VARIABLE in os.environ:
+        seed = int(os.environ[_SEED_VARIABLE])
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
         print(f"seed_everything: no seed given, using {seed}", flush=True)
+    os.environ[_SEED_VARIABLE] = str(seed)  # the ranks the script launcher starts use it too
     random.seed(seed)
     torch.manual_seed(seed)
     try:

@@ -19,6 +19,7 @@ from ptrain.config import dump_hyperparameters
 from ptrain.data import move_to_device
 from ptrain.errors import CheckpointError
 from ptrain.hookspecs import hookimpl
+from ptrain.meta_init import materialize
 from ptrain.precision_policy import PrecisionPolicy
 
 if TYPE_CHECKING:
@@ -35,7 +36,12 @@ class LoopDefaults:
         return PrecisionPolicy()
 
     @hookimpl(trylast=True)
+    def module_init_context(self, empty_init: bool | None) -> Any:
+        return torch.device("meta") if empty_init else None
+
+    @hookimpl(trylast=True)
     def wrap_model(self, trainer: Trainer, model: torch.nn.Module) -> torch.nn.Module:
+        materialize(model, trainer.device)  # layers made on the meta device (init_module)
         return model.to(trainer.device)
 
     @hookimpl(trylast=True)

@@ -16,6 +16,8 @@ from ptrain.trainer import Trainer as _Trainer
 _STRATEGIES = {"ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_notebook": "ddp",
                "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
                "deepspeed_stage_3": "zero3", "single_device": "single-device"}
+#: Lightning's strategy names that start new processes per stage: ptrain's spawn launcher
+_SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
 class Trainer(_Trainer):
@@ -212,6 +214,8 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[s
                                                           "or '..._false'")
         strategy, strategy_options = "ddp", {"find_unused_parameters": flag == "true"}
     if isinstance(strategy, str):
+        if strategy in _SPAWNING:
+            strategy_options = {"launcher": "spawn"}
         strategy = _STRATEGIES.get(strategy, strategy)
         if strategy == "auto":
             devices = g["devices"]

@@ -39,7 +39,7 @@ class XLAStrategy(ProcessGroupStrategy):
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
-        ProcessGroupStrategy.add_process_group_options(options)
+        ProcessGroupStrategy.add_process_group_options(options, launcher=False)
 
     @staticmethod
     @hookimpl

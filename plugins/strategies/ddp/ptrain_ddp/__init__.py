@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ptrain import hookimpl
 from ptrain.distributed import ProcessGroupStrategy
+from ptrain.meta_init import materialize
 from ptrain.options import to_bool
 
 
@@ -55,6 +56,7 @@ class DDPStrategy(ProcessGroupStrategy):
 
     @hookimpl
     def wrap_model(self, trainer, model: torch.nn.Module) -> torch.nn.Module:
+        materialize(model, trainer.device)  # layers made on the meta device (init_module)
         model = model.to(trainer.device)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. validate-only on a frozen model)

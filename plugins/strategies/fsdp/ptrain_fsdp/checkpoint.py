@@ -17,15 +17,17 @@ any single-process or ``ddp`` run and loads with ``torch.load``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
@@ -49,9 +51,10 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
         tmp.mkdir(parents=True)
     dist.barrier()
     meta = dict(checkpoint)
-    shards = {"model": meta.pop("model"),
-              "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                             for opt in trainer.optimizers]}
+    with optimizer_state_ready(trainer.optimizers):
+        shards = {"model": meta.pop("model"),
+                  "optimizers": [get_optimizer_state_dict(trainer.module, opt)
+                                 for opt in trainer.optimizers]}
     meta.pop("optimizers")
     meta["num_optimizers"] = len(trainer.optimizers)
     dcp.save(shards, checkpoint_id=tmp)
@@ -78,15 +81,65 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
     if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers:
         raise CheckpointError(f"checkpoint {str(path)!r} holds {meta.get('num_optimizers')} "
                               f"optimizer states; the model configures {len(trainer.optimizers)}.")
-    shards = {"model": trainer.module.state_dict(),
-              "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                             for opt in trainer.optimizers]}
-    dcp.load(shards, checkpoint_id=path)
-    for optimizer, state in zip(trainer.optimizers, shards["optimizers"]):
-        set_optimizer_state_dict(trainer.module, optimizer, state)
+    with optimizer_state_ready(trainer.optimizers):
+        shards = {"model": trainer.module.state_dict(),
+                  "optimizers": [get_optimizer_state_dict(trainer.module, opt)
+                                 for opt in trainer.optimizers]}
+        dcp.load(shards, checkpoint_id=path)
+        for optimizer, state in zip(trainer.optimizers, shards["optimizers"]):
+            set_optimizer_state_dict(trainer.module, optimizer, state)
     meta["model"] = shards["model"]
     meta["optimizers"] = [opt.state_dict() for opt in trainer.optimizers]
     return meta
+
+
+@contextlib.contextmanager
+def optimizer_state_ready(optimizers: list[torch.optim.Optimizer]) -> Iterator[None]:
+    """Inside: every optimizer's state exists, and every trainable parameter has a gradient of
+    zeros that holds no memory (a view of one zero).
+
+    ``get_optimizer_state_dict`` and ``set_optimizer_state_dict`` need the state to exist; when
+    it does not (before the first step, or an optimizer without state such as plain SGD) torch
+    creates it with a step on zero gradients it allocates, one gradient shard per parameter: a
+    transient the size of all gradients on every save and every resume. Here that step runs on
+    the memory-free zeros, and torch, finding gradients present, leaves the state as it is. The
+    gradients set here are removed on leaving."""
+    params = [p for optimizer in optimizers for group in optimizer.param_groups
+              for p in group["params"] if p.requires_grad and p.grad is None]
+    for param in params:
+        param.grad = _memoryless_zeros_like(param)
+    try:
+        for optimizer in optimizers:
+            if not optimizer.state:
+                _step_without_change(optimizer)
+        yield
+    finally:
+        for param in params:
+            param.grad = None
+
+
+def _memoryless_zeros_like(param: torch.Tensor) -> torch.Tensor:
+    local = param.to_local() if isinstance(param, DTensor) else param
+    zeros = torch.zeros((), dtype=local.dtype, device=local.device).expand(local.shape)
+    if isinstance(param, DTensor):
+        return DTensor.from_local(zeros, param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+    return zeros
+
+
+def _step_without_change(optimizer: torch.optim.Optimizer) -> None:
+    """One step with learning rate 0 (on zero gradients): it creates the optimizer's state
+    without changing a parameter."""
+    rates = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    try:
+        optimizer.step()
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates):
+            if rate is not None:
+                group["lr"] = rate
 
 
 def _indexed_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from ptrain import ConfigError, hookimpl
 from ptrain.distributed import ProcessGroupStrategy
+from ptrain.meta_init import has_meta_tensors, materialize
 from ptrain.options import to_bool, to_str_list
 from ptrain_fsdp import checkpoint as sharded
 from ptrain_fsdp.modules import modules_to_shard
@@ -23,8 +26,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     fixed_reshard_after_forward: bool | None = None
 
     def __init__(self, wrap_classes: list[str] | None = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, **process_group_options):
+                 cpu_offload: bool = False, empty_init: bool = True, **process_group_options):
         super().__init__(**process_group_options)
+        self.empty_init = empty_init
         self.wrap_classes = list(wrap_classes or ["auto"])
         self.reshard_after_forward = (reshard_after_forward
                                       if self.fixed_reshard_after_forward is None
@@ -36,6 +40,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         options.add("wrap_classes", to_str_list, default=["auto"],
                     help="module classes (names) to shard as units, e.g. TransformerBlock; "
                          "auto: the classes repeated in the model's nn.ModuleLists")
+        options.add("empty_init", to_bool, default=True,
+                    help="create the layers of the module's configure_model (and of "
+                         "Trainer.init_module blocks) on the meta device, so that each rank "
+                         "allocates only its shards; off: built whole on every rank, then "
+                         "sharded")
         options.add("cpu_offload", to_bool, default=False,
                     help="keep parameter shards, gradients and optimizer state in host memory "
                          "(slower steps; for models that do not fit otherwise)")
@@ -50,6 +59,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         FSDPStrategy.add_sharding_options(options)
 
     # -- model ---------------------------------------------------------------------------------
+
+    @hookimpl
+    def module_init_context(self, empty_init: bool | None) -> Any:
+        wanted = self.empty_init if empty_init is None else empty_init
+        return torch.device("meta") if wanted else None
 
     @hookimpl
     def wrap_model(self, trainer, model: nn.Module) -> nn.Module:
@@ -76,11 +90,15 @@ class FSDPStrategy(ProcessGroupStrategy):
                                                          reduce_dtype=policy.reduce_dtype)
         if self.cpu_offload:
             settings["offload_policy"] = CPUOffloadPolicy(pin_memory=trainer.device.type == "cuda")
-        elif trainer.device.type != "cpu":
-            model.to(trainer.device)
+        if not has_meta_tensors(model):
+            # built whole on every rank: rank 0's values, as DDP does (unseeded ranks differ)
+            _broadcast_from_rank_zero(model, trainer.device)
+        # fully_shard moves each unit to the mesh's device as it shards it: no rank's device
+        # holds more than one unit whole
         for module in modules_to_shard(model, self.wrap_classes):
             fully_shard(module, **settings)
         fully_shard(model, **settings)  # the root: everything not in a unit above
+        materialize(model, torch.device("cpu") if self.cpu_offload else trainer.device)
         return model
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -93,3 +111,14 @@ class FSDPStrategy(ProcessGroupStrategy):
     @hookimpl
     def load_checkpoint(self, trainer, path: str) -> dict[str, Any]:
         return sharded.load(trainer, path)
+
+
+def _broadcast_from_rank_zero(model: nn.Module, device: torch.device) -> None:
+    """Every parameter and buffer of ``model`` set to rank 0's value (through ``device``, where
+    the process group's backend can reach it)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            on_device = tensor.data.to(device)
+            dist.broadcast(on_device, src=0)
+            if on_device is not tensor.data:
+                tensor.data.copy_(on_device)

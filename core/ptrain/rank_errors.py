@@ -1,0 +1,63 @@
+"""How a failing rank's error reaches the process that reports it for the whole job.
+
+The rank writes a record into the job's error folder (:func:`write_record`: the exception,
+pickled when it can travel, its traceback, the rank and the time); the reporting process reads
+them (:func:`read_records`) and raises the error of the first (:func:`error_of`). Both launchers
+of :mod:`ptrain.distributed` use it: the spawn launcher's workers and the script launcher's
+started ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ptrain.errors import PtrainError, WorkerError
+
+
+def write_record(folder: str | Path, exc: BaseException, rank: int) -> None:
+    """Leave ``exc`` of ``rank`` in ``folder`` (written whole, then renamed into place)."""
+    try:
+        payload = pickle.dumps(exc)
+    except Exception:  # an exception that can't travel is reported by its traceback
+        payload = None
+    record = {"rank": rank, "time": time.time(), "exception": payload,
+              "traceback": "".join(traceback.format_exception(exc)).rstrip()}
+    path = Path(folder) / f"rank{rank}.pkl"
+    with open(path.with_suffix(".tmp"), "wb") as f:
+        pickle.dump(record, f)
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def read_records(folder: str | Path) -> list[dict[str, Any]]:
+    """The records in ``folder``, oldest first."""
+    records = []
+    for path in Path(folder).glob("rank*.pkl"):
+        with open(path, "rb") as f:
+            records.append(pickle.load(f))
+    return sorted(records, key=lambda r: r["time"])
+
+
+def error_of(record: dict[str, Any]) -> BaseException:
+    """The error to raise for ``record``: a :class:`PtrainError` as itself (a usage error reads
+    the same from any rank), anything else as a :class:`WorkerError` naming the rank and holding
+    its traceback."""
+    exc = pickle.loads(record["exception"]) if record["exception"] is not None else None
+    if isinstance(exc, PtrainError):
+        return exc
+    return WorkerError(f"rank {record['rank']} failed; the other ranks were stopped. Its "
+                       f"error:\n{record['traceback']}")
+
+
+def silent_failure(rank: int, exitcode: int, signal_name: str) -> WorkerError:
+    """The error for a rank that ended without a record: killed, or exited on its own."""
+    how = f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
+    return WorkerError(f"rank {rank} {how} without reporting an error (out of memory? killed "
+                       f"from outside?); the other ranks were stopped.")
+
+
+__all__ = ["error_of", "read_records", "silent_failure", "write_record"]

@@ -1,0 +1,231 @@
+"""The script launcher: the rest of a job's processes are the user's program started again.
+
+When a script asks for ``N`` processes (``Trainer(strategy="ddp", devices=N).fit(...)``, or
+``ptrain fit --strategy ddp --devices N``), :func:`start_copies` starts the same command line
+``N - 1`` more times with the rendezvous environment set (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, as ``torchrun`` would set it) and makes the
+calling process rank 0. Every process then runs the script to the same stage call and joins one
+process group, which stays up for the rest of the script: a later ``validate``, ``test`` or
+``predict`` runs in the same processes without starting any, and each rank builds its own
+module (nothing is pickled).
+
+This needs a program to start again: :func:`relaunch_command` finds it, or says there is none
+(an interactive session, a notebook, ``python -c``, a stage called from a test runner); then
+the strategy uses :func:`ptrain.distributed.launch_workers` instead.
+
+How a failing job ends:
+
+- an error in a stage on a started rank is written to the job's error folder
+  (:func:`record_error`); the rank exits without printing it again, and rank 0 raises the error
+  of the rank that failed first (:func:`first_error`), then stops the other ranks;
+- a started rank whose launching process is gone (killed) stops itself within a second
+  (:func:`watch_launcher`);
+- at exit, rank 0 waits for the ranks it started (after a failure it stops them) and says on
+  stderr if one ended badly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ptrain import rank_errors
+from ptrain.errors import PtrainError
+
+#: Set in every process of a job the script launcher started: the launching process's id.
+LAUNCHER_PID = "PTRAIN_LAUNCHER_PID"
+#: The folder where a failing rank leaves its error for rank 0.
+ERROR_DIR = "PTRAIN_ERROR_DIR"
+#: Modules whose frames lie between a stage call and the code that made it.
+_BETWEEN = ("pluggy", "contextlib", "runpy", "functools")
+
+_children: list[subprocess.Popen] = []
+_failed = False  # a stage of this job failed: the started ranks are stopped, not waited for
+
+
+def relaunch_command() -> list[str] | None:
+    """The command line that runs this program again from the start, or ``None`` where there is
+    none to run: an interactive interpreter (REPL, notebook, ``python -i``), code given with
+    ``-c`` or on stdin, or a stage called from code that is not the program's own (the first
+    caller outside ptrain is not in ``__main__``, as under a test runner)."""
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    if main is None or not file or hasattr(sys, "ps1") or sys.flags.interactive:
+        return None
+    if not _called_from_main():
+        return None
+    original = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    options = original[1:len(original) - len(sys.argv)]  # the interpreter's own, e.g. -X dev
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:  # python -m package
+        if options[-1:] == ["-m"]:
+            options = options[:-1]
+        module = spec.name.removesuffix(".__main__")
+        return [sys.executable, *options, "-m", module, *sys.argv[1:]]
+    return [sys.executable, *options, os.path.abspath(file), *sys.argv[1:]]
+
+
+def _called_from_main() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        root = name.split(".")[0]
+        if not (root == "ptrain" or root.startswith("ptrain_") or root in _BETWEEN):
+            return name == "__main__"
+        frame = frame.f_back
+    return False
+
+
+def start_copies(command: list[str], nprocs: int) -> None:
+    """Start ``command`` as ranks ``1 .. nprocs - 1`` of a job on this machine and make this
+    process rank 0: the rendezvous variables are set here and in each copy."""
+    port = _free_port()
+    error_dir = tempfile.mkdtemp(prefix="ptrain-errors-")
+    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nprocs),
+              "LOCAL_WORLD_SIZE": str(nprocs), LAUNCHER_PID: str(os.getpid()),
+              ERROR_DIR: error_dir}
+    for rank in range(1, nprocs):
+        env = {**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        _children.append(subprocess.Popen(command, env=env))
+    os.environ.update(shared, RANK="0", LOCAL_RANK="0")
+    atexit.register(end_copies)
+    previous = sys.excepthook
+
+    def failed(kind, value, tb):  # the script ends with an error: stop the ranks, don't wait
+        global _failed
+        _failed = True
+        previous(kind, value, tb)
+
+    sys.excepthook = failed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_started_copy() -> bool:
+    """Whether this process is a rank the script launcher started (not the launching one)."""
+    return LAUNCHER_PID in os.environ and os.environ.get("RANK") != "0"
+
+
+def is_launcher() -> bool:
+    """Whether this process started the other ranks of its job with :func:`start_copies`."""
+    return bool(_children)
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def record_error(exc: BaseException) -> None:
+    """On a started rank: leave ``exc`` (and its traceback) for rank 0 to report, and mark it
+    reported, so that this rank exits without printing it again (see :func:`install_quiet_exit`)."""
+    folder = os.environ.get(ERROR_DIR)
+    if not folder or not os.path.isdir(folder):
+        return
+    rank_errors.write_record(folder, exc, int(os.environ.get("RANK", "0")))
+    exc.ptrain_reported_to_launcher = True
+
+
+def first_error(own: BaseException) -> BaseException:
+    """On rank 0 after its stage failed with ``own``: the error to raise. A started rank that
+    failed before this one did (whose failure is likely what broke rank 0's collective) gives
+    its own error (see :func:`ptrain.rank_errors.error_of`); a started rank that died without
+    a record, while rank 0's own error is not a usage error, is named. The other ranks are then
+    stopped."""
+    global _failed
+    _failed = True
+    failed_at = time.time()
+    folder = os.environ.get(ERROR_DIR)
+    records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) else []
+    dead = [(rank, child.poll()) for rank, child in enumerate(_children, start=1)
+            if child.poll() not in (None, 0)]
+    _stop_copies()
+    if isinstance(own, KeyboardInterrupt):  # Ctrl-C reached every rank: an interruption
+        return own
+    earlier = [r for r in records if r["time"] < failed_at]
+    if earlier:
+        return rank_errors.error_of(earlier[0])
+    if dead and not isinstance(own, PtrainError):
+        rank, code = dead[0]
+        name = signal.Signals(-code).name if code < 0 else ""
+        return rank_errors.silent_failure(rank, code, name)
+    return own
+
+
+def install_quiet_exit() -> None:
+    """On a started rank: an uncaught error that was already handed to rank 0 ends the process
+    without a second traceback (rank 0 prints it once); any other error prints as usual."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if getattr(value, "ptrain_reported_to_launcher", False):
+            return
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def watch_launcher() -> None:
+    """On a started rank: stop this process within a second of the launching process ending
+    (killed, or exited without stopping it), so no rank is left waiting for a job that is gone."""
+    launcher = int(os.environ[LAUNCHER_PID])
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        print(f"ptrain: rank {os.environ.get('RANK')}: the launching process (rank 0, pid "
+              f"{launcher}) ended; stopping.", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ptrain-launcher-watch", daemon=True).start()
+
+
+def _stop_copies(grace: float = 5.0) -> None:
+    for child in _children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + grace
+    for child in _children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def end_copies() -> None:
+    """At exit of rank 0, before its process group goes: wait for the ranks it started to
+    finish the script (after a failure, stop them), and say on stderr which ended badly. Once;
+    later calls do nothing."""
+    if not _children:
+        return
+    if _failed:
+        _stop_copies()
+    for rank, child in enumerate(_children, start=1):
+        code = child.wait()
+        if code != 0 and not _failed:
+            print(f"ptrain: rank {rank} (pid {child.pid}) exited with code {code} after rank 0 "
+                  f"finished; its output above says why.", file=sys.stderr, flush=True)
+    _children.clear()
+    folder = os.environ.get(ERROR_DIR)
+    if folder:
+        for path in Path(folder).glob("*"):
+            path.unlink(missing_ok=True)
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
+__all__ = ["first_error", "install_quiet_exit", "is_launcher", "is_started_copy",
+           "record_error", "relaunch_command", "start_copies", "watch_launcher"]

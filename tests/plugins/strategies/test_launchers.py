@@ -1,0 +1,155 @@
+"""Which processes run a multi-process job: the script launcher (the user's program started
+again as the other ranks, up for the rest of the script) and the spawn launcher (new workers
+per stage, for interactive use), with real gloo processes of two ranks.
+
+The jobs are the script ``tests/_launcher_script.py`` (``fit``, then ``validate`` twice, on one
+trainer), run as a program, run through ``python -c`` (no script file), and run with rank 0
+killed half-way. They are started together up front by the ``jobs`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ptrain.errors import ConfigError
+from ptrain.script_launch import relaunch_command
+from tests.conftest import REPO
+
+SCRIPT = REPO / "tests" / "_launcher_script.py"
+pytestmark = pytest.mark.slow
+
+
+def sub_env() -> dict[str, str]:
+    """This environment without the variables of a launcher (ranks, rendezvous, seed)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "PTRAIN_GLOBAL_SEED", "PTRAIN_LAUNCHER_PID",
+                         "PTRAIN_ERROR_DIR")
+            and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+
+
+def run(argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, env=sub_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def detail(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in out.glob("[0-9]*.json")]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("launchers")
+    interactive = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+                   f"from tests._launcher_script import main; main({str(root / 'c')!r})")
+    argvs = {
+        "script": [sys.executable, str(SCRIPT), str(root / "script")],
+        "spawn": [sys.executable, str(SCRIPT), str(root / "spawn"), "--launcher", "spawn"],
+        "c": [sys.executable, "-c", interactive],
+        "killed": [sys.executable, str(SCRIPT), str(root / "killed"), "--kill-rank-zero"],
+    }
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(run, argv) for name, argv in argvs.items()}
+        results = {name: (future.result(), root / name) for name, future in futures.items()}
+    return results
+
+
+def test_later_stages_run_in_the_processes_of_the_first(jobs):
+    proc, out = jobs["script"]
+    assert proc.returncode == 0, detail(proc)
+    result = json.loads((out / "result.json").read_text())
+    ran = records(out)
+    assert sorted(r["rank"] for r in ran) == [0, 1]  # two processes in all, for three stages
+    rank0 = next(r for r in ran if r["rank"] == 0)
+    rank1 = next(r for r in ran if r["rank"] == 1)
+    assert rank0["pid"] == result["pid"]  # the script's own process is rank 0
+    assert rank1["ppid"] == result["pid"]  # and it started rank 1
+    for record in ran:
+        assert [s["stage"] for s in record["stages"]] == ["fit", "validate", "validate"]
+
+
+def test_the_script_launcher_gives_the_spawn_launchers_results(jobs):
+    (script, script_out), (spawn, spawn_out) = jobs["script"], jobs["spawn"]
+    assert script.returncode == 0, detail(script)
+    assert spawn.returncode == 0, detail(spawn)
+    got = json.loads((script_out / "result.json").read_text())
+    want = json.loads((spawn_out / "result.json").read_text())
+    assert got["validate"] == want["validate"]
+    assert got["weights"] == want["weights"]
+    # the spawn launcher started new workers for each stage: six worker records, none rank 0's
+    # launching process
+    spawned = records(spawn_out)
+    assert len(spawned) == 6 and want["pid"] not in {r["pid"] for r in spawned}
+
+
+def test_a_call_without_a_script_file_uses_the_spawn_launcher(jobs):
+    proc, out = jobs["c"]
+    assert proc.returncode == 0, detail(proc)
+    result = json.loads((out / "result.json").read_text())
+    ran = records(out)
+    assert len(ran) == 6  # each of the three stages in two new workers
+    assert result["pid"] not in {r["pid"] for r in ran}
+    want = json.loads((jobs["spawn"][1] / "result.json").read_text())
+    assert result["validate"] == want["validate"]
+
+
+def test_a_killed_rank_zero_ends_the_ranks_it_started(jobs):
+    proc, out = jobs["killed"]
+    assert proc.returncode == -9, detail(proc)
+    pid = int((out / "rank1.pid").read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, 9)
+        pytest.fail(f"rank 1 (pid {pid}) was still running 30 s after rank 0 was killed")
+
+
+def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, sys\nfrom ptrain.script_launch import relaunch_command\n"
+                     "print(json.dumps(relaunch_command()))\n")
+    as_script = run([sys.executable, "-X", "utf8", str(probe), "--flag", "x"])
+    assert json.loads(as_script.stdout) == [sys.executable, "-X", "utf8", str(probe), "--flag",
+                                            "x"], detail(as_script)
+    package = tmp_path / "probepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(probe.read_text())
+    env = {**sub_env(), "PYTHONPATH": str(tmp_path)}
+    as_module = subprocess.run([sys.executable, "-m", "probepkg", "a"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True)
+    assert json.loads(as_module.stdout) == [sys.executable, "-m", "probepkg", "a"], \
+        detail(as_module)
+    as_code = run([sys.executable, "-c", probe.read_text().replace("\n", ";")])
+    assert json.loads(as_code.stdout) is None, detail(as_code)
+
+
+def test_relaunch_command_is_none_under_a_test_runner():
+    assert relaunch_command() is None  # called from this test module, not from __main__
+
+
+def test_launcher_script_without_a_program_is_a_usage_error(make_trainer):
+    from tests.conftest import TinyRegressor
+
+    trainer = make_trainer(strategy="ddp", devices=2, max_epochs=1,
+                           plugin_options={"ddp": {"launcher": "script"}})
+    with pytest.raises(ConfigError, match="no program to run again") as info:
+        trainer.fit(TinyRegressor())
+    assert "launcher 'spawn'" in str(info.value)
