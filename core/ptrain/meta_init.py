@@ -40,11 +40,11 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     only its local shard. Under a process group every rank must call this (the generator state
     is shared).
     """
-    uninitialised = [(name, m) for name, m in model.named_modules()
-                     if any(t.is_meta for t in _own_tensors(m))]
+    uninitialised = [(name, m, _meta_names(m)) for name, m in model.named_modules()]
+    uninitialised = [entry for entry in uninitialised if entry[2]]
     if not uninitialised:
         return
-    missing = [f"{name or 'the model'} ({type(m).__qualname__})" for name, m in uninitialised
+    missing = [f"{name or 'the model'} ({type(m).__qualname__})" for name, m, _ in uninitialised
                if not callable(getattr(m, "reset_parameters", None))]
     if missing:
         raise ModelError(
@@ -66,13 +66,25 @@ def materialize(model: nn.Module, device: torch.device) -> None:
             if name in kept:
                 _local(tensor).copy_(kept[name])
     del kept
-    for _, module in uninitialised:
-        _initialise(module)
+    for _, module, names in uninitialised:
+        _initialise(module, names)
 
 
-def _initialise(module: nn.Module) -> None:
-    own = {**{f"p.{k}": v for k, v in module._parameters.items() if v is not None},
-           **{f"b.{k}": v for k, v in module._buffers.items() if v is not None}}
+def _meta_names(module: nn.Module) -> set[str]:
+    """The keys (``p.NAME``, ``b.NAME``) of ``module``'s own tensors that are on the meta device."""
+    own = _own(module)
+    return {key for key, tensor in own.items() if _local(tensor).is_meta}
+
+
+def _own(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {**{f"p.{k}": v for k, v in module._parameters.items() if v is not None},
+            **{f"b.{k}": v for k, v in module._buffers.items() if v is not None}}
+
+
+def _initialise(module: nn.Module, meta: set[str]) -> None:
+    """Run ``module.reset_parameters()`` on whole CPU stand-ins of its own tensors and copy into
+    those that were on the meta device (``meta``) their values, or this rank's part of them."""
+    own = _own(module)
     wholes = {}
     for key, tensor in own.items():
         kind, name = key.split(".", 1)
@@ -90,7 +102,8 @@ def _initialise(module: nn.Module) -> None:
             kind, name = key.split(".", 1)
             (module._parameters if kind == "p" else module._buffers)[name] = tensor
     with torch.no_grad():
-        for key, tensor in own.items():
+        for key in meta:
+            tensor = own[key]
             whole = wholes[key].to(_local(tensor).device)
             if hasattr(tensor, "device_mesh"):  # a DTensor: this rank's part of the whole
                 from torch.distributed.tensor import distribute_tensor
@@ -107,11 +120,6 @@ def _share_generator_state() -> None:
         state = [torch.get_rng_state()]
         dist.broadcast_object_list(state, src=0)
         torch.set_rng_state(state[0])
-
-
-def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
-    tensors = [*module._parameters.values(), *module._buffers.values()]
-    return [_local(t) for t in tensors if t is not None]
 
 
 def _local_tensors(model: nn.Module) -> list[torch.Tensor]:
