@@ -525,3 +525,35 @@ def test_p_module_class_loads_a_local_callback_without_packaging_it(tmp_path):
     missing = run_cli("fit", *MODEL, "-p", "my_callbacks:Nope", cwd=tmp_path,
                       env={"PYTHONPATH": str(REPO)})
     assert_usage_error(missing, "my_callbacks:Nope", "could not be imported")
+
+
+def test_a_warning_is_one_sentence_once(tmp_path):
+    """A warning during a CLI run is one ``ptrain: warning:`` line (no file, line number,
+    category or echoed source line)."""
+    result = run_cli("fit", "--model", TINY, "--model.shuffle", "true", "--overfit-batches", "2",
+                     "--max-epochs", "1", "--accelerator", "cpu", "-p", "no:progress-bar",
+                     "-p", "no:model-summary", "--default-root-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["ptrain: warning: overfit_batches: the training dataloader shuffles; it is "
+                     "read in order instead, so that every epoch trains on the same batches."], \
+        result.stderr
+
+
+def test_the_same_warning_is_printed_once_per_process(capsys):
+    import warnings
+
+    from ptrain.cli import _warnings_as_sentences
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # Python itself would show each of these
+        with _warnings_as_sentences():
+            for _ in range(3):
+                warnings.warn("a plugin is broken:\n  it says so", UserWarning)
+            warnings.warn("something else", DeprecationWarning)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines  # once each, one line each
+    # raised here, outside ptrain: the line names this test module as the source
+    assert lines[0].startswith("ptrain: warning from ") and lines[0].endswith(
+        "test_cli: a plugin is broken: it says so"), lines
+    assert lines[1].endswith(": something else"), lines

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
 import re
 import random
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,11 @@ from ptrain.errors import CheckpointError
 
 FORMAT = "ptrain-checkpoint"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+#: torch's words for a pickled global the weights-only loader refuses (a class, a function to
+#: call): "Unsupported global: GLOBAL x.y", or "unsupported GLOBAL x.y whose module x is blocked"
+_UNSUPPORTED_GLOBAL = re.compile(r"unsupported (?:global: )?GLOBAL (\S+)", re.IGNORECASE)
+#: ... and for a pickle stream that is no torch.save file (a plain pickle.dump)
+_UNSUPPORTED_OPERAND = re.compile(r"Unsupported operand \d+")
 FORMAT_VERSION = 1
 
 
@@ -57,14 +63,25 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             + ". Give the path of a .ckpt file, or `last` to resume the latest run."
         )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # the refusal below says what the file is
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        unsafe = _UNSUPPORTED_GLOBAL.search(_ANSI.sub("", str(exc)))
+        text = _ANSI.sub("", str(exc))
+        unsafe = _UNSUPPORTED_GLOBAL.search(text)
         if unsafe:
             raise CheckpointError(
-                f"checkpoint {str(path)!r} was refused: it needs arbitrary pickled Python objects "
-                f"to load ({unsafe.group(1)}), which could run code. ptrain checkpoints hold only "
-                f"tensors and plain values."
+                f"checkpoint {str(path)!r} was refused as unsafe: loading it would import and "
+                f"call {unsafe.group(1)}, arbitrary pickled Python that could run any code; it "
+                f"was not run. ptrain checkpoints hold only tensors and plain values, so this "
+                f"file was not written by ptrain as it is. To see what it holds without running "
+                f"it: {_inspect_command(path)}"
+            ) from None
+        if _UNSUPPORTED_OPERAND.search(text) and _is_plain_pickle(path):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was refused as unsafe: it is a plain pickle, not a "
+                f"torch.save file, and unpickling it could run any code; it was not read. To see "
+                f"what it holds without running it: {_inspect_command(path)}"
             ) from None
         raise _corrupt(path, exc) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
@@ -84,6 +101,30 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             f"than this ptrain reads ({FORMAT_VERSION}); upgrade ptrain-core."
         )
     return checkpoint
+
+
+def _is_plain_pickle(path: Path) -> bool:
+    """Whether ``path`` is one whole pickle stream (read opcode by opcode, nothing run), rather
+    than a torch.save archive or bytes that are no pickle at all."""
+    if zipfile.is_zipfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            for _ in pickletools.genops(f):
+                pass
+    except Exception:
+        return False
+    return True
+
+
+def _inspect_command(path: Path) -> str:
+    """A shell command that lists what the pickle in ``path`` would import and call, without
+    running any of it (``pickletools`` disassembles; it does not execute)."""
+    if zipfile.is_zipfile(path):
+        return (f"python -c \"import pickletools, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+                f"pickletools.dis(z.read(next(n for n in z.namelist() "
+                f"if n.endswith('data.pkl'))))\" {path} | grep -B2 -E 'GLOBAL|REDUCE'")
+    return f"python -m pickletools {path} | grep -B2 -E 'GLOBAL|REDUCE'"
 
 
 def _corrupt(path: Path, exc: BaseException) -> CheckpointError:

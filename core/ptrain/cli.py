@@ -9,10 +9,12 @@ plugin.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
@@ -443,8 +445,46 @@ def _main_parser() -> _Parser:
     return parser
 
 
+@contextlib.contextmanager
+def _warnings_as_sentences():
+    """While the CLI runs, a warning is one line on stderr, once per process, as a sentence for
+    a person: ``ptrain: warning: ...`` (``ptrain: warning from torch: ...`` when another package
+    raised it), without Python's file name, line number, category and source-line echo."""
+    shown: set[str] = set()
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        if text in shown:
+            return
+        shown.add(text)
+        source = _package_of(filename)
+        mine = source is None or source == "ptrain" or source.startswith("ptrain_")
+        prefix = "ptrain: warning" if mine else f"ptrain: warning from {source}"
+        print(f"{prefix}: {text}", file=file or sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def _package_of(filename: str) -> str | None:
+    """The top-level package of the loaded module whose file is ``filename``, if any."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) == filename:
+            return module.__name__.split(".")[0]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    with _warnings_as_sentences():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in STAGES:
             return cmd_run(argv[0], argv[1:])
