@@ -227,5 +227,5 @@ def end_copies() -> None:
             pass
 
 
-__all__ = ["first_error", "install_quiet_exit", "is_launcher", "is_started_copy",
+__all__ = ["end_copies", "first_error", "install_quiet_exit", "is_launcher", "is_started_copy",
            "record_error", "relaunch_command", "start_copies", "watch_launcher"]
