@@ -8,12 +8,15 @@ optimizer steps, and saves rank 0's final parameters and loop counters to ``--ou
 this script: the script launcher starts it again as rank 1).
 ``--kill-step K`` makes rank 0 SIGKILL the whole process group when ``global_step`` first
 reaches ``K`` (start it with ``start_new_session=True``); ``--resume`` continues from
-``ckpt_path="last"``.
+``ckpt_path="last"``. ``--signal-step K``: rank 0 alone gets SIGTERM at step ``K``; the job
+stops with a resumable checkpoint and exits with ``ptrain.Interrupted``'s code.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +27,22 @@ import torch  # noqa: E402
 
 import ptrain  # noqa: E402
 from tests._dist_models import GroupKiller, WideRegressor  # noqa: E402
+
+
+class RankZeroSignaller:
+    """Sends SIGTERM to rank 0's own process, and to no other rank, at the end of the batch
+    where ``global_step`` first reaches ``step`` (as ``kill -TERM`` of one process would)."""
+
+    name = "rank-zero-signaller"
+
+    def __init__(self, step: int):
+        self.step, self.sent = step, False
+
+    @ptrain.hookimpl(trylast=True)
+    def on_train_batch_end(self, trainer):
+        if trainer.global_rank == 0 and not self.sent and trainer.global_step == self.step:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def build_model(seed: int) -> WideRegressor:
@@ -41,17 +60,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-epochs", type=int, default=2)
     p.add_argument("--every-n-train-steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--signal-step", type=int, help="rank 0 alone gets SIGTERM at this step")
     args = p.parse_args(argv)
 
     model = build_model(args.seed)
     trainer = ptrain.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_epochs=args.max_epochs,
         seed=args.seed, default_root_dir=args.root,
-        callbacks=["no:progress-bar", GroupKiller(args.kill_step)],
+        callbacks=["no:progress-bar", GroupKiller(args.kill_step),
+                   *([RankZeroSignaller(args.signal_step)] if args.signal_step else [])],
         plugin_options={"checkpoint": {"every_n_train_steps": args.every_n_train_steps},
                         "ddp": {"timeout": 120.0}},
     )
-    trainer.fit(model, ckpt_path="last" if args.resume else None)
+    try:
+        trainer.fit(model, ckpt_path="last" if args.resume else None)
+    except ptrain.Interrupted as exc:  # stopped by a signal, the checkpoint written
+        if trainer.is_global_zero:
+            print(f"interrupted: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
     if trainer.is_global_zero:  # every rank runs this script (the script launcher)
         torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
                     "global_step": trainer.global_step,

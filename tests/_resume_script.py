@@ -9,7 +9,9 @@ of randomness and state a resume has to restore) and writes the final parameters
 loop numbers to ``--out``. ``--kill-step K`` makes a real plugin SIGKILL this very process in
 ``on_train_batch_end`` the first time ``global_step`` reaches ``K`` (after the checkpoint callback
 had its turn at that batch); ``--kill-at E:B`` does the same at batch ``B`` of epoch ``E``.
-``--resume`` continues from ``ckpt_path="last"``.
+``--resume`` continues from ``ckpt_path="last"``. ``--signal-step K [--signal NAME]
+[--signal-twice] [--requeue-command CMD]`` sends this process the signal (default SIGTERM) at the end of the batch where
+``global_step`` reaches ``K``; a run stopped by it exits with the code of ``ptrain.Interrupted``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ class Killer:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Signaller:
+    """Sends ``signal`` to its own process (``twice``: two in a row) the first time
+    ``global_step`` reaches ``step``, at the end of that batch."""
+
+    name = "signaller"
+
+    def __init__(self, step: int, signum: signal.Signals, twice: bool = False):
+        self.step, self.signum, self.twice = step, signum, twice
+        self.sent = False
+
+    @ptrain.hookimpl(trylast=True)
+    def on_train_batch_end(self, trainer):
+        if self.sent or trainer.global_step != self.step:
+            return
+        self.sent = True
+        for _ in range(2 if self.twice else 1):
+            os.kill(os.getpid(), self.signum)
+
+
 class ResumeModel(TinyRegressor):
     """TinyRegressor that also logs an epoch-level mean, whose running sum a checkpoint keeps."""
 
@@ -76,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", default="32-true")
+    p.add_argument("--signal-step", type=int)
+    p.add_argument("--signal", default="SIGTERM")
+    p.add_argument("--signal-twice", action="store_true")
+    p.add_argument("--requeue-command", help="requeue (under SLURM) with this command")
     args = p.parse_args(argv)
 
     at = tuple(int(v) for v in args.kill_at.split(":")) if args.kill_at else None
@@ -84,11 +109,20 @@ def main(argv: list[str] | None = None) -> None:
         default_root_dir=args.root, accelerator="cpu", max_epochs=args.max_epochs, seed=args.seed,
         precision=args.precision,
         val_check_interval=args.val_check_interval, accumulate_grad_batches=args.accumulate,
-        callbacks=["no:progress-bar", "no:tensorboard", Killer(args.kill_step, at)],
+        callbacks=["no:progress-bar", "no:tensorboard", Killer(args.kill_step, at),
+                   *([Signaller(args.signal_step, signal.Signals[args.signal],
+                                args.signal_twice)] if args.signal_step else [])],
         plugin_options={"checkpoint": {"every_n_train_steps": args.every_n_train_steps,
-                                       "every_n_epochs": args.every_n_epochs}},
+                                       "every_n_epochs": args.every_n_epochs},
+                        **({"stop-signals": {"requeue": True,
+                                             "requeue_command": args.requeue_command}}
+                           if args.requeue_command else {})},
     )
-    trainer.fit(model, ckpt_path="last" if args.resume else None)
+    try:
+        trainer.fit(model, ckpt_path="last" if args.resume else None)
+    except ptrain.Interrupted as exc:  # stopped by a signal, the checkpoint written
+        print(f"interrupted: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
                 "global_step": trainer.global_step,
                 "current_epoch": trainer.current_epoch,

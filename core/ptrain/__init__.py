@@ -26,6 +26,7 @@ _LAZY = {
     "ModelError": "ptrain.errors",
     "NonFiniteLossError": "ptrain.errors",
     "WorkerError": "ptrain.errors",
+    "Interrupted": "ptrain.errors",
 }
 
 __all__ = ["hookimpl", "hookspec", *_LAZY]

@@ -20,7 +20,8 @@ from typing import Any, NoReturn, Sequence
 
 from ptrain.catalog import EXCLUSIVE_KINDS, GROUPS, Catalog
 from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
-from ptrain.errors import ConfigError, ModelError, PluginError, PtrainError, WorkerError
+from ptrain.errors import (ConfigError, Interrupted, ModelError, PluginError, PtrainError,
+                           WorkerError)
 from ptrain.options import OptionGroup, closest
 
 USAGE_EXIT = 2
@@ -510,6 +511,10 @@ def _main(argv: list[str]) -> int:
     except WorkerError as exc:  # a worker's bug: its traceback is in the message
         print(f"ptrain: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # stopped by a signal, the checkpoint written (stop-signals)
+        if not getattr(exc, "ptrain_reported_to_launcher", False):  # else rank 0 prints it
+            print(f"ptrain: {exc}", file=sys.stderr)
+        return exc.exit_code
     except BrokenPipeError:  # the reader went away (`ptrain plugins | head -1`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

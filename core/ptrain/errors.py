@@ -32,3 +32,23 @@ class WorkerError(RuntimeError):
     """A worker process of a multi-process run failed with an error that is not a
     :class:`PtrainError` (a bug, or the process was killed). Not a usage error: the CLI prints
     the message, which names the rank and holds the worker's traceback, and exits with 1."""
+
+
+class Interrupted(Exception):
+    """``fit`` was stopped by a signal after writing a resumable checkpoint (the ``stop-signals``
+    callback). Not a failure of the run and not a usage error: the CLI prints the message and
+    exits with ``exit_code``, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT)."""
+
+    def __init__(self, signal_name: str, signal_number: int, global_step: int,
+                 checkpoint: str | None):
+        self.signal_name, self.signal_number = signal_name, signal_number
+        self.global_step, self.checkpoint = global_step, checkpoint
+        self.exit_code = 128 + signal_number
+        saved = (f"a resumable checkpoint is at {checkpoint}; resume with ckpt_path=\"last\" "
+                 f"(ptrain fit ... --ckpt-path last)" if checkpoint else
+                 "nothing was saved (fast_dev_run)")
+        super().__init__(f"stopped by {signal_name} after step {global_step}: {saved}.")
+
+    def __reduce__(self):  # travels between processes with its fields
+        return (type(self), (self.signal_name, self.signal_number, self.global_step,
+                             self.checkpoint))

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from ptrain import rank_errors
-from ptrain.errors import PtrainError
+from ptrain.errors import Interrupted, PtrainError
 
 #: Set in every process of a job the script launcher started: the launching process's id.
 LAUNCHER_PID = "PTRAIN_LAUNCHER_PID"
@@ -49,6 +49,7 @@ _BETWEEN = ("pluggy", "contextlib", "runpy", "functools")
 
 _children: list[subprocess.Popen] = []
 _failed = False  # a stage of this job failed: the started ranks are stopped, not waited for
+_interrupted = False  # stopped by a signal (ptrain.Interrupted): every rank ends so, none failed
 
 
 def relaunch_command() -> list[str] | None:
@@ -142,7 +143,10 @@ def first_error(own: BaseException) -> BaseException:
     its own error (see :func:`ptrain.rank_errors.error_of`); a started rank that died without
     a record, while rank 0's own error is not a usage error, is named. The other ranks are then
     stopped."""
-    global _failed
+    global _failed, _interrupted
+    if isinstance(own, Interrupted):  # every rank stopped at the same step: they end alike
+        _interrupted = True
+        return own
     _failed = True
     failed_at = time.time()
     folder = os.environ.get(ERROR_DIR)
@@ -191,9 +195,13 @@ def watch_launcher() -> None:
 
 
 def _stop_copies(grace: float = 5.0) -> None:
-    for child in _children:
-        if child.poll() is None:
-            child.terminate()
+    """SIGTERM the ranks still running, twice (the first only asks ``stop-signals`` to save at the
+    next step; the job failed, there is none), then SIGKILL those left after ``grace`` seconds."""
+    for _ in range(2):
+        for child in _children:
+            if child.poll() is None:
+                child.terminate()
+        time.sleep(0.1)
     deadline = time.monotonic() + grace
     for child in _children:
         try:
@@ -213,7 +221,7 @@ def end_copies() -> None:
         _stop_copies()
     for rank, child in enumerate(_children, start=1):
         code = child.wait()
-        if code != 0 and not _failed:
+        if code != 0 and not _failed and not _interrupted:
             print(f"ptrain: rank {rank} (pid {child.pid}) exited with code {code} after rank 0 "
                   f"finished; its output above says why.", file=sys.stderr, flush=True)
     _children.clear()

@@ -1,0 +1,182 @@
+"""The ``stop-signals`` callback: a run told to stop (SIGTERM from a scheduler, SLURM's signal
+before the time limit, a spot instance's notice, Ctrl-C) saves where it is and can be resumed.
+
+On one of ``signals`` (default SIGTERM, SIGINT, SIGUSR1) during ``fit``, every rank finishes its
+current optimizer step; the ranks agree on the step to stop after, every rank takes part in
+writing a resumable ``last.ckpt`` (as the periodic checkpoints are, so a resumed run ends as one
+never interrupted), and ``fit`` raises :class:`ptrain.Interrupted` (the CLI exits with
+``128 + signal number``: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal
+stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action.
+
+How the ranks agree without a host sync on the device: at every optimizer-step boundary each
+rank waits for the 1-element all-reduce (max) it posted at the previous boundary, on a gloo group
+of its own over a CPU tensor, and posts the next one with whether it was signalled. Every rank
+reads the same value at the same boundary, so all stop together, one step after the first rank
+was signalled (the signal may reach one rank only: ``kill -TERM`` of rank 0).
+
+Under SLURM (``SLURM_JOB_ID`` set), ``requeue`` runs ``requeue_command`` (default
+``scontrol requeue {job_id}``) on rank 0 after the checkpoint is written, as Lightning's SLURM
+plugin does, so the job comes back and resumes with ``--ckpt-path last``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from ptrain.errors import ConfigError, Interrupted
+from ptrain.hookspecs import hookimpl
+from ptrain.options import to_bool, to_str_list
+
+DEFAULT_SIGNALS = ["SIGTERM", "SIGINT", "SIGUSR1"]
+
+
+def _signal_names(value: Any) -> list[str]:
+    names = to_str_list(value)
+    for name in names:
+        full = name if name.upper().startswith("SIG") else f"SIG{name}"
+        if not isinstance(getattr(signal, full.upper(), None), signal.Signals):
+            raise ValueError(f"{name!r} is not a signal this system has (e.g. SIGTERM, SIGINT, "
+                             f"SIGUSR1, SIGUSR2)")
+    return [(n if n.upper().startswith("SIG") else f"SIG{n}").upper() for n in names]
+
+
+class StopSignals:
+    """``-p stop-signals`` (on by default): save and stop on a signal; see the module docstring."""
+
+    def __init__(self, signals: list[str] | None = None, requeue: bool = False,
+                 requeue_command: str = "scontrol requeue {job_id}"):
+        self.signals = [signal.Signals[name] for name in _signal_names(
+            DEFAULT_SIGNALS if signals is None else signals)]
+        self.requeue, self.requeue_command = requeue, requeue_command
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self._group = None
+        self._posted: tuple[Any, torch.Tensor] | None = None
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        options.add("signals", _signal_names, default=list(DEFAULT_SIGNALS),
+                    help="the signals that make fit save a resumable checkpoint and stop "
+                         "(a second one stops at once)")
+        options.add("requeue", to_bool, default=False,
+                    help="under SLURM, requeue the job after saving (it resumes with "
+                         "--ckpt-path last)")
+        options.add("requeue_command", str, default="scontrol requeue {job_id}",
+                    help="the command that requeues the job; {job_id} is SLURM_JOB_ID")
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    @hookimpl
+    def setup(self, trainer, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.received = None
+        if self.requeue and "SLURM_JOB_ID" not in os.environ and trainer.is_global_zero:
+            print("ptrain: stop-signals: requeue is on, but this is not a SLURM job "
+                  "(no SLURM_JOB_ID): a signal will save and stop without requeueing.",
+                  file=sys.stderr, flush=True)
+        if threading.current_thread() is not threading.main_thread():
+            if trainer.is_global_zero:
+                print("ptrain: stop-signals: fit runs outside the main thread, where Python "
+                      "can't handle signals; a signal will stop this run without saving.",
+                      file=sys.stderr, flush=True)
+        else:
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        if trainer.world_size > 1:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")  # CPU flags, whatever the main backend
+        self._posted = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)  # acted on at the next step boundary
+            return
+        self._restore()  # the second signal: stop at once
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+
+    @hookimpl
+    def teardown(self, trainer, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._restore()
+        if self._posted is not None and trainer.exception is None:
+            self._posted[0].wait()  # every rank posted as many; none is left in a collective
+        self._posted = None
+
+    def _restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    # -- each step -----------------------------------------------------------------------------
+
+    @hookimpl
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:
+        if not trainer.sync_gradients:  # inside an accumulation window: no step boundary
+            return
+        if self._group is None:
+            stop = self.received is not None
+        else:
+            stop = self._exchange()
+        if stop:
+            self._stop(trainer)
+
+    def _exchange(self) -> bool:
+        """Whether the ranks agreed to stop (the reduction posted at the previous boundary), and
+        this boundary's flag posted: the number of the signal this rank received, or 0."""
+        import torch.distributed as dist
+
+        agreed = 0
+        if self._posted is not None:
+            work, flag = self._posted
+            work.wait()
+            agreed = int(flag.item())  # a CPU tensor: no device sync
+        mine = torch.tensor([0 if self.received is None else int(self.received)])
+        self._posted = (dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._group,
+                                        async_op=True), mine)
+        if agreed and self.received is None:  # another rank was signalled
+            self.received = signal.Signals(agreed)
+        return bool(agreed)
+
+    def _stop(self, trainer) -> None:
+        if self._posted is not None:
+            self._posted[0].wait()  # the one posted just now: every rank posted it
+            self._posted = None
+        received = self.received or signal.SIGTERM
+        path = trainer.last_checkpoint_path
+        trainer.save_checkpoint(path)
+        written = None if trainer.fast_dev_run else str(path)
+        if written and self.requeue and trainer.is_global_zero and "SLURM_JOB_ID" in os.environ:
+            self._requeue(os.environ["SLURM_JOB_ID"])
+        raise Interrupted(received.name, int(received), trainer.global_step, written)
+
+    def _requeue(self, job_id: str) -> None:
+        command = [part.format(job_id=job_id) for part in shlex.split(self.requeue_command)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"ptrain: stop-signals: requeueing failed ({' '.join(command)}: {exc}); "
+                  f"requeue the job yourself.", file=sys.stderr, flush=True)
+            return
+        if done.returncode != 0:
+            print(f"ptrain: stop-signals: requeueing failed ({' '.join(command)} exited with "
+                  f"{done.returncode}: {done.stderr.strip()}); requeue the job yourself.",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"ptrain: requeued SLURM job {job_id}.", file=sys.stderr, flush=True)
+
+
+__all__ = ["StopSignals"]

@@ -1,0 +1,155 @@
+"""``stop-signals``: a run told to stop by a real signal finishes its step, writes a resumable
+checkpoint and exits with 128 + the signal's number; resumed, it ends bit-identical to a run
+never interrupted. One process and ``ddp`` on 2 gloo ranks (the signal to rank 0 only); a
+second signal stops at once; under SLURM the job is requeued with the command given.
+
+The jobs are the resume scripts of ``tests/_resume_script.py`` and
+``tests/_ddp_resume_script.py``, started up front two at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_cli
+
+SINGLE = REPO / "tests" / "_resume_script.py"
+DDP = REPO / "tests" / "_ddp_resume_script.py"
+SIGNAL_STEP = 5
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT", "PTRAIN_GLOBAL_SEED", "PTRAIN_LAUNCHER_PID",
+                    "PTRAIN_ERROR_DIR", "SLURM_JOB_ID")
+
+
+def run(argv: list, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**base, **(env or {})})
+
+
+def detail(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+def loop_of(root: Path) -> dict:
+    return torch.load(root / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)["loop"]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("signals")
+
+    def single(name, *args, env=None):
+        return run([SINGLE, "--root", root / name, "--out", root / f"{name}.pt",
+                    "--every-n-train-steps", "100", *args], env)
+
+    def interrupted_then_resumed(script, name, *args, env=None):
+        base = [script, "--root", root / name, "--out", root / f"{name}.pt"]
+        if script == SINGLE:
+            base += ["--every-n-train-steps", "100"]
+        stopped = run([*base, *args], env)
+        loop = loop_of(root / name) if (root / name / "version_0").exists() else None
+        return stopped, loop, run([*base, "--resume"])
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {
+            "reference": pool.submit(single, "reference"),
+            "term": pool.submit(interrupted_then_resumed, SINGLE, "term", "--signal-step",
+                                SIGNAL_STEP),
+            "int-twice": pool.submit(single, "int-twice", "--signal-step", SIGNAL_STEP,
+                                     "--signal", "SIGINT", "--signal-twice"),
+            "requeue": pool.submit(single, "requeue", "--signal-step", SIGNAL_STEP,
+                                   "--requeue-command",
+                                   f"sh -c 'echo {{job_id}} > {root / 'requeued.txt'}'",
+                                   env={"SLURM_JOB_ID": "4242"}),
+            "ddp-reference": pool.submit(run, [DDP, "--root", root / "ddp-reference", "--out",
+                                               root / "ddp-reference.pt"]),
+            "ddp-term": pool.submit(interrupted_then_resumed, DDP, "ddp-term", "--signal-step",
+                                    SIGNAL_STEP - 1),
+        }
+        results = {name: future.result() for name, future in futures.items()}
+    results["root"] = root
+    return results
+
+
+def assert_same_run(got: dict, want: dict) -> None:
+    assert got["global_step"] == want["global_step"]
+    assert got["params"].keys() == want["params"].keys()
+    for name, value in want["params"].items():
+        assert torch.equal(got["params"][name], value), name
+    assert got["metrics"] == want["metrics"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_the_resumed_run_ends_as_if_never_stopped(jobs):
+    stopped, loop, resumed = jobs["term"]
+    assert stopped.returncode == 128 + signal.SIGTERM, detail(stopped)
+    assert "stopped by SIGTERM after step 6" in stopped.stderr, detail(stopped)
+    # the step the signal arrived in was finished; the checkpoint is of the next boundary
+    assert loop is not None and loop["global_step"] == SIGNAL_STEP + 1
+    assert 0 < loop["batch"] < 8  # mid-epoch
+    assert resumed.returncode == 0, detail(resumed)
+    root = jobs["root"]
+    assert jobs["reference"].returncode == 0, detail(jobs["reference"])
+    assert_same_run(torch.load(root / "term.pt", weights_only=True),
+                    torch.load(root / "reference.pt", weights_only=True))
+
+
+@pytest.mark.slow
+def test_a_signal_to_rank_zero_stops_every_rank_at_one_step(jobs):
+    stopped, loop, resumed = jobs["ddp-term"]
+    assert stopped.returncode == 128 + signal.SIGTERM, detail(stopped)
+    assert stopped.stderr.count("stopped by SIGTERM") == 1, detail(stopped)
+    assert loop is not None and SIGNAL_STEP - 1 < loop["global_step"] <= SIGNAL_STEP + 1
+    assert resumed.returncode == 0, detail(resumed)
+    root = jobs["root"]
+    assert jobs["ddp-reference"].returncode == 0, detail(jobs["ddp-reference"])
+    assert_same_run(torch.load(root / "ddp-term.pt", weights_only=True),
+                    torch.load(root / "ddp-reference.pt", weights_only=True))
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once(jobs):
+    proc = jobs["int-twice"]
+    # Python's own end for an uncaught KeyboardInterrupt: killed by SIGINT
+    assert proc.returncode == -signal.SIGINT, detail(proc)
+    assert "KeyboardInterrupt" in proc.stderr and "stopped by" not in proc.stderr
+    assert not (jobs["root"] / "int-twice" / "version_0" / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_under_slurm_the_job_is_requeued_after_the_save(jobs):
+    proc = jobs["requeue"]
+    assert proc.returncode == 128 + signal.SIGTERM, detail(proc)
+    assert (jobs["root"] / "requeued.txt").read_text().strip() == "4242"
+    assert "requeued SLURM job 4242" in proc.stderr
+    assert loop_of(jobs["root"] / "requeue")["global_step"] == SIGNAL_STEP + 1
+
+
+def test_the_cli_exits_with_the_signal_code_and_says_how_to_resume(tmp_path):
+    result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "2",
+                     "--accelerator", "cpu", "-p", "no:progress-bar", "-p", "no:model-summary",
+                     "-p", "tests._signal_plugins:SigtermAtStep3",
+                     "--default-root-dir", str(tmp_path))
+    assert result.returncode == 143, result.stderr
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
+    assert result.stderr.strip() == (
+        f"ptrain: stopped by SIGTERM after step 4: a resumable checkpoint is at {last}; resume "
+        f"with ckpt_path=\"last\" (ptrain fit ... --ckpt-path last).")
+    assert torch.load(last, weights_only=True)["loop"]["global_step"] == 4
+
+
+def test_an_unknown_signal_name_is_a_usage_error(tmp_path):
+    result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "1",
+                     "--stop-signals-signals", "SIGTERM,SIGNOPE", "--default-root-dir",
+                     str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "SIGNOPE" in result.stderr and "SIGUSR1" in result.stderr
