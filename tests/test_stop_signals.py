@@ -64,6 +64,7 @@ def jobs(tmp_path_factory):
             "reference": pool.submit(single, "reference"),
             "term": pool.submit(interrupted_then_resumed, SINGLE, "term", "--signal-step",
                                 SIGNAL_STEP),
+            "after-last": pool.submit(single, "after-last", "--signal-step", 24),
             "int-twice": pool.submit(single, "int-twice", "--signal-step", SIGNAL_STEP,
                                      "--signal", "SIGINT", "--signal-twice"),
             "requeue": pool.submit(single, "requeue", "--signal-step", SIGNAL_STEP,
@@ -123,6 +124,14 @@ def test_a_second_ctrl_c_stops_at_once(jobs):
     assert proc.returncode == -signal.SIGINT, detail(proc)
     assert "KeyboardInterrupt" in proc.stderr and "stopped by" not in proc.stderr
     assert not (jobs["root"] / "int-twice" / "version_0" / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_after_the_last_step_is_passed_on_when_fit_is_complete(jobs):
+    proc = jobs["after-last"]  # 3 epochs of 8 steps; the signal at the end of step 24
+    assert proc.returncode == -signal.SIGTERM, detail(proc)  # the default action, after fit
+    assert "SIGTERM arrived after the last training step; the run is complete" in proc.stderr
+    assert loop_of(jobs["root"] / "after-last")["global_step"] == 24
 
 
 @pytest.mark.slow

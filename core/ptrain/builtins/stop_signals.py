@@ -6,7 +6,9 @@ current optimizer step; the ranks agree on the step to stop after, every rank ta
 writing a resumable ``last.ckpt`` (as the periodic checkpoints are, so a resumed run ends as one
 never interrupted), and ``fit`` raises :class:`ptrain.Interrupted` (the CLI exits with
 ``128 + signal number``: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal
-stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action.
+stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action. A
+signal that arrives after the last step boundary is passed on when ``fit`` ends (its handler
+before ``fit``, e.g. the default: the process ends), the run being complete.
 
 How the ranks agree without a host sync on the device: at every optimizer-step boundary each
 rank waits for the 1-element all-reduce (max) it posted at the previous boundary, on a gloo group
@@ -107,7 +109,7 @@ class StopSignals:
             raise KeyboardInterrupt
         os.kill(os.getpid(), signum)
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after the other plugins' teardown (loggers flush there)
     def teardown(self, trainer, stage: str) -> None:
         if stage != "fit":
             return
@@ -115,6 +117,13 @@ class StopSignals:
         if self._posted is not None and trainer.exception is None:
             self._posted[0].wait()  # every rank posted as many; none is left in a collective
         self._posted = None
+        if self.received is not None and trainer.exception is None:
+            # it came after the last step boundary: fit is complete and saved; the signal is
+            # passed on to what handled it before, rather than swallowed
+            print(f"ptrain: {self.received.name} arrived after the last training step; the run "
+                  f"is complete. Passing the signal on.", file=sys.stderr, flush=True)
+            received, self.received = self.received, None
+            os.kill(os.getpid(), received)
 
     def _restore(self) -> None:
         for signum, previous in self._previous.items():
