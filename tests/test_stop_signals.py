@@ -81,40 +81,40 @@ def jobs(tmp_path_factory):
     return results
 
 
-def assert_same_run(got: dict, want: dict) -> None:
+def stopped_and_resumed(jobs, name: str, reference: str) -> tuple[subprocess.CompletedProcess,
+                                                                  dict]:
+    """Checks the run ``name`` exited with SIGTERM's code, wrote a checkpoint and, resumed, ended
+    bit-identical to ``reference`` (parameters, step, metrics); returns its first process and
+    the checkpoint's loop state."""
+    stopped, loop, resumed = jobs[name]
+    assert stopped.returncode == 128 + signal.SIGTERM, detail(stopped)
+    assert loop is not None, detail(stopped)
+    assert resumed.returncode == 0, detail(resumed)
+    assert jobs[reference].returncode == 0, detail(jobs[reference])
+    got = torch.load(jobs["root"] / f"{name}.pt", weights_only=True)
+    want = torch.load(jobs["root"] / f"{reference}.pt", weights_only=True)
     assert got["global_step"] == want["global_step"]
     assert got["params"].keys() == want["params"].keys()
-    for name, value in want["params"].items():
-        assert torch.equal(got["params"][name], value), name
+    for key, value in want["params"].items():
+        assert torch.equal(got["params"][key], value), key
     assert got["metrics"] == want["metrics"]
+    return stopped, loop
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_the_resumed_run_ends_as_if_never_stopped(jobs):
-    stopped, loop, resumed = jobs["term"]
-    assert stopped.returncode == 128 + signal.SIGTERM, detail(stopped)
+    stopped, loop = stopped_and_resumed(jobs, "term", "reference")
     assert "stopped by SIGTERM after step 6" in stopped.stderr, detail(stopped)
     # the step the signal arrived in was finished; the checkpoint is of the next boundary
-    assert loop is not None and loop["global_step"] == SIGNAL_STEP + 1
+    assert loop["global_step"] == SIGNAL_STEP + 1
     assert 0 < loop["batch"] < 8  # mid-epoch
-    assert resumed.returncode == 0, detail(resumed)
-    root = jobs["root"]
-    assert jobs["reference"].returncode == 0, detail(jobs["reference"])
-    assert_same_run(torch.load(root / "term.pt", weights_only=True),
-                    torch.load(root / "reference.pt", weights_only=True))
 
 
 @pytest.mark.slow
 def test_a_signal_to_rank_zero_stops_every_rank_at_one_step(jobs):
-    stopped, loop, resumed = jobs["ddp-term"]
-    assert stopped.returncode == 128 + signal.SIGTERM, detail(stopped)
-    assert stopped.stderr.count("stopped by SIGTERM") == 1, detail(stopped)
-    assert loop is not None and SIGNAL_STEP - 1 < loop["global_step"] <= SIGNAL_STEP + 1
-    assert resumed.returncode == 0, detail(resumed)
-    root = jobs["root"]
-    assert jobs["ddp-reference"].returncode == 0, detail(jobs["ddp-reference"])
-    assert_same_run(torch.load(root / "ddp-term.pt", weights_only=True),
-                    torch.load(root / "ddp-reference.pt", weights_only=True))
+    stopped, loop = stopped_and_resumed(jobs, "ddp-term", "ddp-reference")
+    assert stopped.stderr.count("stopped by SIGTERM") == 1, detail(stopped)  # rank 0's report
+    assert SIGNAL_STEP - 1 < loop["global_step"] <= SIGNAL_STEP + 1
 
 
 @pytest.mark.slow
