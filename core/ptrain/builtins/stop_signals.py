@@ -94,7 +94,7 @@ class StopSignals:
         else:
             for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-        if trainer.world_size > 1:
+        if trainer.world_size > 1 and self._group is None:  # once per job: later stages reuse it
             import torch.distributed as dist
 
             self._group = dist.new_group(backend="gloo")  # CPU flags, whatever the main backend
