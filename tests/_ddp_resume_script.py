@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--every-n-train-steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--signal-step", type=int, help="rank 0 alone gets SIGTERM at this step")
+    p.add_argument("--stall-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
 
     model = build_model(args.seed)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         callbacks=["no:progress-bar", GroupKiller(args.kill_step),
                    *([RankZeroSignaller(args.signal_step)] if args.signal_step else [])],
         plugin_options={"checkpoint": {"every_n_train_steps": args.every_n_train_steps},
-                        "ddp": {"timeout": 120.0}},
+                        "ddp": {"timeout": 120.0, "stall_timeout": args.stall_timeout}},
     )
     try:
         trainer.fit(model, ckpt_path="last" if args.resume else None)

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--full-state-out")
     p.add_argument("--strategy", default="fsdp")
+    p.add_argument("--stall-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
 
     callbacks: list = ["no:progress-bar", "no:tensorboard"]
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     trainer = ptrain.Trainer(
         strategy=args.strategy, devices=2, accelerator="cpu", max_epochs=MAX_EPOCHS, seed=0,
         default_root_dir=args.root, callbacks=callbacks,
-        plugin_options={"checkpoint": {"every_n_train_steps": EVERY_N_TRAIN_STEPS}})
+        plugin_options={"checkpoint": {"every_n_train_steps": EVERY_N_TRAIN_STEPS},
+                        args.strategy: {"stall_timeout": args.stall_timeout}})
     trainer.fit(model, ckpt_path="last" if args.resume else None)
     params = trainer.full_state_dict()  # each rank holds its shards: gathered, on rank 0
     if trainer.is_global_zero:  # every rank runs this script (the script launcher)

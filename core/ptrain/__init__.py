@@ -23,6 +23,7 @@ _LAZY = {
     "ConfigError": "ptrain.errors",
     "PluginError": "ptrain.errors",
     "CheckpointError": "ptrain.errors",
+    "CheckpointWriteError": "ptrain.errors",
     "ModelError": "ptrain.errors",
     "NonFiniteLossError": "ptrain.errors",
     "WorkerError": "ptrain.errors",

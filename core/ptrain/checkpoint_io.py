@@ -6,6 +6,7 @@ A ptrain checkpoint is a dict of tensors and plain Python values, so it loads wi
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import pickletools
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ptrain.errors import CheckpointError
+from ptrain.errors import CheckpointError, CheckpointWriteError
 
 FORMAT = "ptrain-checkpoint"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -33,24 +34,78 @@ FORMAT_VERSION = 1
 
 def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     """Write to a temporary file in the same folder, fsync it, rename it over ``path`` and fsync
-    the folder: a crash at any point leaves either the old file or the new one, never a mix."""
+    the folder: a crash at any point leaves either the old file or the new one, never a mix. A
+    write the system refuses (no space, permission, quota, file-size limit) removes the partial
+    file and raises :class:`CheckpointWriteError` (see :func:`write_failed`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_failed(path, exc) from None
+    writer: _RecordingWriter | None = None
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
+            writer = _RecordingWriter(f)
+            torch.save(checkpoint, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        # torch reports a failed write as "unexpected pos"; the system's reason is the OSError
+        refused = exc if isinstance(exc, OSError) else writer.error if writer else None
+        if refused is not None:
+            raise write_failed(path, refused) from None
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class _RecordingWriter:
+    """A binary file for ``torch.save`` that keeps the ``OSError`` a write raised."""
+
+    def __init__(self, file: Any):
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+#: what to do about a refused write, by errno
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that disk, or write the run elsewhere (--default-root-dir)",
+    errno.EDQUOT: "free space within your quota, or write the run elsewhere (--default-root-dir)",
+    errno.EFBIG: "the file-size limit (ulimit -f) is below the checkpoint's size; raise it",
+    errno.EACCES: "make the folder writable, or write the run elsewhere (--default-root-dir)",
+    errno.EPERM: "make the folder writable, or write the run elsewhere (--default-root-dir)",
+    errno.EROFS: "the filesystem is read-only; write the run elsewhere (--default-root-dir)",
+}
+
+
+def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
+    """The error for a checkpoint write to ``path`` that the system refused with ``error``; the
+    caller has removed what it wrote."""
+    path = Path(path)
+    name = errno.errorcode.get(error.errno or 0, "")
+    reason = f"{error.strerror or error} ({name})" if name else str(error)
+    previous = (f"the previous {path.name} there is intact" if path.exists() else
+                "no earlier file was touched")
+    fix = _WRITE_FIXES.get(error.errno or 0, "check the disk and the folder's permissions")
+    return CheckpointWriteError(
+        f"could not write checkpoint {str(path)!r}: {reason}. Nothing saved before was "
+        f"replaced ({previous}) and the partial file was removed. To go on: {fix}, then resume "
+        f"with --ckpt-path last.")
 
 
 def safe_load(path: str | Path) -> dict[str, Any]:

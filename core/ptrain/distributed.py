@@ -17,7 +17,9 @@ ptrain runs on torch's own distributed engine; nothing here is a process pool of
 - **A failing rank ends the job.** The error of the rank that failed first is raised in the
   launching process (a :class:`ptrain.PtrainError` as itself, anything else as
   :class:`WorkerError` carrying the rank's traceback) and the other ranks are stopped.
-  Collectives have a timeout, so no rank waits for ever.
+  A rank that stops responding (stopped, frozen, dead under NCCL) ends the job within
+  ``stall_timeout`` seconds (:mod:`ptrain.rank_watch`); collectives have a timeout, so no rank
+  waits for ever.
 - :class:`ProcessGroupStrategy`: hook implementations that set the ranks, create the process
   group, give each rank its shard of the data (``DistributedSampler``, ``set_epoch`` each
   epoch), reduce metrics across ranks and put barriers after checkpoint writes. The ``ddp``,
@@ -42,9 +44,9 @@ import torch.distributed as dist
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
-from ptrain import rank_errors, script_launch
+from ptrain import rank_errors, rank_watch, script_launch
 from ptrain.data import rebuild_dataloader
-from ptrain.errors import ConfigError, PtrainError
+from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
@@ -161,10 +163,13 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
     for the launching process (with its traceback) and the worker exits quietly: 2 for a usage
     error, else 1."""
     try:
-        return pickle.loads(payload)()
+        result = pickle.loads(payload)()
     except BaseException as exc:
+        rank_watch.stop("failed")
         rank_errors.write_record(error_dir, exc, int(os.environ.get("RANK", "0")))
         raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
+    rank_watch.stop("done")
+    return result
 
 
 def _first_error(failed: Any, error_dir: Path) -> BaseException:
@@ -183,6 +188,13 @@ def _launcher_choice(value: Any) -> str:
     if value not in LAUNCHERS:
         raise ValueError(f"expected {', '.join(LAUNCHERS)}, got {value!r}")
     return value
+
+
+def _seconds_or_off(value: Any) -> float:
+    seconds = float(value)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0 (0: off), got {value!r}")
+    return seconds
 
 
 #: The ``launcher`` option's choices (see the module docstring).
@@ -207,8 +219,10 @@ class ProcessGroupStrategy:
 
     def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
                  rdzv_endpoint: str | None = None, rdzv_id: str = "ptrain",
-                 distributed_sampler: bool = True, launcher: str = "auto"):
+                 distributed_sampler: bool = True, launcher: str = "auto",
+                 stall_timeout: float = 300.0):
         self.timeout = timeout
+        self.stall_timeout = stall_timeout
         self.launcher = launcher
         self.process_group_backend = process_group_backend
         self.rdzv_endpoint, self.rdzv_id = rdzv_endpoint, rdzv_id
@@ -222,6 +236,10 @@ class ProcessGroupStrategy:
         options.add("timeout", float, default=1800.0,
                     help="seconds any collective may wait for the other ranks before the job "
                          "fails (no rank hangs for ever)")
+        options.add("stall_timeout", _seconds_or_off, default=300.0,
+                    help="seconds a rank may go without a heartbeat (stopped, frozen, or dead "
+                         "under NCCL) before the job ends, naming it and what it was doing; "
+                         "0: no heartbeat (the collective timeout still applies)")
         options.add("process_group_backend", _backend_choice, default="auto",
                     help="torch.distributed backend; auto: the accelerator's (nccl on CUDA, hccl on "
                          "Gaudi, gloo on CPU)")
@@ -306,11 +324,16 @@ class ProcessGroupStrategy:
 
     @hookimpl
     def report_error(self, trainer: Trainer, exception: BaseException) -> BaseException | None:
+        # the rank watch ended the job: its message says why, not the broken collective's
+        stalled = rank_watch.stall_error()
+        reported = stalled
         if script_launch.is_started_copy():
-            script_launch.record_error(exception)
-        elif script_launch.is_launcher():
-            return script_launch.first_error(exception)
-        return None
+            script_launch.record_error(stalled or exception)
+        elif script_launch.is_launcher():  # names a dead rank with what its heartbeat said
+            reported = stalled or script_launch.first_error(exception)
+        if not isinstance(exception, Interrupted):  # after a signal every rank ends alike
+            rank_watch.stop("failed")
+        return reported
 
     @hookimpl(wrapper=True)
     def setup_device(self, trainer: Trainer):
@@ -334,6 +357,12 @@ class ProcessGroupStrategy:
             dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
                                     device_id=device if device.type == "cuda" else None)
             atexit.register(_destroy_process_group)
+        if self.stall_timeout > 0 and trainer.world_size > 1:
+            rank_watch.start(rank=trainer.global_rank, world_size=trainer.world_size,
+                             stall_timeout=self.stall_timeout, host=os.environ["MASTER_ADDR"],
+                             port=int(os.environ["MASTER_PORT"]),
+                             describe=lambda: _doing(trainer),
+                             hint=f"--{trainer.options['strategy']}-stall-timeout")
         # every rank writes into the run folder rank 0 chose (under torchrun each chose its own)
         chosen = [str(trainer.log_dir) if trainer.log_dir is not None else None]
         dist.broadcast_object_list(chosen, src=0)
@@ -397,9 +426,21 @@ class ProcessGroupStrategy:
         return gathered
 
     @hookimpl(wrapper=True)
-    def save_checkpoint(self):
-        written = yield
-        dist.barrier()  # no rank goes on (and may read it) before the file is complete
+    def save_checkpoint(self, trainer: Trainer):
+        refused: CheckpointWriteError | None = None
+        try:
+            written = yield
+        except CheckpointWriteError as exc:  # e.g. rank 0's disk is full
+            refused = exc
+        # a barrier (no rank goes on, and may read it, before the file is complete) that also
+        # tells every rank whether any could not write: all stop, or all train on
+        reasons = self.all_gather_object(trainer, None if refused is None else str(refused))
+        if refused is not None:
+            raise refused
+        failed = [(rank, reason) for rank, reason in enumerate(reasons) if reason]
+        if failed:
+            rank, reason = failed[0]
+            raise CheckpointWriteError(f"rank {rank}: {reason}")
         return written
 
 
@@ -425,7 +466,18 @@ def held_bytes(model: torch.nn.Module,
             "optimizer_state": state}
 
 
+def _doing(trainer: Trainer) -> str:
+    """What this rank is doing, for its heartbeat."""
+    if trainer.stage == "train":
+        head = (f"training (epoch {trainer.current_epoch}, global step {trainer.global_step}, "
+                f"batch {getattr(trainer, 'batch_idx', 0)})")
+    else:
+        head = f"in {trainer.stage}" if trainer.stage else "between stages"
+    return f"{head}, in {rank_watch.where_main_thread_is()}"
+
+
 def _destroy_process_group() -> None:
+    rank_watch.stop("done")
     script_launch.end_copies()  # the ranks this process started finish with the group up
     if dist.is_initialized():
         dist.destroy_process_group()

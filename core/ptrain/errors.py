@@ -20,6 +20,11 @@ class CheckpointError(PtrainError):
     """A checkpoint is missing, truncated, corrupt, foreign or unsafe to load."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (no space, no permission, a quota, a file-size limit);
+    nothing saved before was replaced, and the partial file was removed."""
+
+
 class ModelError(PtrainError):
     """The user's module or data module can't be imported or used."""
 

@@ -53,11 +53,14 @@ def error_of(record: dict[str, Any]) -> BaseException:
                        f"error:\n{record['traceback']}")
 
 
-def silent_failure(rank: int, exitcode: int, signal_name: str) -> WorkerError:
-    """The error for a rank that ended without a record: killed, or exited on its own."""
+def silent_failure(rank: int, exitcode: int, signal_name: str,
+                   doing: str | None = None) -> WorkerError:
+    """The error for a rank that ended without a record: killed, or exited on its own;
+    ``doing`` is what it last said it was doing (the rank watch's heartbeat), when known."""
     how = f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
+    last = f" It was last {doing}." if doing else ""
     return WorkerError(f"rank {rank} {how} without reporting an error (out of memory? killed "
-                       f"from outside?); the other ranks were stopped.")
+                       f"from outside?); the other ranks were stopped.{last}")
 
 
 __all__ = ["error_of", "read_records", "silent_failure", "write_record"]

@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from ptrain import rank_errors
+from ptrain import rank_errors, rank_watch
 from ptrain.errors import Interrupted, PtrainError
 
 #: Set in every process of a job the script launcher started: the launching process's id.
@@ -162,7 +162,7 @@ def first_error(own: BaseException) -> BaseException:
     if dead and not isinstance(own, PtrainError):
         rank, code = dead[0]
         name = signal.Signals(-code).name if code < 0 else ""
-        return rank_errors.silent_failure(rank, code, name)
+        return rank_errors.silent_failure(rank, code, name, rank_watch.last_doing(rank))
     return own
 
 
@@ -211,6 +211,17 @@ def _stop_copies(grace: float = 5.0) -> None:
             child.wait()
 
 
+def kill_copies() -> None:
+    """Kill the ranks this process started at once (SIGKILL), for a process about to end
+    without running its exit handlers."""
+    for child in _children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    _children.clear()
+    _remove_error_folder()
+
+
 def end_copies() -> None:
     """At exit of rank 0, before its process group goes: wait for the ranks it started to
     finish the script (after a failure, stop them), and say on stderr which ended badly. Once;
@@ -225,8 +236,12 @@ def end_copies() -> None:
             print(f"ptrain: rank {rank} (pid {child.pid}) exited with code {code} after rank 0 "
                   f"finished; its output above says why.", file=sys.stderr, flush=True)
     _children.clear()
+    _remove_error_folder()
+
+
+def _remove_error_folder() -> None:
     folder = os.environ.get(ERROR_DIR)
-    if folder:
+    if folder and os.environ.get(LAUNCHER_PID) == str(os.getpid()):  # the launcher's own
         for path in Path(folder).glob("*"):
             path.unlink(missing_ok=True)
         try:
@@ -236,4 +251,4 @@ def end_copies() -> None:
 
 
 __all__ = ["end_copies", "first_error", "install_quiet_exit", "is_launcher", "is_started_copy",
-           "record_error", "relaunch_command", "start_copies", "watch_launcher"]
+           "kill_copies", "record_error", "relaunch_command", "start_copies", "watch_launcher"]

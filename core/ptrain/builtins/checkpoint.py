@@ -27,6 +27,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -36,13 +37,16 @@ from typing import Any
 import torch
 
 from ptrain.config import to_seconds
-from ptrain.errors import CheckpointError, ConfigError
+from ptrain.checkpoint_io import write_failed
+from ptrain.errors import CheckpointError, CheckpointWriteError, ConfigError
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
 #: The record of a run's top-k, next to its checkpoints; what ``ckpt_path="best"`` reads.
 RECORD = "best_k_models.json"
 LAST = "last.ckpt"
+#: what a checkpoint write the system refuses does (``on_write_error``)
+WRITE_ERROR_CHOICES = ("stop", "warn")
 _FIELD = re.compile(r"\{([^{}:!]*)((?:![rsa])?(?::[^{}]*)?)\}")
 
 
@@ -74,7 +78,7 @@ class ModelCheckpoint:
                  every_n_epochs: int = 1, every_n_train_steps: int = 0,
                  train_time_interval: float | str | timedelta | None = None,
                  save_on_train_epoch_end: bool | None = None,
-                 auto_insert_metric_name: bool = True):
+                 auto_insert_metric_name: bool = True, on_write_error: str = "stop"):
         if mode not in ("min", "max"):
             raise ConfigError(f"checkpoint mode {mode!r} is not valid; valid choices: min, max "
                               f"(whether a lower or a higher monitored value is better).")
@@ -85,6 +89,10 @@ class ModelCheckpoint:
                               ("every_n_train_steps", every_n_train_steps)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"checkpoint {option} must be an integer, got {value!r}.")
+        if on_write_error not in WRITE_ERROR_CHOICES:
+            raise ConfigError(f"checkpoint on_write_error {on_write_error!r} is not valid; valid "
+                              f"choices: stop (end the run with the error), warn (say so and "
+                              f"train on).")
         if save_top_k < -1:
             raise ConfigError(f"checkpoint save_top_k={save_top_k} is not valid; use -1 (keep "
                               f"every checkpoint), 0 (none) or k >= 1 (the k best).")
@@ -117,6 +125,7 @@ class ModelCheckpoint:
         self.train_time_interval = interval
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
+        self.on_write_error = on_write_error
 
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -158,6 +167,10 @@ class ModelCheckpoint:
                          "once per epoch at its end, or not at all")
         options.add("auto_insert_metric_name", to_bool, default=True,
                     help="write filename fields as name=value (epoch=3) rather than the value")
+        options.add("on_write_error", str, default="stop", choices=WRITE_ERROR_CHOICES,
+                    help="when a checkpoint can't be written (disk full, permission, quota): "
+                         "stop the run with the error, or warn and train on; either way the "
+                         "previous checkpoint stays intact")
 
     # -- when ------------------------------------------------------------------------------------
 
@@ -241,8 +254,9 @@ class ModelCheckpoint:
         if not self._writes:
             return
         path = trainer.last_checkpoint_path
-        self.last_model_path = str(path)  # set before saving: it is part of the state
-        trainer.save_checkpoint(path)
+        previous, self.last_model_path = self.last_model_path, str(path)  # part of the state
+        if not self._save(trainer, path):
+            self.last_model_path = previous
 
     def _save_topk(self, trainer, check_now: bool) -> None:
         """``check_now``: the metrics of the epoch or validation are all there (a monitor missing
@@ -258,7 +272,9 @@ class ModelCheckpoint:
             self._last_ranked = (trainer.global_step, None)
             path = self._unique(trainer, self._format(trainer), reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
-            trainer.save_checkpoint(path)
+            if not self._save(trainer, path):
+                self.best_model_path = previous
+                return
             if self.save_top_k == 1 and previous and previous != path:
                 self._remove(trainer, previous)
             return
@@ -283,16 +299,38 @@ class ModelCheckpoint:
         if full and not self._better(score, self.best_k_models[self.kth_best_model_path]):
             return
         dropped = self.kth_best_model_path if full else None
+        ranking = (dict(self.best_k_models), self.best_model_path, self.best_model_score,
+                   self.kth_best_model_path, self.kth_value)
         if dropped is not None:
             del self.best_k_models[dropped]
         path = self._unique(trainer, self._format(trainer), reuse=dropped)
         self.best_k_models[path] = score
         self._rank()
-        trainer.save_checkpoint(path)  # under several processes: a barrier after the write
+        if not self._save(trainer, path):  # the top-k is as before; nothing is removed
+            (self.best_k_models, self.best_model_path, self.best_model_score,
+             self.kth_best_model_path, self.kth_value) = ranking
+            return
         if trainer.is_global_zero:
             self._write_record(trainer)
         if dropped is not None and dropped != path:
             self._remove(trainer, dropped)
+
+    def _save(self, trainer, path: str | Path) -> bool:
+        """Write a checkpoint to ``path``; ``False`` when the system refused the write and
+        ``on_write_error`` is ``warn`` (said on stderr), else the refusal is raised. Under
+        several processes every rank learns of a refusal on any (a barrier after the write)."""
+        try:
+            trainer.save_checkpoint(path)
+        except CheckpointWriteError as exc:
+            if self.on_write_error == "stop":
+                raise CheckpointWriteError(
+                    f"{exc} To warn and train on instead when a checkpoint can't be written, "
+                    f"pass --checkpoint-on-write-error warn.") from None
+            if trainer.is_global_zero:
+                print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
+                      f"warn).", file=sys.stderr, flush=True)
+            return False
+        return True
 
     def _better(self, score: float, than: float) -> bool:
         return score < than if self.mode == "min" else score > than
@@ -358,11 +396,21 @@ class ModelCheckpoint:
                   "best_model_path": Path(self.best_model_path).name,
                   "best_model_score": self.best_model_score,
                   "best_k_models": {Path(p).name: s for p, s in self.best_k_models.items()}}
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, folder / RECORD)
+        tmp = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=folder)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1)
+            os.replace(tmp, folder / RECORD)
+        except OSError as exc:  # the checkpoint itself was written: the record is told apart
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            error = write_failed(folder / RECORD, exc)
+            if self.on_write_error == "stop":
+                raise error from None
+            print(f"ptrain: warning: {error} Training goes on (--checkpoint-on-write-error "
+                  f"warn).", file=sys.stderr, flush=True)
 
     # -- ckpt_path="best" -------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ A sharded checkpoint at ``PATH`` (e.g. ``checkpoints/last.ckpt``) is a folder:
 - ``meta.pt``, written by rank 0, holds everything else of a ptrain checkpoint (loop counters,
   random states, plugin states, the config).
 
-It is written into ``.PATH.tmp`` and renamed into place once complete, so a crash leaves the
-previous checkpoint intact. ``ptrain-consolidate SRC DST`` (or
+It is written into ``.PATH.tmp`` and swapped into place once complete (in one step on Linux),
+so a crash or a kill at any moment, or a full disk, leaves the previous checkpoint intact. ``ptrain-consolidate SRC DST`` (or
 :func:`consolidate`) turns it into an ordinary single-file ptrain checkpoint, which resumes with
 any single-process or ``ddp`` run and loads with ``torch.load``.
 """
@@ -18,8 +18,10 @@ any single-process or ``ddp`` run and loads with ``torch.load``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,12 +29,13 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from ptrain import CheckpointError
-from ptrain.checkpoint_io import atomic_save, safe_load
+from ptrain import CheckpointError, CheckpointWriteError
+from ptrain.checkpoint_io import atomic_save, safe_load, write_failed
 
 META = "meta.pt"
 
@@ -42,14 +45,25 @@ def is_sharded(path: str | Path) -> bool:
 
 
 def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
-    """Write ``checkpoint`` (as the core assembled it) sharded to ``path``; every rank calls it."""
+    """Write ``checkpoint`` (as the core assembled it) sharded to ``path``; every rank calls it.
+
+    A write the system refuses on any rank (no space, permission, quota) raises
+    :class:`ptrain.CheckpointWriteError` on every rank, the partial folder removed and the
+    previous checkpoint at ``path`` untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     rank0 = dist.get_rank() == 0
+    refused: list[str | None] = [None]
     if rank0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
+        _recover(path)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a write that was killed
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            refused = [str(write_failed(path, exc))]
+    dist.broadcast_object_list(refused, src=0)  # also the barrier: the folder is there
+    if refused[0] is not None:
+        raise CheckpointWriteError(refused[0])
     meta = dict(checkpoint)
     with optimizer_state_ready(trainer.optimizers):
         shards = {"model": meta.pop("model"),
@@ -57,21 +71,76 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
                                  for opt in trainer.optimizers]}
     meta.pop("optimizers")
     meta["num_optimizers"] = len(trainer.optimizers)
-    dcp.save(shards, checkpoint_id=tmp)
+    try:
+        dcp.save(shards, checkpoint_id=tmp)
+        if rank0:
+            atomic_save(meta, tmp / META)
+    except (CheckpointException, CheckpointWriteError) as exc:  # DCP's: raised on every rank
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        refused = _refusal(exc)
+        if refused is None:
+            raise
+        raise write_failed(path, refused) if not isinstance(refused, CheckpointWriteError) \
+            else refused from None
     if rank0:
-        atomic_save(meta, tmp / META)
-        old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
+        _swap_into_place(tmp, path)
+
+
+def _refusal(exc: BaseException) -> OSError | CheckpointWriteError | None:
+    """The system's refusal behind a failed sharded write, if that is what it was."""
+    if isinstance(exc, CheckpointWriteError):
+        return exc
+    for failure, _ in getattr(exc, "failures", {}).values():
+        if isinstance(failure, OSError):
+            return failure
+    return None
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Put the complete folder ``tmp`` at ``path``. Where the system can exchange two paths in
+    one step (Linux ``renameat2``), ``path`` holds the old or the new checkpoint at every moment;
+    elsewhere the old one is moved aside to ``.PATH.old`` first, which :func:`_recover` puts back
+    if the process died between the two renames."""
+    if path.exists() and _exchange(tmp, path):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old checkpoint
+        return
+    old = path.with_name(f".{path.name}.old")
+    if path.exists():
         shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover(path: Path) -> None:
+    """A checkpoint moved aside by :func:`_swap_into_place` whose replacement never arrived goes
+    back to ``path``."""
+    old = path.with_name(f".{path.name}.old")
+    if old.exists() and not path.exists():
+        os.replace(old, path)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` atomically; ``False`` where the system can't."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def load(trainer, path: str | Path) -> dict[str, Any]:
     """Read a sharded checkpoint into the trainer's (sharded) module and optimizers and return the
     checkpoint dict the core restores from; every rank calls it."""
     path = Path(path)
+    aside = path.with_name(f".{path.name}.old")
+    if not path.exists() and is_sharded(aside):  # see _swap_into_place
+        path = aside
     if not is_sharded(path):
         raise CheckpointError(
             f"{str(path)!r} is not a sharded checkpoint folder (no .metadata in it); "

@@ -1,0 +1,295 @@
+"""The rank watch: a rank that stops running ends the whole job within a time the user sets.
+
+A rank killed outright breaks its peers' next gloo collective at once; one that is stopped
+(SIGSTOP, a frozen machine, a lost network) or dead under NCCL leaves them waiting in a
+collective until the process group's timeout (30 minutes by default). The watch finds it sooner.
+
+Each rank runs a thread that writes a heartbeat into the job's TCPStore (the store the process
+group met at, through a client of its own whose operations time out) every ``interval``
+seconds: a counter, its process and host, and what it is doing (stage, epoch, step, and the
+function its main thread is in). Rank 0 reads every rank's heartbeat; the other ranks read rank
+0's. A rank whose counter has not moved for ``stall_timeout`` seconds, or whose process is gone
+without saying it ended, or (for rank 0, when it holds the store) whose store stops answering,
+ends the job. The watch that saw it:
+
+1. prints one paragraph naming the rank, its process and host, and what it was last doing;
+2. kills that process with SIGKILL when it runs on this machine (a stopped process would hold
+   its memory and devices for ever; its closed sockets also break every pending gloo
+   collective, so each rank ends through its normal error path);
+3. keeps the message, which the strategy's ``report_error`` raises as the job's error
+   (:func:`stall_error`);
+4. ends its own process ``grace`` seconds later if its main thread is still blocked (an NCCL
+   collective does not end when a peer dies), after killing the ranks it started.
+
+A rank marks its heartbeat ``done`` when its part of the job ends and ``failed`` when it fails
+(its error reaches rank 0 through the launchers' records); the others do not watch it until it
+beats again (a later stage of the script).
+
+torch's own monitoring does not cover this: NCCL's heartbeat monitor watches its own process's
+NCCL watchdog, and gloo's ``monitored_barrier`` must be entered by every rank on its main thread,
+tells only rank 0 which ranks are missing, and not what they were doing. A rank that is alive
+but stuck (a deadlock with its heartbeat still going) is still ended by the collective timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from ptrain.errors import WorkerError
+
+#: Where a heartbeat's fields are separated; the last field (what the rank does) may hold any text.
+_SEP = "\n"
+#: Frames of these packages, and of the standard library, are not where a rank "is": the code
+#: that called into them is shown.
+_LIBRARIES = frozenset({"torch", "pluggy"})
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+class RankStalled(WorkerError):
+    """A rank of the job stopped responding (or died without a word) and the job was ended by
+    the rank watch; the message names the rank and what it was doing."""
+
+
+class _Heartbeat:
+    """What one rank last said, and when (this process's monotonic clock) it last changed."""
+
+    def __init__(self, now: float):
+        self.count, self.state, self.pid, self.host, self.doing = -1, "running", 0, "", "starting"
+        self.changed = now
+
+    def update(self, raw: bytes, now: float) -> None:
+        count, state, pid, host, doing = raw.decode("utf-8", "replace").split(_SEP, 4)
+        if int(count) != self.count:
+            self.changed = now
+        self.count, self.state, self.pid, self.host, self.doing = \
+            int(count), state, int(pid), host, doing
+
+
+class RankWatch:
+    """The watch of one process; see the module docstring. ``describe()`` (called on the watch
+    thread) says what this rank is doing; ``hint`` is the option that sets ``stall_timeout``,
+    named in the message."""
+
+    def __init__(self, *, rank: int, world_size: int, stall_timeout: float, host: str, port: int,
+                 describe: Callable[[], str], hint: str, grace: float = 10.0):
+        self.rank, self.world_size = rank, world_size
+        self.stall_timeout, self.grace, self.hint = stall_timeout, grace, hint
+        self.interval = max(0.05, min(stall_timeout / 4, 5.0))
+        self.describe = describe
+        self.message: str | None = None
+        self._host, self._port = host, port
+        self._count = 0
+        self._state = "running"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._in_store_since: float | None = None  # when the beat thread's store call began
+        self._read_at = time.monotonic()  # when it last read the watched heartbeats
+        self._store: Any = None
+        self._hostname = socket.gethostname()
+        watched = range(1, world_size) if rank == 0 else [0]
+        self._peers = {peer: _Heartbeat(time.monotonic()) for peer in watched}
+
+    # -- this rank ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Write the first heartbeat (on the calling thread), then beat on one thread and judge
+        the others' heartbeats on another (a store operation can block for ever when the
+        store's holder is stopped, whatever the client's timeout: the judge times it)."""
+        import torch.distributed as dist
+
+        # the judge times the store's answers; a call on its own waits up to the default
+        client = dist.TCPStore(self._host, self._port, is_master=False,
+                               timeout=timedelta(seconds=max(300.0, self.stall_timeout)))
+        self._store = dist.PrefixStore("ptrain-rank-watch", client)
+        self._beat()
+        for target, name in ((self._run_beats, "beat"), (self._run_judge, "judge")):
+            thread = threading.Thread(target=target, name=f"ptrain-rank-watch-{name}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, state: str) -> None:
+        """End the watch, leaving ``state`` (``done`` or ``failed``) as this rank's last word
+        (written by the beat thread, waited for at most ``interval`` seconds)."""
+        if self._stop.is_set():
+            return
+        self._state = state
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self.interval)
+
+    def _beat(self) -> None:
+        self._count += 1
+        doing = self.describe() if self._state == "running" else self._state
+        self._store.set(str(self.rank), _SEP.join(
+            (str(self._count), self._state, str(os.getpid()), self._hostname, doing)))
+
+    def _run_beats(self) -> None:
+        """Beat and read the watched heartbeats every ``interval``; the last beat says how this
+        rank's part ended. A failing or slow store call is retried at the next round; the judge
+        times how long the store has not answered."""
+        while not self._stop.wait(self.interval):
+            if self._in_store_since is None:
+                self._in_store_since = time.monotonic()
+            try:
+                self._beat()
+                for peer, beat in self._peers.items():
+                    if self._store.check([str(peer)]):
+                        beat.update(self._store.get(str(peer)), time.monotonic())
+            except Exception:
+                continue
+            self._in_store_since = None
+            self._read_at = time.monotonic()
+        if self.message is None:
+            try:
+                self._beat()
+            except Exception:  # the store's holder has gone: nobody is left to tell
+                pass
+
+    def _run_judge(self) -> None:
+        """Every ``interval``, end the job if a watched rank has been silent too long. Silence
+        is measured between this process's own reads of the store, and a round that finds this
+        process itself was held up (not scheduled, its GIL held) judges nothing: a pause of the
+        watcher is not a stall of the watched."""
+        judged_at = time.monotonic()
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            held_up = now - judged_at > 2 * self.interval + 0.5
+            judged_at = now
+            if held_up:
+                continue
+            blocked = self._in_store_since
+            if self.rank != 0 and blocked is not None and now - blocked > self.stall_timeout:
+                self._end_job(0, f"the job's store ({self._host}:{self._port}, held by rank 0 "
+                                 f"or its launcher) did not answer for {now - blocked:.1f} s")
+                return
+            for peer, beat in self._peers.items():
+                if beat.state != "running":  # it ended its part, or failed and reported it
+                    continue
+                if beat.host == self._hostname and beat.pid and not _alive(beat.pid):
+                    self._end_job(peer, "its process is gone without saying it ended (killed?)")
+                    return
+                silent = self._read_at - beat.changed
+                if silent > self.stall_timeout:
+                    self._end_job(peer, f"no heartbeat for {silent:.1f} s")
+                    return
+
+    # -- ending the job ----------------------------------------------------------------------------
+
+    def last_doing(self, rank: int) -> str | None:
+        """What ``rank`` last said it was doing, when this watch has heard from it."""
+        beat = self._peers.get(rank)
+        return beat.doing if beat is not None and beat.count >= 0 else None
+
+    def _end_job(self, peer: int, why: str) -> None:
+        beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
+        where = f"pid {beat.pid} on {beat.host}" if beat.pid else "not heard from yet"
+        self.message = (f"rank {peer} ({where}) stopped responding: {why}; it was last "
+                        f"{beat.doing}. The job was ended (a rank silent for {self.hint} "
+                        f"{self.stall_timeout:g} seconds ends it).")
+        print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
+        if beat.pid and beat.host == self._hostname:
+            try:
+                os.kill(beat.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._stop.set()
+        # the main thread now fails in its collective and reports the message; if it is still
+        # blocked after the grace period (an NCCL collective), this process ends here
+        time.sleep(self.grace)
+        from ptrain import script_launch
+
+        script_launch.kill_copies()
+        print(f"ptrain: rank {self.rank}: still blocked {self.grace:g} s after the job ended; "
+              f"exiting.", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie, dead but not yet reaped by
+    its parent, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state not in ("Z", "X")
+
+
+def where_main_thread_is() -> str:
+    """The function the main thread is in: the innermost frame outside torch and the standard
+    library's plumbing, and the library call it is blocked in, if any (``"all_reduce (torch),
+    called from reduce_metrics (distributed.py:361)"``)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    innermost = frame
+    while frame is not None and _is_library(frame):
+        frame = frame.f_back
+    if frame is None:
+        return "library code"
+    own = f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+    if innermost is frame or innermost is None:
+        return own
+    library = innermost.f_globals.get("__name__", "").split(".")[0] or "library"
+    return f"{innermost.f_code.co_name} ({library}), called from {own}"
+
+
+def _is_library(frame: Any) -> bool:
+    file = frame.f_code.co_filename
+    root = frame.f_globals.get("__name__", "").split(".")[0]
+    return (root in _LIBRARIES or file.startswith(_STDLIB) and "site-packages" not in file
+            or file.startswith("<frozen"))
+
+
+# -- this process's watch -----------------------------------------------------------------------
+
+_watch: RankWatch | None = None
+
+
+def start(**kwargs: Any) -> None:
+    """Start this process's watch (see :class:`RankWatch` for the arguments), once per process
+    group; a later call (the next stage of the script) only takes its ``describe``."""
+    global _watch
+    if _watch is not None:
+        _watch.describe = kwargs["describe"]
+        return
+    _watch = RankWatch(**kwargs)
+    _watch.start()
+
+
+def stop(state: str = "done") -> None:
+    """End this process's watch, telling the others that its part ended (``done``) or failed
+    (``failed``)."""
+    global _watch
+    if _watch is not None:
+        _watch.stop(state)
+        _watch = None
+
+
+def stall_error() -> RankStalled | None:
+    """The error of the job when the watch ended it, else ``None``."""
+    return RankStalled(_watch.message) if _watch is not None and _watch.message else None
+
+
+def last_doing(rank: int) -> str | None:
+    """What ``rank`` last said it was doing, when this process's watch heard it (rank 0 hears
+    every rank)."""
+    return _watch.last_doing(rank) if _watch is not None else None
+
+
+__all__ = ["RankStalled", "RankWatch", "last_doing", "stall_error", "start", "stop",
+           "where_main_thread_is"]

@@ -1,0 +1,200 @@
+"""A checkpoint write the system refuses (issue 16): on a real small filesystem made full while
+``ptrain fit`` runs (a tmpfs mounted by the test where it may, else a file-size limit set on the
+job's processes), the run stops with a clear error or, with ``--checkpoint-on-write-error warn``,
+trains on; the previous checkpoint stays intact and readable and no partial file is left. One
+process, 2 ``ddp`` ranks and 2 ``fsdp`` ranks (sharded folders), and a rank killed in the middle
+of a sharded write."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptrain import CheckpointWriteError
+from ptrain.checkpoint_io import atomic_save, safe_load
+from tests._faults import SmallDisk, kill_marked, leftovers, start_job
+
+pytestmark = pytest.mark.slow
+
+EVERY = 50  # a checkpoint every EVERY steps: the disk is filled after the first
+
+
+def fit_argv(root: Path, *extra: str, every: int = EVERY, steps: int = 6 * EVERY) -> list[str]:
+    return [sys.executable, "-m", "ptrain", "fit", "--model", "tests._stall_script:Slow",
+            "--accelerator", "cpu", "--max-steps", str(steps),
+            "--checkpoint-every-n-train-steps", str(every), "-p", "no:tensorboard",
+            "-p", "no:progress-bar", "-p", "no:model-summary", "--default-root-dir", str(root),
+            *extra]
+
+
+def last_of(root: Path) -> Path:
+    return root / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def step_of(last: Path) -> int:
+    """The global step a (single-file or sharded) checkpoint was written at; reading it proves
+    it intact."""
+    meta = last / "meta.pt" if last.is_dir() else last
+    return safe_load(meta)["loop"]["global_step"]
+
+
+def partial_files(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob(".*") if p.name.endswith((".tmp", ".old"))]
+
+
+def fill_during_run(disk: SmallDisk, name: str, *extra: str):
+    root = disk.path / name
+    job = start_job(fit_argv(root, *extra), disk.path.parent / f"{name}-out")
+    try:
+        deadline = time.monotonic() + 180
+        while not (last_of(root) / "meta.pt").exists() and not last_of(root).is_file():
+            assert job.proc.poll() is None, f"the run ended early:\n{job.output()}"
+            assert time.monotonic() < deadline, job.output()
+            time.sleep(0.02)
+        disk.fill(job.mark)
+        job.finish(timeout=180)
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    return job, root, left
+
+
+@pytest.fixture(scope="module")
+def full_disk_runs(tmp_path_factory):
+    disk = SmallDisk(tmp_path_factory.mktemp("small-disk") / "disk")
+    cases = {
+        "stop": (),
+        "warn": ("--checkpoint-on-write-error", "warn"),
+        "ddp": ("--strategy", "ddp", "--devices", "2"),
+        "fsdp": ("--strategy", "fsdp", "--devices", "2"),
+    }
+    runs = {}
+    try:
+        for name, extra in cases.items():  # one at a time, each with room again at its start
+            (disk.path / "filler").unlink(missing_ok=True)
+            runs[name] = fill_during_run(disk, name, *extra)
+        yield disk, runs
+    finally:
+        disk.close()
+
+
+@pytest.mark.parametrize("name", ["stop", "ddp", "fsdp"])
+def test_a_refused_checkpoint_write_stops_the_run_and_keeps_the_last_one(full_disk_runs, name):
+    disk, runs = full_disk_runs
+    job, root, left = runs[name]
+    log = job.output()
+    assert job.proc.returncode == 2, log
+    assert "Traceback" not in log, log
+    assert "ptrain: error: could not write checkpoint" in log, log
+    assert f"({disk.refusal()})" in log, log
+    assert "the previous last.ckpt there is intact" in log, log
+    assert "--checkpoint-on-write-error warn" in log, log
+    assert step_of(last_of(root)) == EVERY  # the checkpoint before the disk was full
+    assert not partial_files(root)
+    assert not left, f"processes left running: {left}"
+
+
+def test_with_warn_the_run_trains_on_and_keeps_the_last_checkpoint(full_disk_runs):
+    disk, runs = full_disk_runs
+    job, root, left = runs["warn"]
+    log = job.output()
+    assert job.proc.returncode == 0, log
+    warnings = [line for line in log.splitlines() if "could not write checkpoint" in line]
+    # every later checkpoint was refused, each said in one line
+    assert len(warnings) >= 4 and all(w.startswith("ptrain: warning:") for w in warnings), log
+    assert "Training goes on" in warnings[0], log
+    assert step_of(last_of(root)) == EVERY
+    assert not partial_files(root)
+
+
+def test_atomic_save_on_a_full_disk_keeps_the_old_file_and_names_the_reason(tmp_path):
+    disk = SmallDisk(tmp_path / "disk", size=1 << 20)
+    try:
+        if disk.kind != "tmpfs":
+            pytest.skip("mounting a tmpfs is not permitted here; the file-size limit runs are "
+                        "the other tests of this module")
+        path = disk.path / "last.ckpt"
+        atomic_save({"x": torch.arange(10)}, path)
+        with pytest.raises(CheckpointWriteError) as refused:
+            atomic_save({"x": torch.zeros(1 << 20)}, path)  # 8 MiB on a 1 MiB disk
+        assert "No space left on device (ENOSPC)" in str(refused.value)
+        assert torch.equal(torch.load(path, weights_only=True)["x"], torch.arange(10))
+        assert sorted(p.name for p in disk.path.iterdir()) == ["last.ckpt"]
+    finally:
+        disk.close()
+
+
+def test_a_refused_folder_names_the_fix(tmp_path):
+    """A folder the writer may not write to: a read-only tmpfs where this process may mount one
+    (root, whom a folder's permissions do not stop), else a folder without write permission."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        folder.chmod(0o500)
+    try:
+        if not mounted and os.access(folder, os.W_OK):
+            pytest.skip("this user writes anywhere and may not mount a read-only filesystem")
+        with pytest.raises(CheckpointWriteError) as refused:
+            atomic_save({"x": torch.ones(1)}, folder / "sub" / "last.ckpt")
+        code, fix = ((errno.EROFS, "the filesystem is read-only") if mounted else
+                     (errno.EACCES, "make the folder writable"))
+        assert f"({errno.errorcode[code]})" in str(refused.value)
+        assert fix in str(refused.value)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        else:
+            folder.chmod(0o700)
+
+
+def test_a_rank_killed_during_a_sharded_write_leaves_the_previous_checkpoint(tmp_path):
+    root = tmp_path / "runs"
+    sharded = ("--strategy", "fsdp", "--devices", "2")
+    job = start_job(fit_argv(root, *sharded, every=1, steps=60), tmp_path / "out")
+    tmp = last_of(root).with_name(".last.ckpt.tmp")
+    try:
+        deadline = time.monotonic() + 180
+        while not (last_of(root) / "meta.pt").exists():  # a first complete checkpoint
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.output()
+            time.sleep(0.01)
+        while not any(tmp.glob("*.distcp")):  # a write in progress: shards, no swap yet
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.output()
+            time.sleep(0.001)
+        os.kill(int(_rank_pid(job.mark, rank=1)), signal.SIGKILL)
+        job.finish(timeout=120)
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    assert job.proc.returncode == 1, job.output()
+    assert "rank 1 was killed by SIGKILL" in job.output(), job.output()
+    assert not left
+    saved = step_of(last_of(root))  # intact and readable
+    assert 0 < saved < 60
+    resumed = start_job(fit_argv(root, *sharded, "--ckpt-path", "last", every=1, steps=60),
+                        tmp_path / "resumed")
+    resumed.finish(timeout=300)
+    assert resumed.proc.returncode == 0, resumed.output()
+    assert step_of(last_of(root)) == 60
+    assert not tmp.exists()  # the next write removed the killed one's folder
+
+
+def _rank_pid(mark: str, rank: int) -> int:
+    """The process of the job marked ``mark`` whose RANK is ``rank``."""
+    from tests._faults import marked_pids
+
+    for pid in marked_pids(mark):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no process of rank {rank}")

@@ -1,0 +1,97 @@
+"""Hung and dead ranks end the whole job (issue 16): a 2-rank job (``tests/_stall_script.py``,
+``--ddp-stall-timeout 2``) has one rank stopped (SIGSTOP) or killed (SIGKILL) from outside at a
+step; the job must end within a bound, with a message naming the rank and what it was doing,
+and leave no process behind (the process table, after the job ended)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests._faults import kill_marked, leftovers, stall_job
+
+pytestmark = pytest.mark.slow
+
+STALL = 2.0
+#: the stall timeout, a heartbeat interval, and a job's error path and exit
+BOUND = STALL + 15.0
+
+
+def last_step(log: str) -> int:
+    """The global step the message says the rank was last at, and where."""
+    found = re.search(r"was last training \(epoch \d+, global step (\d+), batch \d+\), in \w+",
+                      log)
+    assert found, f"no step and function named in:\n{log}"
+    return int(found.group(1))
+
+
+def hurt(out, rank: int, signum: int, launcher: str = "auto", strategy: str = "ddp"):
+    job = stall_job(out, stall_timeout=STALL, launcher=launcher, strategy=strategy)
+    try:
+        job.wait_for_step(0, 10)
+        job.wait_for_step(1, 10)
+        time.sleep(3 * STALL / 4)  # a heartbeat (every STALL / 4 s) has told step 10 or later
+        os.kill(job.pid_of(rank), signum)
+        took = job.finish(timeout=120)
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    return job, took, left
+
+
+CASES = {
+    "stop rank 1": dict(rank=1, signum=signal.SIGSTOP),
+    "stop rank 0": dict(rank=0, signum=signal.SIGSTOP),
+    "kill rank 1": dict(rank=1, signum=signal.SIGKILL),
+    "stop rank 1, spawn launcher": dict(rank=1, signum=signal.SIGSTOP, launcher="spawn"),
+    "stop rank 1, fsdp": dict(rank=1, signum=signal.SIGSTOP, strategy="fsdp"),
+}
+
+
+@pytest.fixture(scope="module")
+def hurt_jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rank-watch")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(hurt, root / name.replace(" ", "-").replace(",", ""),
+                                     **case)
+                   for name, case in CASES.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", ["stop rank 1", "stop rank 1, spawn launcher",
+                                  "stop rank 1, fsdp"])
+def test_a_stopped_rank_ends_the_job_naming_it_and_its_step(hurt_jobs, name):
+    job, took, left = hurt_jobs[name]
+    log = job.output()
+    assert job.proc.returncode == 1, log
+    assert took < BOUND, f"the job took {took:.1f} s to end:\n{log}"
+    assert "rank 1 (pid" in log and "stopped responding" in log, log
+    assert last_step(log) >= 10, log  # what it was doing when it was stopped, not before
+    assert "stall-timeout 2 seconds" in log, log
+    assert not left, f"processes left running: {left}\n{log}"
+
+
+def test_a_stopped_rank_zero_is_ended_by_the_others(hurt_jobs):
+    job, took, left = hurt_jobs["stop rank 0"]
+    log = job.output()
+    # rank 0 is the command the user ran: the watch of rank 1 ends it with SIGKILL
+    assert job.proc.returncode == -signal.SIGKILL, log
+    assert took < BOUND, f"the job took {took:.1f} s to end:\n{log}"
+    assert "rank 1: rank 0 (pid" in log and "stopped responding" in log, log
+    assert not left, f"processes left running: {left}\n{log}"
+
+
+def test_a_killed_rank_ends_the_job_at_once_naming_what_it_was_doing(hurt_jobs):
+    job, took, left = hurt_jobs["kill rank 1"]
+    log = job.output()
+    assert job.proc.returncode == 1, log
+    assert took < BOUND, f"the job took {took:.1f} s to end:\n{log}"
+    assert "rank 1 was killed by SIGKILL" in log, log
+    assert "It was last training (epoch 0, global step" in log, log
+    assert last_step(log) >= 10, log
+    assert not left, f"processes left running: {left}\n{log}"
