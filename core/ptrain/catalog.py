@@ -103,8 +103,9 @@ class Catalog:
         return dict(sorted(dists.items()))
 
     def owner_of_flag(self, flag: str) -> PluginInfo | None:
-        """The installed plugin whose option namespace ``flag`` falls in (``--NAME-...``)."""
+        """The installed plugin whose option namespace ``flag`` falls in (``--NAME-...``, or
+        ``--no-NAME-...`` for a boolean option turned off)."""
         for info in sorted(self.infos, key=lambda i: -len(i.name)):
-            if flag.startswith(f"--{info.name}-"):
+            if flag.startswith((f"--{info.name}-", f"--no-{info.name}-")):
                 return info
         return None

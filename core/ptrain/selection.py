@@ -14,7 +14,7 @@ from typing import Any
 
 from ptrain.catalog import Catalog, PluginInfo
 from ptrain.config import DEFAULT_CALLBACKS, canonical_plugin_name
-from ptrain.errors import PluginError
+from ptrain.errors import ConfigError, PluginError
 from ptrain.loading import check_available, declare_options, import_object, import_target
 from ptrain.options import OptionGroup
 
@@ -47,6 +47,11 @@ def split_callbacks(entries: list[Any]) -> tuple[list[Any], set[str]]:
     first, then the given entries in order; ``no:NAME`` blocks NAME wherever it came from. A
     callback object given from Python replaces the default callback of the same name (its
     ``name``, see :func:`object_name`): ``ModelCheckpoint(monitor=...)`` is the ``checkpoint``."""
+    for entry in entries:
+        if isinstance(entry, str) and not entry.strip().removeprefix(BLOCK_PREFIX).strip():
+            raise ConfigError(f"callback entry {entry!r} names no plugin; give -p NAME to enable "
+                              f"a callback or -p no:NAME to block one (`ptrain plugins` lists "
+                              f"them).")
     blocked = {e[len(BLOCK_PREFIX):] for e in entries
                if isinstance(e, str) and e.startswith(BLOCK_PREFIX)}
     given_objects = {object_name(e) for e in entries if not isinstance(e, str)}

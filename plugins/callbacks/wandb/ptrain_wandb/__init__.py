@@ -89,12 +89,20 @@ class WandbLogger:
 
         folder = Path(self.dir) if self.dir else Path(trainer.log_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=self.project,
-            name=self.run_name or Path(trainer.log_dir).name,
-            mode=self.mode, dir=str(folder), tags=self.tags or None,
-            job_type=stage, reinit="create_new",
-        )
+        try:
+            self.run = wandb.init(
+                project=self.project,
+                name=self.run_name or Path(trainer.log_dir).name,
+                mode=self.mode, dir=str(folder), tags=self.tags or None,
+                job_type=stage, reinit="create_new",
+            )
+        except wandb.errors.Error as exc:  # no API key, no network, a refused project...
+            text = str(exc).strip()
+            first = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+            raise PluginError(
+                f"-p wandb could not start a run ({first}). Log in (`wandb login`, or set "
+                f"WANDB_API_KEY), or log locally with --wandb-mode offline and upload later "
+                f"with `wandb sync`.") from None
         self.last_run_dir = Path(self.run.dir).parent  # <dir>/wandb/<run>/files -> <run>
 
     @hookimpl
