@@ -170,8 +170,10 @@ def fault_trial(fault: str, strategy: str, index: int, rng: random.Random, work:
             disk.fill(job.mark)
         else:
             pid = pid_of_rank(job, rank)
-            if pid is not None:
+            try:
                 os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            except (ProcessLookupError, TypeError):  # it ended a moment before
+                pid = None
             landed = landed and pid is not None
         if fault == "disk-full":  # the job ends by itself (or finishes): wait for it
             try:

@@ -367,11 +367,16 @@ def test_cli_fit_and_validate_with_best(tmp_path):
     expected = torch.nn.functional.mse_loss(module(x), y).item()
     assert float(result.stdout.split("val_loss=")[1].split()[0]) == pytest.approx(expected,
                                                                                   rel=1e-3)
-    # fit from the best (epoch 1) continues in its run folder: epoch 2 is trained again
+    # fit from the best (epoch 1) starts a new run that says where it came from: epoch 2 is
+    # trained again there, and the first run's history (its last.ckpt, epoch 4) is untouched
+    before = (folder / "last.ckpt").read_bytes()
     assert_ok(run_cli("fit", *common, "--max-epochs", "3", "--checkpoint-monitor", "val_metric",
                       "--ckpt-path", "best", "--no-progress-bar"))
-    assert not (tmp_path / "version_1").exists()
-    last = torch.load(folder / "last.ckpt", weights_only=True)["loop"]
+    assert (folder / "last.ckpt").read_bytes() == before
+    new_run = tmp_path / "version_1"
+    origin = json.loads((new_run / "resumed_from.json").read_text())
+    assert origin["checkpoint"] == str((folder / "epoch=1-step=4.ckpt").resolve())
+    last = torch.load(new_run / "checkpoints" / "last.ckpt", weights_only=True)["loop"]
     assert (last["epoch"], last["global_step"]) == (3, 6)
 
 

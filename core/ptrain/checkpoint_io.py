@@ -7,6 +7,7 @@ A ptrain checkpoint is a dict of tensors and plain Python values, so it loads wi
 from __future__ import annotations
 
 import errno
+import io
 import os
 import pickle
 import pickletools
@@ -108,6 +109,27 @@ def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
         f"with --ckpt-path last.")
 
 
+def unloadable_reason(value: Any) -> str | None:
+    """Why ``value`` could not be read back from a checkpoint by the weights-only loader (it
+    holds a class, a function, an object of a class of its own...), or ``None`` when it can.
+    Serialises ``value`` in memory once: for a check at the first save, not at every one."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+        buffer.seek(0)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever the pickler or the loader refuses
+        text = _ANSI.sub("", str(exc))
+        unsafe = _UNSUPPORTED_GLOBAL.search(text)
+        if unsafe:
+            return f"it holds {unsafe.group(1)}, which the weights-only loader refuses"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return None
+
+
 def safe_load(path: str | Path) -> dict[str, Any]:
     """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
     path = Path(path)
@@ -117,6 +139,7 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             + (" (it is a directory)" if path.is_dir() else "")
             + ". Give the path of a .ckpt file, or `last` to resume the latest run."
         )
+    verify_integrity(path)
     try:
         with warnings.catch_warnings():  # the refusal below says what the file is
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -156,6 +179,29 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             f"than this ptrain reads ({FORMAT_VERSION}); upgrade ptrain-core."
         )
     return checkpoint
+
+
+def verify_integrity(path: str | Path) -> None:
+    """Check every entry of the torch.save archive at ``path`` against the CRC-32 checksum
+    written beside it when it was saved (the zip format's own), or raise
+    :class:`CheckpointError` naming the entry: a bit changed on disk since (a failing drive, a
+    bad copy, an edit) would otherwise load as different weights without a word. Reads the whole
+    file (about 0.6 s per GB). A file that is no zip archive is left to the loader to judge."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return
+    if damaged is None:
+        return
+    what = ("its tensor data" if "/data/" in damaged else
+            "its structure (the pickled dict)" if damaged.endswith("data.pkl") else damaged)
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} failed its integrity check: the bytes of {what} (archive "
+        f"entry {damaged!r}) no longer match the checksum written when it was saved, so it was "
+        f"changed or damaged since (a failing disk, an interrupted copy, an edit). It was not "
+        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder.")
 
 
 def _is_plain_pickle(path: Path) -> bool:

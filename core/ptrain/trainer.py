@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from ptrain import checkpoint_io, script_launch
+from ptrain import checkpoint_io, run_folder, script_launch
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -40,7 +40,6 @@ from ptrain.step_module import StepModule
 
 #: Where, inside a run folder, the checkpoint that ``ckpt_path="last"`` resumes from lives.
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
-_VERSION = re.compile(r"^version_(\d+)$")
 
 
 class Trainer:
@@ -141,6 +140,7 @@ class Trainer:
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
         self.log_dir: Path | None = None
         self._own_log_dir: Path | None = None  # the run folder this trainer's stages write to
+        self._saved_state_checked = False  # see _check_saved_state
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
@@ -374,7 +374,31 @@ class Trainer:
             datamodule_state = self.datamodule.state_dict()
             if datamodule_state:
                 checkpoint["datamodule_state"] = datamodule_state
+        if not self._saved_state_checked:
+            self._check_saved_state(checkpoint)
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
+
+    def _check_saved_state(self, checkpoint: dict[str, Any]) -> None:
+        """At the first save of a stage: every part of ``checkpoint`` that a plugin or the user
+        contributes must load back with the weights-only loader, or no checkpoint of the run
+        could be resumed; the part that can't is named now, before training goes on."""
+        parts = [(f"plugin {name!r}: its state_dict()", state)
+                 for name, state in checkpoint["plugins"].items()]
+        parts += [("the module's hyperparameters (save_hyperparameters / hparams)",
+                   checkpoint["hyper_parameters"]),
+                  ("the datamodule's hyperparameters", checkpoint.get(
+                      "datamodule_hyper_parameters")),
+                  ("the datamodule's state_dict()", checkpoint.get("datamodule_state"))]
+        for what, value in parts:
+            reason = checkpoint_io.unloadable_reason(value)
+            if reason is not None:
+                raise PluginError(
+                    f"{what} can't go into a checkpoint that loads again: {reason}. Checkpoints "
+                    f"are read with torch's weights-only loader, so a checkpoint holding it could "
+                    f"never be resumed; nothing was written. Keep to tensors, numbers, text, "
+                    f"lists and dicts there (a class as its import path, an object as its "
+                    f"fields).")
+        self._saved_state_checked = True
 
     def run_backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the ``backward`` hook, with ``on_before_backward`` and
@@ -414,14 +438,20 @@ class Trainer:
         self.module, self.datamodule = module, datamodule
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
-        scratch = None
+        scratch = scratch_on_failure = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
             scratch = tempfile.mkdtemp(prefix="ptrain-fast-dev-run-")
             self.log_dir = Path(scratch)
             print(f"fast_dev_run: {self.limit_train_batches} batch(es) of each stage, one "
                   f"epoch; no checkpoint or log is written.", flush=True)
         else:
-            self.log_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file)
+            existed = self._own_log_dir is not None
+            self.log_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file, stage)
+            if not existed:
+                scratch_on_failure = self.log_dir  # reserved now: removed if nothing lands in it
+        # one fit at a time writes a run's checkpoints (the process that chose the folder)
+        lock = (run_folder.RunLock.acquire(self.log_dir) if stage == "fit" and scratch is None
+                and run_folder.decides_for_job() else None)
         try:
             function = StageFunction(self, stage, checkpoint_file)
             result = self.hook.launch(trainer=self, function=function)
@@ -430,7 +460,14 @@ class Trainer:
             if isinstance(result, WorkerResult):
                 return self._adopt(result, stage)
             return result
+        except BaseException:
+            if scratch_on_failure is not None and run_folder.is_empty_run(scratch_on_failure):
+                shutil.rmtree(scratch_on_failure, ignore_errors=True)
+                self._own_log_dir = None
+            raise
         finally:
+            if lock is not None:
+                lock.release()
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
@@ -457,6 +494,7 @@ class Trainer:
 
         self.stage = "train" if stage == "fit" else stage
         self.exception = None
+        self._saved_state_checked = False  # see _check_saved_state
         self.metrics.callback_metrics.clear()  # a stage reports its own metrics only
         self.metrics.logged_metrics.clear()
         module = self.module
@@ -618,19 +656,30 @@ class Trainer:
             return None
         return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path=str(ckpt_path)))
 
-    def _choose_log_dir(self, checkpoint_file: Path | None) -> Path:
-        """Resuming from ``<run>/checkpoints/*.ckpt`` continues in ``<run>``; a later stage of
-        this trainer continues in the folder of its earlier ones (Lightning's one logger version
-        per trainer: ``fit`` then ``test`` log to one place); otherwise a new ``version_N``
-        folder, so no run overwrites another's files."""
+    def _choose_log_dir(self, checkpoint_file: Path | None, stage: str) -> Path:
+        """Resuming ``fit`` from a run's ``checkpoints/last.ckpt`` (its latest state), or
+        evaluating any checkpoint of a run, continues in that run's folder; ``fit`` from another
+        of its checkpoints (``best``, a top-k file) starts a new run that records where it came
+        from (``resumed_from.json``), so no history is overwritten. A later stage of this trainer
+        continues in the folder of its earlier ones (Lightning's one logger version per trainer:
+        ``fit`` then ``test`` log to one place); otherwise a new ``version_N`` folder, reserved
+        by creating it (:mod:`ptrain.run_folder`)."""
+        origin = None
         if checkpoint_file is not None and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
             run = checkpoint_file.parent.parent
-            if _VERSION.match(run.name):
-                return run
-        if self._own_log_dir is not None:
+            if run_folder.is_run_folder(run):
+                if stage != "fit" or checkpoint_file.name == LAST_CHECKPOINT.name:
+                    return run
+                origin = checkpoint_file
+        if self._own_log_dir is not None and origin is None:
             return self._own_log_dir
         root = Path(self.default_root_dir)
-        return root / f"version_{max((n for n, _ in _versions(root)), default=-1) + 1}"
+        if not run_folder.decides_for_job():  # rank 0's choice arrives with the process group
+            return run_folder.next_free(root)
+        run = run_folder.reserve(root)
+        if origin is not None:
+            run_folder.record_origin(run, origin)
+        return run
 
     def _restore(self, path: Path, stage: str) -> dict[str, Any]:
         checkpoint = self.hook.load_checkpoint(trainer=self, path=str(path))
@@ -802,13 +851,7 @@ def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, tor
 
 def run_folders(root: Path) -> list[Path]:
     """The ``version_N`` folders under ``root``, newest (highest N) first."""
-    return [path for _, path in sorted(_versions(root), key=lambda v: -v[0])]
-
-
-def _versions(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    return [(int(m.group(1)), p) for p in root.iterdir() if (m := _VERSION.match(p.name))]
+    return [path for _, path in sorted(run_folder.versions(root), key=lambda v: -v[0])]
 
 
 def _available_memory() -> int | None:

@@ -484,7 +484,8 @@ def test_only_rank_zero_writes(jobs, job):
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     events = [f for f in files if Path(f).name.startswith("events.out.tfevents")]
     assert len(events) == 1, files
-    assert sorted(set(files) - set(events)) == ["version_0/checkpoints/last.ckpt"], files
+    assert sorted(set(files) - set(events)) == ["version_0/.ptrain.lock",  # the run's lock
+                                                "version_0/checkpoints/last.ckpt"], files
 
 
 @pytest.mark.slow

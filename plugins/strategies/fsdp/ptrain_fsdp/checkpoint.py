@@ -7,11 +7,12 @@ A sharded checkpoint at ``PATH`` (e.g. ``checkpoints/last.ckpt``) is a folder:
   sharded state dict) and ``optimizers`` (each optimizer's state keyed by parameter names, as
   ``torch.distributed.checkpoint.state_dict`` gives it), so it loads on any number of ranks;
 - ``meta.pt``, written by rank 0, holds everything else of a ptrain checkpoint (loop counters,
-  random states, plugin states, the config).
+  random states, plugin states, the config) and the CRC-32 of every other file, checked before
+  anything is loaded (meta.pt's own entries carry theirs, as every torch.save file's do).
 
 It is written into ``.PATH.tmp`` and swapped into place once complete (in one step on Linux),
-so a crash or a kill at any moment, or a full disk, leaves the previous checkpoint intact. ``ptrain-consolidate SRC DST`` (or
-:func:`consolidate`) turns it into an ordinary single-file ptrain checkpoint, which resumes with
+so a crash or a kill at any moment, or a full disk, leaves the previous checkpoint intact.
+``ptrain-consolidate SRC DST`` (or :func:`consolidate`) turns it into an ordinary single-file ptrain checkpoint, which resumes with
 any single-process or ``ddp`` run and loads with ``torch.load``.
 """
 
@@ -23,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,6 +40,8 @@ from ptrain import CheckpointError, CheckpointWriteError
 from ptrain.checkpoint_io import atomic_save, safe_load, write_failed
 
 META = "meta.pt"
+#: meta.pt's key for the CRC-32 of every other file of the folder, by name
+CHECKSUMS = "file_checksums"
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -73,6 +77,12 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
     meta["num_optimizers"] = len(trainer.optimizers)
     try:
         dcp.save(shards, checkpoint_id=tmp)
+        # each rank sums the files it wrote; rank 0 keeps them all in meta.pt (itself checked)
+        own = [p for p in tmp.iterdir() if p.name.startswith(f"__{dist.get_rank()}_")
+               or rank0 and p.name == ".metadata"]
+        sums: list[dict[str, int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(sums, {p.name: _crc32(p) for p in own})
+        meta[CHECKSUMS] = {name: crc for part in sums for name, crc in (part or {}).items()}
         if rank0:
             atomic_save(meta, tmp / META)
     except (CheckpointException, CheckpointWriteError) as exc:  # DCP's: raised on every rank
@@ -147,6 +157,7 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
             f"{trainer.options['strategy']} resumes from the folders it writes. Resume a "
             f"single-file checkpoint with --strategy ddp or single-device.")
     meta = safe_load(path / META)
+    _verify_files(path, meta.pop(CHECKSUMS, None))
     if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers:
         raise CheckpointError(f"checkpoint {str(path)!r} holds {meta.get('num_optimizers')} "
                               f"optimizer states; the model configures {len(trainer.optimizers)}.")
@@ -160,6 +171,42 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
     meta["model"] = shards["model"]
     meta["optimizers"] = [opt.state_dict() for opt in trainer.optimizers]
     return meta
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _damage(path: Path, checksums: dict[str, int] | None) -> str | None:
+    """What is wrong with the files of the sharded checkpoint at ``path`` against the checksums
+    written at save (older checkpoints have none), or ``None``."""
+    for name, crc in sorted((checksums or {}).items()):
+        file = path / name
+        if not file.is_file():
+            return f"its file {name!r} is missing"
+        if _crc32(file) != crc:
+            return (f"the bytes of its file {name!r} no longer match the checksum written when "
+                    f"it was saved")
+    return None
+
+
+def _integrity_error(path: Path, damage: str) -> CheckpointError:
+    return CheckpointError(
+        f"sharded checkpoint {str(path)!r} failed its integrity check: {damage}, so it was "
+        f"changed or damaged since (a failing disk, an interrupted copy, an edit). It was not "
+        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder.")
+
+
+def _verify_files(path: Path, checksums: dict[str, int] | None) -> None:
+    """Rank 0 checks the files (:func:`_damage`); every rank raises the same error."""
+    damage = [_damage(path, checksums) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(damage, src=0)
+    if damage[0] is not None:
+        raise _integrity_error(path, damage[0])
 
 
 @contextlib.contextmanager
@@ -236,6 +283,9 @@ def consolidate(src: str | Path, dst: str | Path) -> None:
     if not is_sharded(src):
         raise CheckpointError(f"{str(src)!r} is not a sharded checkpoint folder (no .metadata).")
     checkpoint = safe_load(src / META)
+    damage = _damage(src, checkpoint.pop(CHECKSUMS, None))
+    if damage is not None:
+        raise _integrity_error(src, damage)
     with tempfile.TemporaryDirectory() as tmp:
         whole = Path(tmp) / "whole.pt"
         dcp_to_torch_save(src, whole)

@@ -1,0 +1,90 @@
+"""A checkpoint proves its integrity (issue 21): bytes changed on disk after the save are found
+at load and the checkpoint is refused, naming the file and what failed, for single files (the
+CRC-32 every torch.save archive entry carries) and sharded folders (a CRC-32 per file, kept in
+``meta.pt``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import TinyRegressor, run_cli
+from ptrain import CheckpointError
+from tests._cli_util import assert_usage_error
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def flip(path: Path, offset: int, count: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def tensor_data_offset(path: Path) -> tuple[int, int]:
+    """Where the largest tensor's bytes start in the archive at ``path``, and their length."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename),
+                   key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2),
+                                                                                 "little")
+    return info.header_offset + 30 + name_len + extra_len, info.file_size
+
+
+@pytest.fixture
+def trained(make_trainer):
+    module = TinyRegressor(n=256)
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module)
+    return trainer, Path(trainer.last_checkpoint_path)
+
+
+def test_a_bit_flipped_checkpoint_is_refused_naming_the_damage(trained, make_trainer):
+    _, last = trained
+    start, size = tensor_data_offset(last)
+    flip(last, start, min(100, size))
+    with pytest.raises(CheckpointError) as refused:
+        make_trainer().validate(TinyRegressor(n=256), ckpt_path=str(last))
+    message = str(refused.value)
+    assert "failed its integrity check" in message and str(last) in message
+    assert "tensor data" in message
+
+
+def test_the_cli_refuses_it_with_a_usage_error(trained):
+    _, last = trained
+    start, _ = tensor_data_offset(last)
+    flip(last, start, 4)
+    result = run_cli("validate", "--model", "tests.conftest:TinyRegressor", "--ckpt-path",
+                     str(last), "--accelerator", "cpu", "-p", "no:progress-bar")
+    assert_usage_error(result, "failed its integrity check", str(last))
+
+
+def test_an_intact_checkpoint_still_loads(trained, make_trainer):
+    _, last = trained
+    metrics = make_trainer().validate(TinyRegressor(n=256), ckpt_path=str(last))
+    assert "val_loss" in metrics[0]
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_of_a_sharded_checkpoint_is_refused(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    script = REPO / "tests" / "_shard_resume_script.py"
+    first = subprocess.run([sys.executable, str(script), "--root", str(root), "--out", str(out)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    last = root / "version_0" / "checkpoints" / "last.ckpt"
+    shard = sorted(last.glob("__1_*.distcp"))[0]
+    flip(shard, shard.stat().st_size // 2, 8)
+    resumed = subprocess.run([sys.executable, str(script), "--root", str(root), "--out",
+                              str(out), "--resume"], cwd=REPO, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode != 0
+    assert "failed its integrity check" in resumed.stderr, resumed.stderr[-3000:]
+    assert repr(shard.name) in resumed.stderr, resumed.stderr[-3000:]
