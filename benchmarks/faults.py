@@ -24,8 +24,9 @@ After each fault the job is resumed with ``ckpt_path="last"`` and run to its end
 bit-exact** counts the trials whose final parameters equal the reference's bit for bit. **Time
 to end the job** is from the fault to the moment no process of the job is left (the process
 table); **leftovers** counts processes of the job still running 30 s after the fault (they are
-killed then). **Landed in training** counts faults that found the job still training (a fault
-drawn after its end lands on nothing, and is still resumed and compared).
+killed then). **Landed in training** counts faults that found every rank of the job still running (a fault
+drawn after a rank finished its part lands on a job that is ending, and is still resumed and
+compared).
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ import torch  # noqa: E402
 
 from tests._faults import SmallDisk, kill_marked, marked_pids, start_job  # noqa: E402
 
-#: strategy -> (script, ranks)
+#: strategy -> (script, ranks, its arguments: long enough that a fault lands in training)
 JOBS = {
-    "single-device": ("tests/_resume_script.py", 1),
-    "ddp": ("tests/_ddp_resume_script.py", 2),
-    "fsdp": ("tests/_shard_resume_script.py", 2),
+    "single-device": ("tests/_resume_script.py", 1, ["--max-epochs", "6"]),
+    "ddp": ("tests/_ddp_resume_script.py", 2, ["--max-epochs", "8"]),
+    "fsdp": ("tests/_shard_resume_script.py", 2, ["--max-epochs", "6"]),
 }
 STALL = 2.0
 SETTLE = 30.0
@@ -74,8 +75,9 @@ class Trial:
 
 
 def argv_for(strategy: str, root: Path, out: Path, *extra: str) -> list[str]:
-    script, _ = JOBS[strategy]
-    return [sys.executable, str(REPO / script), "--root", str(root), "--out", str(out), *extra]
+    script, _, arguments = JOBS[strategy]
+    return [sys.executable, str(REPO / script), "--root", str(root), "--out", str(out),
+            *arguments, *extra]
 
 
 def first_checkpoint(root: Path) -> Path:
@@ -158,13 +160,14 @@ def fault_trial(fault: str, strategy: str, index: int, rng: random.Random, work:
     root, out, logs = base / "runs", work / f"{fault}-{strategy}-{index}.pt", \
         work / f"{fault}-{strategy}-{index}-logs"
     extra = ("--stall-timeout", str(STALL)) if fault == "hung" else ()
-    rank = rng.randrange(JOBS[strategy][1])
+    ranks = JOBS[strategy][1]
+    rank = rng.randrange(ranks)
     delay = rng.uniform(0, train_seconds)
     job = start_job(argv_for(strategy, root, out, *extra), logs / "run")
     try:
         wait_for(lambda: first_checkpoint(root).exists(), job)
         time.sleep(delay)
-        landed = job.proc.poll() is None
+        landed = len(marked_pids(job.mark)) == ranks  # every rank still at work
         at = time.monotonic()
         if fault == "disk-full":
             disk.fill(job.mark)

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--full-state-out")
     p.add_argument("--strategy", default="fsdp")
     p.add_argument("--stall-timeout", type=float, default=300.0)
+    p.add_argument("--max-epochs", type=int, default=MAX_EPOCHS)
     args = p.parse_args(argv)
 
     callbacks: list = ["no:progress-bar", "no:tensorboard"]
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.append(FullOptimizerStateProbe(args.full_state_out))
     model = ShardNet(**MODEL_ARGS)
     trainer = ptrain.Trainer(
-        strategy=args.strategy, devices=2, accelerator="cpu", max_epochs=MAX_EPOCHS, seed=0,
+        strategy=args.strategy, devices=2, accelerator="cpu", max_epochs=args.max_epochs, seed=0,
         default_root_dir=args.root, callbacks=callbacks,
         plugin_options={"checkpoint": {"every_n_train_steps": EVERY_N_TRAIN_STEPS},
                         args.strategy: {"stall_timeout": args.stall_timeout}})

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import TinyRegressor, run_cli
 from ptrain import CheckpointError
+from ptrain.checkpoint_io import safe_load
 from tests._cli_util import assert_usage_error
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +81,10 @@ def test_a_damaged_shard_of_a_sharded_checkpoint_is_refused(tmp_path):
                            cwd=REPO, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     last = root / "version_0" / "checkpoints" / "last.ckpt"
+    # given to a strategy that reads single files, the folder is named for what it is
+    with pytest.raises(CheckpointError, match="is a sharded checkpoint folder") as refused:
+        safe_load(last)
+    assert "ptrain-consolidate" in str(refused.value)
     shard = sorted(last.glob("__1_*.distcp"))[0]
     flip(shard, shard.stat().st_size // 2, 8)
     resumed = subprocess.run([sys.executable, str(script), "--root", str(root), "--out",

@@ -133,6 +133,12 @@ def unloadable_reason(value: Any) -> str | None:
 def safe_load(path: str | Path) -> dict[str, Any]:
     """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
     path = Path(path)
+    if (path / ".metadata").is_file():  # torch.distributed.checkpoint's folder
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is a sharded checkpoint folder (written by a sharding "
+            f"strategy such as fsdp, zero2 or zero3), which this run's strategy does not read. "
+            f"Resume it with the strategy that wrote it, or turn it into a single file first: "
+            f"ptrain-consolidate {path} whole.ckpt")
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {str(path)!r} does not exist"

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
@@ -292,7 +293,7 @@ def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
     if components["data"] and not components["data"].get("class_path"):
         raise ModelError("--data.KEY arguments were given without --data MODULE:CLASS.")
     return RunSpec(trainer_options, plugin_options, components["model"], components["data"],
-                   args.ckpt_path or file_config.get("ckpt_path"),
+                   args.ckpt_path if args.ckpt_path is not None else file_config.get("ckpt_path"),
                    args.print_config or pre.print_config, args.trace)
 
 
@@ -362,8 +363,6 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
     """The ``[model]`` (and, when none was given, ``[data]``) recipe a checkpoint carries: the
     CLI's own, or the classes and saved hyperparameters of a run from Python. ``model`` may hold
     init arguments given on the command line: they override the saved ones."""
-    from pathlib import Path
-
     from ptrain.checkpoint_io import safe_load
 
     if Path(path).is_dir():
@@ -521,6 +520,34 @@ def _main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("ptrain: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # the traceback follows; say first whose code raised
+        where = _raised_in_user_code(exc)
+        if where is not None and not getattr(exc, "ptrain_reported_to_launcher", False):
+            print(f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback "
+                  f"follows. Checkpoints saved so far are intact (resume with --ckpt-path "
+                  f"last).", file=sys.stderr, flush=True)
+        raise
+
+
+def _raised_in_user_code(exc: BaseException) -> str | None:
+    """``"validation_step (model.py:41)"`` when the innermost frame of ``exc``'s traceback
+    outside torch, pluggy and the standard library is the user's code (not ptrain's or a
+    plugin's, whose errors are bugs), else ``None``."""
+    from ptrain.frames import is_library_frame
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    for frame, line in reversed(frames):
+        if is_library_frame(frame):
+            continue
+        root = frame.f_globals.get("__name__", "").split(".")[0]
+        if root == "ptrain" or root.startswith("ptrain_"):
+            return None
+        return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{line})"
+    return None
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def positive(convert):
 
     def positive_number(value: Any):
         number = convert(value)
-        if number <= 0:
+        if not number > 0:  # NaN too
             raise ValueError(f"expected a positive number, got {value!r}")
         return number
 
@@ -221,11 +221,26 @@ def core_options() -> OptionGroup:
 # TOML in
 
 
+#: the largest config file read (a config is a few kilobytes)
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a config file and check its layout (not yet its values)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {str(path)!r} is {size:,} bytes; a config is a few "
+                              f"kilobytes, and files above {MAX_CONFIG_BYTES:,} bytes are not "
+                              f"read (is it the right file?).")
+        with open(path, encoding="utf-8") as f:  # a FIFO or device has no size: read a bounded
+            text = f.read(MAX_CONFIG_BYTES + 1)  # amount either way
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {str(path)!r} holds more than "
+                              f"{MAX_CONFIG_BYTES:,} bytes; a config is a few kilobytes (is it "
+                              f"the right file?).")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist.") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -250,10 +265,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"[plugins] {name!r} in {str(path)!r} must be a table "
                               f"([plugins.{name}]).")
     for key in ("model", "data"):
-        unknown = set(data.get(key, {})) - {"class_path", "init_args"}
+        table = data.get(key, {})
+        unknown = set(table) - {"class_path", "init_args"}
         if unknown:
             raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{key}] of {str(path)!r}; "
                               f"valid keys: class_path, init_args.")
+        if "class_path" in table and not isinstance(table["class_path"], str):
+            raise ConfigError(f"class_path in [{key}] of {str(path)!r} must be text "
+                              f"(\"module:Class\"), got {table['class_path']!r}.")
+        if "init_args" in table and not isinstance(table["init_args"], dict):
+            raise ConfigError(f"init_args in [{key}] of {str(path)!r} must be a table "
+                              f"([{key}.init_args] with one key per argument), got "
+                              f"{table['init_args']!r}.")
     return data
 
 

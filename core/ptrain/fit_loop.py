@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from ptrain import checkpoint_io
-from ptrain.errors import ConfigError, NonFiniteLossError
+from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
 from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
@@ -47,6 +47,29 @@ def check_losses_finite(trainer: Trainer) -> None:
         f"{step}); training stopped.{kept} Lower the learning rate, clip gradients "
         f"(--gradient-clip-val), or check the data of that batch."
     )
+
+
+def explain_loss(module: torch.nn.Module, loss: Any) -> ModelError | None:
+    """Why ``loss``, as ``training_step`` returned it, can't be optimized, or ``None`` when it
+    is not the loss's fault. Called only after the step failed: nothing is checked per step."""
+    where = f"{type(module).__qualname__}.training_step"
+    if not isinstance(loss, torch.Tensor):
+        return ModelError(f"{where} returned {type(loss).__qualname__} {loss!r:.60} as the loss; "
+                          f"return the loss as a tensor, as the loss function gives it (not its "
+                          f".item() or float()), a dict with it under 'loss', or None to skip "
+                          f"the batch.")
+    if loss.numel() != 1:
+        return ModelError(f"{where} returned a loss of shape {tuple(loss.shape)}; the loss must "
+                          f"be one number: reduce it (e.g. .mean() or .sum()).")
+    if not (loss.dtype.is_floating_point or loss.dtype.is_complex):
+        return ModelError(f"{where} returned a loss of dtype {loss.dtype}, which has no "
+                          f"gradient; compute it in floating point from the model's output.")
+    if not loss.requires_grad:
+        return ModelError(f"{where} returned a loss that is not connected to the model's "
+                          f"parameters (no grad_fn): it was computed under torch.no_grad(), or "
+                          f"through .detach(), .item() or .data. Return the loss as computed "
+                          f"from the model's output.")
+    return None
 
 
 class FitLoop:
@@ -176,6 +199,7 @@ class FitLoop:
         with t.metrics.epoch_level():
             hook.on_epoch_start(trainer=t)
         stopped_early = False
+        steps_before, first_batch = t.global_step, state["batch"]
         pending_grads = False
         validated_last = True  # whether the last batch seen was followed by a validation
         for batch_idx, batch in self._batches(state["batch"]):
@@ -202,6 +226,12 @@ class FitLoop:
             if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
                 stopped_early = state["batch"] < self.num_batches
                 break
+        if self.automatic and t.global_step == steps_before and state["batch"] > first_batch:
+            raise ModelError(
+                f"{type(t.module).__qualname__}.training_step returned None for all "
+                f"{state['batch'] - first_batch} batches of epoch {t.current_epoch}, so nothing "
+                f"was trained. Return the loss (a tensor, or a dict with it under 'loss'); None "
+                f"skips a batch, for the few a step can't use.")
         if self.ran_dry and not stopped_early:  # a loader without a length ended its epoch
             if pending_grads:
                 self._step_optimizers()
@@ -233,20 +263,34 @@ class FitLoop:
         if hook.has_on_batch_start:
             hook.on_batch_start(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
         output = hook.model_step(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
-        loss = output["loss"] if isinstance(output, dict) else output
+        if isinstance(output, dict):
+            if "loss" not in output and self.automatic:
+                raise ModelError(
+                    f"{type(t.module).__qualname__}.training_step returned a dict without "
+                    f"'loss' (keys: {', '.join(map(repr, output)) or 'none'}); put the loss "
+                    f"to optimize under 'loss', or return it alone.")
+            loss = output.get("loss")
+        else:
+            loss = output
         if loss is None:  # the module skipped this batch
             return None
-        t.loss_window.append((t.current_epoch, batch_idx, t.global_step, loss.detach()))
-        if self.automatic:
-            # Trainer.run_backward's steps, inlined: the hot path saves a call per batch
-            scaled = loss / self.accumulate if self.accumulate > 1 else loss
-            if hook.has_on_before_backward:
-                hook.on_before_backward(trainer=t, loss=scaled)
-            hook.backward(trainer=t, loss=scaled)
-            if hook.has_on_after_backward:
-                hook.on_after_backward(trainer=t)
-            if t.sync_gradients:
-                self._step_optimizers()
+        try:  # free when nothing fails; a failure caused by the loss is named
+            t.loss_window.append((t.current_epoch, batch_idx, t.global_step, loss.detach()))
+            if self.automatic:
+                # Trainer.run_backward's steps, inlined: the hot path saves a call per batch
+                scaled = loss / self.accumulate if self.accumulate > 1 else loss
+                if hook.has_on_before_backward:
+                    hook.on_before_backward(trainer=t, loss=scaled)
+                hook.backward(trainer=t, loss=scaled)
+                if hook.has_on_after_backward:
+                    hook.on_after_backward(trainer=t)
+                if t.sync_gradients:
+                    self._step_optimizers()
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            explained = explain_loss(t.module, loss)
+            if explained is None:
+                raise
+            raise explained from exc
         return loss
 
     def _step_optimizers(self) -> None:

@@ -37,7 +37,6 @@ import os
 import signal
 import socket
 import sys
-import sysconfig
 import threading
 import time
 from datetime import timedelta
@@ -45,13 +44,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ptrain.errors import WorkerError
+from ptrain.frames import is_library_frame
 
 #: Where a heartbeat's fields are separated; the last field (what the rank does) may hold any text.
 _SEP = "\n"
-#: Frames of these packages, and of the standard library, are not where a rank "is": the code
-#: that called into them is shown.
-_LIBRARIES = frozenset({"torch", "pluggy"})
-_STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 class RankStalled(WorkerError):
@@ -237,7 +233,7 @@ def where_main_thread_is() -> str:
     called from reduce_metrics (distributed.py:361)"``)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     innermost = frame
-    while frame is not None and _is_library(frame):
+    while frame is not None and is_library_frame(frame):
         frame = frame.f_back
     if frame is None:
         return "library code"
@@ -246,13 +242,6 @@ def where_main_thread_is() -> str:
         return own
     library = innermost.f_globals.get("__name__", "").split(".")[0] or "library"
     return f"{innermost.f_code.co_name} ({library}), called from {own}"
-
-
-def _is_library(frame: Any) -> bool:
-    file = frame.f_code.co_filename
-    root = frame.f_globals.get("__name__", "").split(".")[0]
-    return (root in _LIBRARIES or file.startswith(_STDLIB) and "site-packages" not in file
-            or file.startswith("<frozen"))
 
 
 # -- this process's watch -----------------------------------------------------------------------

@@ -132,7 +132,13 @@ class Trainer:
             setattr(self, name, value)
         if self.seed is not None:  # once, here: a model built after the trainer is seeded too
             seed_everything(self.seed)
-        if self.max_epochs is None and self.max_steps is None and self.max_time is None:
+        self._check_limits()
+        if self.max_epochs == -1:  # Lightning's "no limit on epochs"
+            self.max_epochs = None
+            if self.max_steps is None and self.max_time is None:
+                warnings.warn("max_epochs=-1 and no max_steps or max_time: training runs until "
+                              "it is stopped (a callback, a signal).", stacklevel=2)
+        elif self.max_epochs is None and self.max_steps is None and self.max_time is None:
             self.max_epochs = 1000
         if self.fast_dev_run:
             self._apply_fast_dev_run()
@@ -516,6 +522,7 @@ class Trainer:
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
             if stage == "fit":
                 setup = configure_optimizers(module)
+                _check_optimized_parameters(module, setup)
                 self._wrap_optimizers(setup)
             for loader_stage in _STAGE_LOADERS[stage]:
                 setattr(self, _LOADER_ATTRIBUTES[loader_stage], self._dataloader(loader_stage))
@@ -628,11 +635,21 @@ class Trainer:
 
     def _dataloader(self, stage: str):
         loader = self.given_dataloaders.get(stage)
+        source = self.datamodule if self.datamodule is not None else self.module
         if loader is None:
-            source = self.datamodule if self.datamodule is not None else self.module
             loader = getattr(source, _LOADER_METHODS[stage])()
         if loader is None:
             return None
+        where = (f"{type(source).__qualname__}.{_LOADER_METHODS[stage]}()"
+                 if stage not in self.given_dataloaders else f"the {stage} dataloader given")
+        if not hasattr(loader, "__iter__"):
+            raise ModelError(f"{where} returned {type(loader).__qualname__} {loader!r:.60}, "
+                             f"which can't be iterated over for batches; return a "
+                             f"torch.utils.data.DataLoader (or any iterable of batches).")
+        if stage != "train" and getattr(self, LIMITS[stage]) != 0 and _sized_empty(loader):
+            raise ModelError(f"{where} gives no batches (its dataset is empty), so {stage} "
+                             f"would run nothing; give it data, or turn it off with "
+                             f"--{LIMITS[stage].replace('_', '-')} 0.")
         if stage == "train" and self.overfit_batches and isinstance(loader, DataLoader) \
                 and isinstance(loader.sampler, RandomSampler):
             warnings.warn("overfit_batches: the training dataloader shuffles; it is read in order "
@@ -650,10 +667,39 @@ class Trainer:
         checkpoint under ``default_root_dir``) or ``"best"``."""
         return self._resolve_ckpt_path(ckpt_path)
 
+    def _check_limits(self) -> None:
+        """Limits that contradict each other, or that no count can meet, are usage errors."""
+        for name in ("max_epochs", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and value < (-1 if name == "max_epochs" else 0):
+                raise ConfigError(f"{name}={value} is not valid; give a count >= 0"
+                                  + (", or -1 for no limit on epochs." if name == "max_epochs"
+                                     else "."))
+        for name in ("min_epochs", "min_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name}={value} is not valid; give a count >= 0.")
+        for low, high in (("min_epochs", "max_epochs"), ("min_steps", "max_steps")):
+            least, most = getattr(self, low), getattr(self, high)
+            if least is not None and most is not None and most != -1 and least > most:
+                raise ConfigError(f"{low}={least} is above {high}={most}: training can't run at "
+                                  f"least {least} and at most {most}. Lower {low} or raise "
+                                  f"{high}.")
+        interval = self.val_check_interval
+        if isinstance(interval, float) and interval > 1.0:
+            raise ConfigError(
+                f"val_check_interval={interval} is a fraction of an epoch above 1.0; give a "
+                f"fraction <= 1.0 (0.25: four times per epoch), a whole number of batches "
+                f"({int(interval)} without the decimal point), or check_val_every_n_epoch to "
+                f"validate every few epochs.")
+
     def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
         """What the ``resolve_ckpt_path`` hook makes of ``ckpt_path`` ("last", "best", a path)."""
         if ckpt_path is None:
             return None
+        if not str(ckpt_path).strip():
+            raise ConfigError("ckpt_path is empty; give a checkpoint's path, 'last' (the newest "
+                              "run's) or 'best', or leave it out to start from scratch.")
         return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path=str(ckpt_path)))
 
     def _choose_log_dir(self, checkpoint_file: Path | None, stage: str) -> Path:
@@ -717,7 +763,8 @@ _LOADER_METHODS = {"train": "train_dataloader", "validate": "val_dataloader",
 _LOADER_ATTRIBUTES = _LOADER_METHODS  # the trainer holds each prepared loader under that name
 _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
-_STEP_METHODS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+_STEP_METHODS = {"fit": "training_step", "validate": "validation_step", "test": "test_step",
+                 "predict": "predict_step"}
 
 
 def is_logger(plugin: Any) -> bool:
@@ -726,10 +773,46 @@ def is_logger(plugin: Any) -> bool:
                for hook in ("log_metrics", "log_hyperparams"))
 
 
+def _sized_empty(loader: Any) -> bool:
+    try:
+        return len(loader) == 0
+    except TypeError:  # no length: an iterable dataset may still give batches
+        return False
+
+
+def _check_optimized_parameters(module: TrainModule, setup: OptimizerSetup) -> None:
+    """What ``configure_optimizers`` returned must train this module: under automatic
+    optimization it needs trainable parameters, and no optimizer may hold parameters that are
+    not the module's (built over a copy or another model, it would step those and leave the
+    module untrained, silently)."""
+    params = list(module.parameters())
+    if module.automatic_optimization and not any(p.requires_grad for p in params):
+        raise ModelError(
+            f"{type(module).__qualname__} has no trainable parameters ("
+            f"{'all of its parameters have requires_grad=False' if params else 'it has none'}), "
+            f"so fit has nothing to train. Unfreeze what should learn (requires_grad_(True)), "
+            f"or run validate/test instead of fit.")
+    own = {id(p) for p in params}
+    for index, optimizer in enumerate(setup.optimizers):
+        foreign = sum(1 for group in optimizer.param_groups for p in group["params"]
+                      if id(p) not in own)
+        if foreign:
+            raise ModelError(
+                f"optimizer {index} ({type(optimizer).__name__}) from "
+                f"{type(module).__qualname__}.configure_optimizers() holds {foreign} "
+                f"parameter(s) that are not the module's: it would step those and leave the "
+                f"module untrained. Build it from self.parameters() (or the module's own "
+                f"submodules), not from a copy or another model.")
+
+
 def _check_stage_methods(stage: str, module: TrainModule) -> None:
     """A stage whose step the module does not implement is a usage error before anything
     starts (``validation_step`` has a do-nothing default, like Lightning's)."""
     method = _STEP_METHODS.get(stage)
+    if method == "training_step" and type(module).training_step is TrainModule.training_step:
+        raise ModelError(f"{type(module).__qualname__} has no training_step(self, batch, "
+                         f"batch_idx), which fit runs on every batch; implement it (it returns "
+                         f"the loss, see TrainModule.training_step's docstring).")
     if method in ("test_step", "predict_step") and \
             getattr(type(module), method) is getattr(TrainModule, method):
         raise ModelError(f"{type(module).__qualname__} has no {method}(self, batch, batch_idx), "

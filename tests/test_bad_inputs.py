@@ -1,0 +1,112 @@
+"""Inputs from the model and data side that must be named, not crashed on or accepted silently
+(issue 21): each is a one-paragraph usage error from ``ptrain fit``/``validate`` (exit 2) naming
+the method or value; a user's own exception shows the user's traceback headed by one line that
+says which of the user's functions raised. The modules are ``tests/_input_models.py``; every
+case is a real ``ptrain`` process."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import run_cli
+from tests._cli_util import assert_usage_error
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["--accelerator", "cpu", "-p", "no:progress-bar", "-p", "no:model-summary"]
+
+#: name -> (argv after the stage, the words the message must hold)
+MODEL_CASES = {
+    "none-every-batch": (["fit", "--model", "tests._input_models:ReturnsNone"],
+                         ["ReturnsNone.training_step returned None for all 4 batches",
+                          "nothing was trained"]),
+    "float-loss": (["fit", "--model", "tests._input_models:FloatLoss"],
+                   ["FloatLoss.training_step returned float", "as a tensor"]),
+    "vector-loss": (["fit", "--model", "tests._input_models:VectorLoss"],
+                    ["a loss of shape (4, 1)", "one number"]),
+    "detached-loss": (["fit", "--model", "tests._input_models:DetachedLoss"],
+                      ["not connected to the model's parameters", "torch.no_grad()"]),
+    "integer-loss": (["fit", "--model", "tests._input_models:IntegerLoss"],
+                     ["dtype torch.int64", "floating point"]),
+    "dict-without-loss": (["fit", "--model", "tests._input_models:DictWithoutLoss"],
+                          ["a dict without 'loss'", "'total'"]),
+    "log-a-vector": (["fit", "--model", "tests._input_models:LogsAVector"],
+                     ["self.log('per_sample'", "shape (4,)"]),
+    "foreign-optimizer": (["fit", "--model", "tests._input_models:ForeignOptimizer"],
+                          ["optimizer 0 (SGD)", "not the module's", "self.parameters()"]),
+    "no-trainable-parameters": (["fit", "--model", "tests._input_models:Frozen"],
+                                ["Frozen has no trainable parameters", "requires_grad"]),
+    "no-training-step": (["fit", "--model", "tests._input_models:NoTrainingStep"],
+                         ["NoTrainingStep has no training_step"]),
+    "loader-not-iterable": (["fit", "--model", "tests._input_models:NotIterableLoader"],
+                            ["NotIterableLoader.train_dataloader() returned int 42"]),
+    "empty-validation-loader": (["fit", "--model", "tests._input_models:EmptyValidation"],
+                                ["EmptyValidation.val_dataloader() gives no batches",
+                                 "--limit-val-batches 0"]),
+    "validate-without-validation": (["validate", "--model", "tests._input_models:NoTrainingStep"],
+                                    ["has no validation data", "val_dataloader()"]),
+}
+BASE = ["fit", "--model", "tests._input_models:Base"]
+FLAG_CASES = {
+    "max-epochs-below-minus-one": (BASE + ["--max-epochs", "-2"], ["max_epochs=-2", "-1 for no"]),
+    "min-epochs-above-max": (BASE + ["--min-epochs", "5", "--max-epochs", "2"],
+                             ["min_epochs=5 is above max_epochs=2"]),
+    "min-steps-above-max": (BASE + ["--min-steps", "10", "--max-steps", "3"],
+                            ["min_steps=10 is above max_steps=3"]),
+    "val-check-interval-fraction-above-one": (BASE + ["--val-check-interval", "1.5"],
+                                              ["val_check_interval=1.5", "fraction <= 1.0"]),
+    "empty-ckpt-path": (BASE + ["--ckpt-path="], ["ckpt_path is empty"]),
+    "nan-gradient-clip": (BASE + ["--gradient-clip-val", "nan"],
+                          ["--gradient-clip-val", "positive number", "'nan'"]),
+}
+USER_ERRORS = {
+    "in-init": ("RaisesInInit", "ValueError in __init__ (_input_models.py:"),
+    "in-dataset": ("RaisesInDataset", "KeyError in __getitem__ (_input_models.py:"),
+    "in-validation-step": ("RaisesInValidationStep",
+                           "RuntimeError in validation_step (_input_models.py:"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-inputs")
+    argvs = {name: [*argv, *COMMON, "--max-epochs", "1", "--default-root-dir", str(root)]
+             if "--max-epochs" not in argv else [*argv, *COMMON, "--default-root-dir", str(root)]
+             for name, (argv, _) in {**MODEL_CASES, **FLAG_CASES}.items()}
+    for name, (cls, _) in USER_ERRORS.items():
+        argvs[name] = ["fit", "--model", f"tests._input_models:{cls}", *COMMON, "--max-epochs",
+                       "1", "--default-root-dir", str(root)]
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(run_cli, *argv) for name, argv in argvs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", list(MODEL_CASES) + list(FLAG_CASES))
+def test_a_bad_input_is_a_one_paragraph_usage_error(results, name):
+    needles = {**MODEL_CASES, **FLAG_CASES}[name][1]
+    message = assert_usage_error(results[name], *needles)
+    assert message.strip().count("\n") == 0, message  # one paragraph
+
+
+@pytest.mark.parametrize("name", list(USER_ERRORS))
+def test_a_users_exception_is_headed_by_the_function_that_raised(results, name):
+    result = results[name]
+    _, where = USER_ERRORS[name]
+    assert result.returncode == 1, result.stderr
+    first, *rest = result.stderr.splitlines()
+    assert first.startswith("ptrain: your code raised ") and where in first, result.stderr
+    assert "Checkpoints saved so far are intact" in first
+    assert rest[0] == "Traceback (most recent call last):", result.stderr  # the user's, whole
+    assert "_input_models.py" in result.stderr
+
+
+def test_max_epochs_minus_one_means_no_epoch_limit(tmp_path):
+    result = run_cli(*BASE, *COMMON, "--max-epochs", "-1", "--max-steps", "9",
+                     "--default-root-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    import torch
+
+    last = torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["loop"]["global_step"] == 9  # 4 batches per epoch: past two epochs
