@@ -8,6 +8,7 @@ from ``/proc``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -172,6 +173,26 @@ class SmallDisk:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
 
 
+@contextlib.contextmanager
+def unwritable_folder(path: Path):
+    """``path``, made a folder nobody may write in: a read-only tmpfs mounted there where this
+    process may mount one (root, whom a folder's permissions do not stop), else a folder without
+    write permission. Yields the system's word for the refusal (EROFS or EACCES), or ``None``
+    where neither stops this user."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        path.chmod(0o500)
+    try:
+        yield "EROFS" if mounted else None if os.access(path, os.W_OK) else "EACCES"
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        else:
+            path.chmod(0o700)
+
+
 def stall_job(out: Path, *, strategy: str = "ddp", stall_timeout: float = 2.0,
               launcher: str = "auto") -> Job:
     """``tests/_stall_script.py``: 2 ranks training slowly until stopped from outside."""
@@ -180,5 +201,5 @@ def stall_job(out: Path, *, strategy: str = "ddp", stall_timeout: float = 2.0,
                       "--launcher", launcher], out)
 
 
-__all__ = ["Job", "SmallDisk", "clean_env", "kill_marked", "leftovers", "marked_pids", "stall_job",
+__all__ = ["Job", "SmallDisk", "clean_env", "unwritable_folder", "kill_marked", "leftovers", "marked_pids", "stall_job",
            "start_job"]

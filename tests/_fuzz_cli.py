@@ -34,11 +34,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-import ptrain  # noqa: E402
 
 #: values every option may get
 POOL = ["0", "1", "2", "3", "-1", "-2", "0.5", "1.5", "-0.5", "2.0", "1e309", "nan", "inf",
@@ -57,36 +52,6 @@ CONFINED = {
 }
 #: the time one run may take before it counts as a hang
 RUN_TIMEOUT = 60
-
-
-class FuzzModel(ptrain.TrainModule):
-    """16 samples, 4 per batch: any run of it is short."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Linear(4, 1)
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(16, 4, generator=g)
-        self.data = TensorDataset(x, x.sum(1, keepdim=True))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def train_dataloader(self):
-        return DataLoader(self.data, batch_size=4)
-
-    def val_dataloader(self):
-        return DataLoader(self.data, batch_size=8)
 
 
 #: the flag that makes a plugin of each kind part of a run
@@ -193,7 +158,7 @@ def campaign(runs: int, seed: int) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory(prefix="ptrain-fuzz-") as tmp:
         for index in range(runs):
-            base = ["fit", "--model", "tests._fuzz_cli:FuzzModel", "--accelerator", "cpu",
+            base = ["fit", "--model", "tests._input_models:Base", "--accelerator", "cpu",
                     "--max-steps", "2", "-p", "no:progress-bar", "--default-root-dir",
                     str(Path(tmp) / f"run{index}")]
             results.append(run_one(base + draw(rng, options)))

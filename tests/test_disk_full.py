@@ -7,13 +7,10 @@ of a sharded write."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ import torch
 
 from ptrain import CheckpointWriteError
 from ptrain.checkpoint_io import atomic_save, safe_load
-from tests._faults import SmallDisk, kill_marked, leftovers, start_job
+from tests._faults import SmallDisk, kill_marked, leftovers, start_job, unwritable_folder
 
 pytestmark = pytest.mark.slow
 
@@ -134,28 +131,13 @@ def test_atomic_save_on_a_full_disk_keeps_the_old_file_and_names_the_reason(tmp_
 
 
 def test_a_refused_folder_names_the_fix(tmp_path):
-    """A folder the writer may not write to: a read-only tmpfs where this process may mount one
-    (root, whom a folder's permissions do not stop), else a folder without write permission."""
-    folder = tmp_path / "read-only"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
-                             capture_output=True).returncode == 0
-    if not mounted:
-        folder.chmod(0o500)
-    try:
-        if not mounted and os.access(folder, os.W_OK):
+    with unwritable_folder(tmp_path / "read-only") as refusal:
+        if refusal is None:
             pytest.skip("this user writes anywhere and may not mount a read-only filesystem")
         with pytest.raises(CheckpointWriteError) as refused:
-            atomic_save({"x": torch.ones(1)}, folder / "sub" / "last.ckpt")
-        code, fix = ((errno.EROFS, "the filesystem is read-only") if mounted else
-                     (errno.EACCES, "make the folder writable"))
-        assert f"({errno.errorcode[code]})" in str(refused.value)
-        assert fix in str(refused.value)
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-        else:
-            folder.chmod(0o700)
+            atomic_save({"x": torch.ones(1)}, tmp_path / "read-only" / "sub" / "last.ckpt")
+    fix = {"EROFS": "the filesystem is read-only", "EACCES": "make the folder writable"}[refusal]
+    assert f"({refusal})" in str(refused.value) and fix in str(refused.value)
 
 
 def test_a_rank_killed_during_a_sharded_write_leaves_the_previous_checkpoint(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import pytest
 from ptrain import ConfigError
 from ptrain.run_folder import RunLock, reserve
 from tests._cli_util import assert_ok, assert_usage_error
-from tests._faults import kill_marked, start_job
+from tests._faults import kill_marked, start_job, unwritable_folder
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -88,21 +87,11 @@ def test_the_lock_names_its_holder_in_process(tmp_path):
 
 def test_a_root_that_cant_be_written_is_refused_before_training(tmp_path):
     root = tmp_path / "read-only"
-    root.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-                             capture_output=True).returncode == 0
-    if not mounted:
-        root.chmod(0o500)
-    try:
-        if not mounted and os.access(root, os.W_OK):
+    with unwritable_folder(root) as refusal:
+        if refusal is None:
             pytest.skip("this user writes anywhere and may not mount a read-only filesystem")
         result = run_cli("fit", *TINY, "--default-root-dir", str(root / "runs"))
-        message = assert_usage_error(result, "can't be created under", str(root / "runs"),
-                                     "--default-root-dir", "Nothing was trained")
-        assert message.count("\n") == 1, message
-        assert "Epoch" not in result.stdout and "Model summary" not in result.stdout
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(root)], capture_output=True)
-        else:
-            root.chmod(0o700)
+    message = assert_usage_error(result, "can't be created under", str(root / "runs"),
+                                 f"({refusal})", "--default-root-dir", "Nothing was trained")
+    assert message.count("\n") == 1, message
+    assert "Epoch" not in result.stdout and "Model summary" not in result.stdout
