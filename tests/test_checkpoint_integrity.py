@@ -93,3 +93,22 @@ def test_a_damaged_shard_of_a_sharded_checkpoint_is_refused(tmp_path):
     assert resumed.returncode != 0
     assert "failed its integrity check" in resumed.stderr, resumed.stderr[-3000:]
     assert repr(shard.name) in resumed.stderr, resumed.stderr[-3000:]
+
+
+def test_last_intact_falls_back_saying_so_and_last_does_not(make_trainer, tmp_path):
+    """Two runs; the newest one's last.ckpt is damaged: --ckpt-path last refuses it,
+    last-intact passes over it (saying so) to the newest checkpoint that is intact."""
+    for _ in range(2):
+        make_trainer(max_epochs=1).fit(TinyRegressor(n=256))
+    damaged = tmp_path / "runs" / "version_1" / "checkpoints" / "last.ckpt"
+    start, _ = tensor_data_offset(damaged)
+    flip(damaged, start, 4)
+    common = ["--model", "tests.conftest:TinyRegressor", "--model.n", "256", "--accelerator",
+              "cpu", "-p", "no:progress-bar", "--default-root-dir", str(tmp_path / "runs")]
+    assert_usage_error(run_cli("validate", *common, "--ckpt-path", "last"),
+                       "failed its integrity check", "--ckpt-path last-intact")
+    result = run_cli("validate", *common, "--ckpt-path", "last-intact")
+    assert result.returncode == 0, result.stderr
+    assert f"passing over {damaged}, which is not intact" in result.stderr
+    intact = tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"using {intact}, the newest intact checkpoint" in result.stderr

@@ -16,6 +16,7 @@ import random
 import tempfile
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,50 @@ def verify_integrity(path: str | Path) -> None:
         f"checkpoint {str(path)!r} failed its integrity check: the bytes of {what} (archive "
         f"entry {damaged!r}) no longer match the checksum written when it was saved, so it was "
         f"changed or damaged since (a failing disk, an interrupted copy, an edit). It was not "
-        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder.")
+        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder, or "
+        f"--ckpt-path last-intact for the newest one that is intact.")
+
+
+def file_crc32(path: str | Path) -> int:
+    """The CRC-32 of the file at ``path``, read in 1 MiB pieces."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def folder_damage(folder: str | Path, checksums: dict[str, int] | None) -> str | None:
+    """What is wrong with the files of ``folder`` against ``checksums`` (file name -> CRC-32,
+    as a sharded checkpoint keeps them), or ``None`` when every file is there and unchanged."""
+    for name, crc in sorted((checksums or {}).items()):
+        file = Path(folder) / name
+        if not file.is_file():
+            return f"its file {name!r} is missing"
+        if file_crc32(file) != crc:
+            return (f"the bytes of its file {name!r} no longer match the checksum written when "
+                    f"it was saved")
+    return None
+
+
+#: a sharded checkpoint folder's file of everything but the shards, and its key for the CRC-32
+#: of every other file (written by the sharding strategies)
+SHARDED_META, SHARDED_CHECKSUMS = "meta.pt", "file_checksums"
+
+
+def integrity_problem(path: str | Path) -> str | None:
+    """Why the checkpoint at ``path`` (a file, or a sharded folder) is not intact, or ``None``:
+    reads all of it, for choosing among checkpoints (``ckpt_path="last-intact"``)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            meta = safe_load(path / SHARDED_META)
+            damage = folder_damage(path, meta.get(SHARDED_CHECKSUMS))
+            return None if damage is None else f"{damage}"
+        safe_load(path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
 
 
 def _is_plain_pickle(path: Path) -> bool:

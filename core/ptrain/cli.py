@@ -180,7 +180,9 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved configuration (plugin options included) and exit")
     run.add_argument("--ckpt-path", help="resume (fit) or evaluate from this checkpoint: a path, "
-                                         "'last' or 'best'")
+                                         "'last', 'best', or 'last-intact' (the newest that "
+                                         "passes its integrity check, saying what it passed "
+                                         "over)")
     run.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
                      help="enable callback plugin NAME; -p no:NAME blocks one before it is "
                           "imported (repeatable)")

@@ -18,8 +18,9 @@ ends the job. The watch that saw it:
    collective, so each rank ends through its normal error path);
 3. keeps the message, which the strategy's ``report_error`` raises as the job's error
    (:func:`stall_error`);
-4. ends its own process ``grace`` seconds later if its main thread is still blocked (an NCCL
-   collective does not end when a peer dies), after killing the ranks it started.
+4. ends its own process ``grace`` seconds later if its main thread has not reached the error
+   handling by then (an NCCL collective does not end when a peer dies), after killing the
+   ranks it started.
 
 A rank marks its heartbeat ``done`` when its part of the job ends and ``failed`` when it fails
 (its error reaches rank 0 through the launchers' records); the others do not watch it until it
@@ -86,6 +87,7 @@ class RankWatch:
         self._count = 0
         self._state = "running"
         self._stop = threading.Event()
+        self._handled = threading.Event()  # the main thread reached the error handling
         self._threads: list[threading.Thread] = []
         self._in_store_since: float | None = None  # when the beat thread's store call began
         self._read_at = time.monotonic()  # when it last read the watched heartbeats
@@ -116,6 +118,7 @@ class RankWatch:
     def stop(self, state: str) -> None:
         """End the watch, leaving ``state`` (``done`` or ``failed``) as this rank's last word
         (written by the beat thread, waited for at most ``interval`` seconds)."""
+        self._handled.set()  # the main thread got here: no forced exit (see _end_job)
         if self._stop.is_set():
             return
         self._state = state
@@ -200,9 +203,10 @@ class RankWatch:
             except (ProcessLookupError, PermissionError):
                 pass
         self._stop.set()
-        # the main thread now fails in its collective and reports the message; if it is still
-        # blocked after the grace period (an NCCL collective), this process ends here
-        time.sleep(self.grace)
+        # the main thread now fails in its collective and reports the message (stop() tells);
+        # if it is still blocked after the grace period (an NCCL collective), the process ends
+        if self._handled.wait(self.grace):
+            return
         from ptrain import script_launch
 
         script_launch.kill_copies()

@@ -388,17 +388,18 @@ class Trainer:
         """At the first save of a stage: every part of ``checkpoint`` that a plugin or the user
         contributes must load back with the weights-only loader, or no checkpoint of the run
         could be resumed; the part that can't is named now, before training goes on."""
-        parts = [(f"plugin {name!r}: its state_dict()", state)
+        parts = [(f"plugin {name!r}: its state_dict()", state, PluginError)
                  for name, state in checkpoint["plugins"].items()]
         parts += [("the module's hyperparameters (save_hyperparameters / hparams)",
-                   checkpoint["hyper_parameters"]),
+                   checkpoint["hyper_parameters"], ModelError),
                   ("the datamodule's hyperparameters", checkpoint.get(
-                      "datamodule_hyper_parameters")),
-                  ("the datamodule's state_dict()", checkpoint.get("datamodule_state"))]
-        for what, value in parts:
+                      "datamodule_hyper_parameters"), ModelError),
+                  ("the datamodule's state_dict()", checkpoint.get("datamodule_state"),
+                   ModelError)]
+        for what, value, error in parts:
             reason = checkpoint_io.unloadable_reason(value)
             if reason is not None:
-                raise PluginError(
+                raise error(
                     f"{what} can't go into a checkpoint that loads again: {reason}. Checkpoints "
                     f"are read with torch's weights-only loader, so a checkpoint holding it could "
                     f"never be resumed; nothing was written. Keep to tensors, numbers, text, "
@@ -444,17 +445,17 @@ class Trainer:
         self.module, self.datamodule = module, datamodule
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
-        scratch = scratch_on_failure = None
+        scratch = reserved = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
             scratch = tempfile.mkdtemp(prefix="ptrain-fast-dev-run-")
             self.log_dir = Path(scratch)
             print(f"fast_dev_run: {self.limit_train_batches} batch(es) of each stage, one "
                   f"epoch; no checkpoint or log is written.", flush=True)
         else:
-            existed = self._own_log_dir is not None
+            first_stage = self._own_log_dir is None
             self.log_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file, stage)
-            if not existed:
-                scratch_on_failure = self.log_dir  # reserved now: removed if nothing lands in it
+            if first_stage:
+                reserved = self.log_dir  # removed if the stage fails before writing in it
         # one fit at a time writes a run's checkpoints (the process that chose the folder)
         lock = (run_folder.RunLock.acquire(self.log_dir) if stage == "fit" and scratch is None
                 and run_folder.decides_for_job() else None)
@@ -467,8 +468,8 @@ class Trainer:
                 return self._adopt(result, stage)
             return result
         except BaseException:
-            if scratch_on_failure is not None and run_folder.is_empty_run(scratch_on_failure):
-                shutil.rmtree(scratch_on_failure, ignore_errors=True)
+            if reserved is not None and run_folder.is_empty_run(reserved):
+                shutil.rmtree(reserved, ignore_errors=True)
                 self._own_log_dir = None
             raise
         finally:
@@ -740,8 +741,11 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {str(path)!r} holds "
                                       f"{len(checkpoint['optimizers'])} optimizer states; the "
                                       f"model configures {len(self.optimizers)}.")
-            for optimizer, state in zip(self.optimizers, checkpoint["optimizers"]):
+            for index, (optimizer, state) in enumerate(zip(self.optimizers,
+                                                            checkpoint["optimizers"])):
+                configured = _group_settings(optimizer)
                 optimizer.load_state_dict(state)
+                _report_overridden(path, index, optimizer, configured)
             for entry, state in zip(self.lr_schedulers, checkpoint["lr_schedulers"]):
                 entry["scheduler"].load_state_dict(state)
             for stage_name, sums in checkpoint.get("metrics", {}).items():
@@ -771,6 +775,32 @@ def is_logger(plugin: Any) -> bool:
     """Whether ``plugin`` is a logger: it implements ``log_metrics`` or ``log_hyperparams``."""
     return any(hasattr(getattr(plugin, hook, None), IMPL_MARK)
                for hook in ("log_metrics", "log_hyperparams"))
+
+
+def _group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings a user configures and nothing changes as training goes:
+    the learning rate a schedule starts from (``initial_lr``, which a scheduler records, else
+    ``lr``) and the weight decay."""
+    return [{"lr": group.get("initial_lr", group.get("lr")),
+             "weight_decay": group.get("weight_decay")} for group in optimizer.param_groups]
+
+
+def _report_overridden(path: Path, index: int, optimizer: torch.optim.Optimizer,
+                       configured: list[dict[str, Any]]) -> None:
+    """Say which settings ``configure_optimizers`` gives now that the resumed optimizer state
+    replaced: a learning rate changed on resume does not apply, the checkpoint's does."""
+    changed = []
+    for number, (before, after) in enumerate(zip(configured, _group_settings(optimizer))):
+        for key, value in before.items():
+            if after[key] != value:
+                group = f"group {number} " if len(configured) > 1 else ""
+                changed.append(f"{group}{key}={after[key]!r} (configured now: {value!r})")
+    if changed:
+        warnings.warn(
+            f"resuming from {path}: optimizer {index} ({type(optimizer).__name__}) continues "
+            f"with the checkpoint's {', '.join(changed)}; what configure_optimizers gives now "
+            f"does not apply to a resumed run. To train with it, start a new run and load the "
+            f"weights in __init__.", stacklevel=2)
 
 
 def _sized_empty(loader: Any) -> bool:

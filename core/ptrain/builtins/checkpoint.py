@@ -16,6 +16,10 @@ except where ptrain differs on purpose (docs/configuration.md lists every differ
   the newest run folder under ``default_root_dir`` whose ``checkpoints/best_k_models.json`` (written
   by global rank 0 whenever the top-k changes) records one.
 
+A write the system refuses (disk full, permission, quota) leaves the previous files intact and
+either ends the run with :class:`ptrain.CheckpointWriteError` or, with ``on_write_error="warn"``,
+says so in one line and trains on, the top-k as it was.
+
 Every rank takes the same decisions: they depend only on ``trainer.callback_metrics`` (reduced
 identically on every rank), the counters, and, for the time interval, a flag reduced across ranks.
 """

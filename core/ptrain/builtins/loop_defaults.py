@@ -9,6 +9,7 @@ The per-step implementations take every argument of their hook, used or not: the
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,8 @@ class LoopDefaults:
                 "ckpt_path='best' needs the checkpoint callback, which is blocked in this run "
                 "(no:checkpoint): it is what records the best checkpoint. Remove no:checkpoint, "
                 "or give a checkpoint's path or 'last'.")
+        if ckpt_path == LAST_INTACT:
+            return str(_last_intact(Path(trainer.default_root_dir)))
         if ckpt_path != "last":
             return ckpt_path
         from ptrain.trainer import LAST_CHECKPOINT, run_folders
@@ -126,3 +129,33 @@ class LoopDefaults:
     @hookimpl(trylast=True)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return checkpoint_io.safe_load(path)
+
+
+#: ``ckpt_path`` that resumes from the newest checkpoint that passes its integrity check
+LAST_INTACT = "last-intact"
+
+
+def _last_intact(root: Path) -> Path:
+    """The newest intact checkpoint under ``root``: each run folder's ``last.ckpt``, newest run
+    first, then its other checkpoints, newest first; every one passed over is said on stderr
+    with why."""
+    from ptrain.trainer import LAST_CHECKPOINT, run_folders
+
+    passed_over = 0
+    for run in run_folders(root):
+        folder = run / LAST_CHECKPOINT.parent
+        last = run / LAST_CHECKPOINT
+        others = sorted((p for p in folder.glob("*.ckpt") if p != last),
+                        key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
+        for candidate in ([last] if last.exists() else []) + others:
+            problem = checkpoint_io.integrity_problem(candidate)
+            if problem is None:
+                if passed_over:
+                    print(f"ptrain: ckpt_path='{LAST_INTACT}': using {candidate}, the "
+                          f"newest intact checkpoint.", file=sys.stderr, flush=True)
+                return candidate
+            passed_over += 1
+            print(f"ptrain: warning: ckpt_path='{LAST_INTACT}': passing over {candidate}, which "
+                  f"is not intact ({problem.split('. ')[0]}).", file=sys.stderr, flush=True)
+    raise CheckpointError(f"ckpt_path='{LAST_INTACT}' found no intact checkpoint in any run "
+                          f"folder under {str(root)!r}; start without --ckpt-path.")

@@ -24,7 +24,6 @@ import os
 import shutil
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,11 +36,10 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError
-from ptrain.checkpoint_io import atomic_save, safe_load, write_failed
+from ptrain.checkpoint_io import (SHARDED_CHECKSUMS, SHARDED_META, atomic_save, file_crc32,
+                                  folder_damage, safe_load, write_failed)
 
-META = "meta.pt"
-#: meta.pt's key for the CRC-32 of every other file of the folder, by name
-CHECKSUMS = "file_checksums"
+META, CHECKSUMS = SHARDED_META, SHARDED_CHECKSUMS  # meta.pt, and its key for the files' CRC-32
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -81,7 +79,7 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
         own = [p for p in tmp.iterdir() if p.name.startswith(f"__{dist.get_rank()}_")
                or rank0 and p.name == ".metadata"]
         sums: list[dict[str, int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(sums, {p.name: _crc32(p) for p in own})
+        dist.all_gather_object(sums, {p.name: file_crc32(p) for p in own})
         meta[CHECKSUMS] = {name: crc for part in sums for name, crc in (part or {}).items()}
         if rank0:
             atomic_save(meta, tmp / META)
@@ -173,37 +171,18 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def _damage(path: Path, checksums: dict[str, int] | None) -> str | None:
-    """What is wrong with the files of the sharded checkpoint at ``path`` against the checksums
-    written at save (older checkpoints have none), or ``None``."""
-    for name, crc in sorted((checksums or {}).items()):
-        file = path / name
-        if not file.is_file():
-            return f"its file {name!r} is missing"
-        if _crc32(file) != crc:
-            return (f"the bytes of its file {name!r} no longer match the checksum written when "
-                    f"it was saved")
-    return None
-
-
 def _integrity_error(path: Path, damage: str) -> CheckpointError:
     return CheckpointError(
         f"sharded checkpoint {str(path)!r} failed its integrity check: {damage}, so it was "
         f"changed or damaged since (a failing disk, an interrupted copy, an edit). It was not "
-        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder.")
+        f"loaded. Use another checkpoint, e.g. an earlier one of the same run folder, or "
+        f"--ckpt-path last-intact for the newest one that is intact.")
 
 
 def _verify_files(path: Path, checksums: dict[str, int] | None) -> None:
-    """Rank 0 checks the files (:func:`_damage`); every rank raises the same error."""
-    damage = [_damage(path, checksums) if dist.get_rank() == 0 else None]
+    """Rank 0 checks the files (:func:`ptrain.checkpoint_io.folder_damage`); every rank raises
+    the same error."""
+    damage = [folder_damage(path, checksums) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(damage, src=0)
     if damage[0] is not None:
         raise _integrity_error(path, damage[0])
@@ -283,7 +262,7 @@ def consolidate(src: str | Path, dst: str | Path) -> None:
     if not is_sharded(src):
         raise CheckpointError(f"{str(src)!r} is not a sharded checkpoint folder (no .metadata).")
     checkpoint = safe_load(src / META)
-    damage = _damage(src, checkpoint.pop(CHECKSUMS, None))
+    damage = folder_damage(src, checkpoint.pop(CHECKSUMS, None))
     if damage is not None:
         raise _integrity_error(src, damage)
     with tempfile.TemporaryDirectory() as tmp:
