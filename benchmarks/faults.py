@@ -24,9 +24,11 @@ After each fault the job is resumed with ``ckpt_path="last"`` and run to its end
 bit-exact** counts the trials whose final parameters equal the reference's bit for bit. **Time
 to end the job** is from the fault to the moment no process of the job is left (the process
 table); **leftovers** counts processes of the job still running 30 s after the fault (they are
-killed then). **Landed in training** counts faults that found every rank of the job still running (a fault
-drawn after a rank finished its part lands on a job that is ending, and is still resumed and
-compared).
+killed then). A rank stopped as its peers finish their part holds nobody up: when it is the
+only process left, it is continued (SIGCONT) and must finish the job by itself (the last
+column). **Landed in training** counts faults that found every rank of the job still running (a
+fault drawn after a rank finished its part lands on a job that is ending, and is still resumed
+and compared).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Trial:
     named: bool  # the job's output names the rank (hung) or the refusal (disk full)
     previous_intact: bool
     bit_exact: bool
+    continued: bool = False  # hung: its peers had finished; sent SIGCONT, it finished the job
 
 
 def argv_for(strategy: str, root: Path, out: Path, *extra: str) -> list[str]:
@@ -115,19 +118,20 @@ def pid_of_rank(job, rank: int) -> int | None:
     return None
 
 
-def ended(job, since: float) -> tuple[float | None, int]:
+def ended(job, since: float, keep: int | None = None) -> tuple[float | None, int]:
     """Seconds from ``since`` until no process of ``job`` runs, and how many were left after
-    ``SETTLE`` seconds (then killed)."""
+    ``SETTLE`` seconds (then killed, unless the only one left is ``keep``)."""
     deadline = since + SETTLE
     while time.monotonic() < deadline:
         job.proc.poll()
         if not marked_pids(job.mark):
             return time.monotonic() - since, 0
         time.sleep(0.02)
-    left = len(marked_pids(job.mark))
-    kill_marked(job.mark)
-    job.proc.wait()
-    return None, left
+    left = marked_pids(job.mark)
+    if left != [keep]:
+        kill_marked(job.mark)
+        job.proc.wait()
+    return None, len(left)
 
 
 def reference(strategy: str, work: Path) -> tuple[dict, float]:
@@ -183,12 +187,24 @@ def fault_trial(fault: str, strategy: str, index: int, rng: random.Random, work:
                 job.proc.wait(300)
             except Exception:
                 pass
-        seconds, left = ended(job, at)
+        seconds, left = ended(job, at, keep=pid if fault == "hung" else None)
+        continued = False
+        if fault == "hung" and seconds is None and marked_pids(job.mark) == [pid]:
+            # only the stopped rank is left: its peers had finished their part (nothing waited
+            # on it). Continued, it must finish the job by itself.
+            os.kill(pid, signal.SIGCONT)
+            try:
+                job.proc.wait(60)
+            except Exception:
+                pass
+            seconds, left = ended(job, time.monotonic())
+            continued = seconds is not None
     finally:
         kill_marked(job.mark)
     output = job.output()
     named = {"kill": True,
-             "hung": not landed or f"rank {rank} (pid" in output and "stopped responding" in output,
+             "hung": not landed or continued or f"rank {rank} (pid" in output
+             and ("stopped responding" in output or "has been stopped" in output),
              "disk-full": not landed or job.proc.returncode == 0
              or "could not write checkpoint" in output}[fault]
     intact = checkpoint_readable(first_checkpoint(root))
@@ -196,14 +212,15 @@ def fault_trial(fault: str, strategy: str, index: int, rng: random.Random, work:
         (disk.path / "filler").unlink(missing_ok=True)
     exact = resumed_equal(strategy, root, out, ref, logs / "resume", *extra)
     return Trial(fault, strategy, rank, round(delay, 3), landed,
-                 None if seconds is None else round(seconds, 2), left, named, intact, exact)
+                 None if seconds is None else round(seconds, 2), left, named, intact, exact,
+                 continued if fault == "hung" else False)
 
 
 def table(trials: list[Trial]) -> str:
     rows = ["| fault | strategy | trials | landed in training | resumed bit-exact | message "
             "names it | previous checkpoint readable | time to end the job: median / max (s) "
-            "| leftovers |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| leftovers | hung, peers already done: finished when continued |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[Trial]] = {}
     for t in trials:
         groups.setdefault((t.fault, t.strategy), []).append(t)
@@ -213,7 +230,8 @@ def table(trials: list[Trial]) -> str:
         rows.append(f"| {fault} | {strategy} | {len(group)} | "
                     f"{sum(t.landed for t in group)} | {sum(t.bit_exact for t in group)} | "
                     f"{sum(t.named for t in group)} | {sum(t.previous_intact for t in group)} | "
-                    f"{timing} | {sum(t.leftovers for t in group)} |")
+                    f"{timing} | {sum(t.leftovers for t in group)} | "
+                    f"{sum(t.continued for t in group) if fault == 'hung' else '-'} |")
     return "\n".join(rows)
 
 

@@ -33,6 +33,7 @@ import logging
 import os
 import pickle
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -168,7 +169,7 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
         rank_watch.stop("failed")
         rank_errors.write_record(error_dir, exc, int(os.environ.get("RANK", "0")))
         raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
-    rank_watch.stop("done")
+    rank_watch.stop("exited")
     return result
 
 
@@ -477,10 +478,16 @@ def _doing(trainer: Trainer) -> str:
 
 
 def _destroy_process_group() -> None:
-    rank_watch.stop("done")
+    rank_watch.finishing()
     script_launch.end_copies()  # the ranks this process started finish with the group up
     if dist.is_initialized():
         dist.destroy_process_group()
+    stalled = rank_watch.stall_error()
+    rank_watch.stop("exited")
+    if stalled is not None:  # a rank stopped responding as the job ended: it did not succeed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 __all__ = ["Environment", "ProcessGroupStrategy", "detect_environment", "held_bytes",

@@ -22,9 +22,11 @@ ends the job. The watch that saw it:
    handling by then (an NCCL collective does not end when a peer dies), after killing the
    ranks it started.
 
-A rank marks its heartbeat ``done`` when its part of the job ends and ``failed`` when it fails
-(its error reaches rank 0 through the launchers' records); the others do not watch it until it
-beats again (a later stage of the script).
+A rank's heartbeat says ``done`` once its part of the job ended while it still takes part in
+the last collectives (destroying the process group), when a silence still counts but its end
+does not; ``exited`` as its last word, and ``failed`` when it fails (its error reaches rank 0
+through the launchers' records): the others do not watch it then, until it beats again (a later
+stage of the script).
 
 torch's own monitoring does not cover this: NCCL's heartbeat monitor watches its own process's
 NCCL watchdog, and gloo's ``monitored_barrier`` must be entered by every rank on its main thread,
@@ -116,7 +118,7 @@ class RankWatch:
             self._threads.append(thread)
 
     def stop(self, state: str) -> None:
-        """End the watch, leaving ``state`` (``done`` or ``failed``) as this rank's last word
+        """End the watch, leaving ``state`` (``exited`` or ``failed``) as this rank's last word
         (written by the beat thread, waited for at most ``interval`` seconds)."""
         self._handled.set()  # the main thread got here: no forced exit (see _end_job)
         if self._stop.is_set():
@@ -173,9 +175,10 @@ class RankWatch:
                                  f"or its launcher) did not answer for {now - blocked:.1f} s")
                 return
             for peer, beat in self._peers.items():
-                if beat.state != "running":  # it ended its part, or failed and reported it
+                if beat.state in ("exited", "failed"):  # gone, or reporting its own error
                     continue
-                if beat.host == self._hostname and beat.pid and not _alive(beat.pid):
+                if beat.state == "running" and beat.host == self._hostname and beat.pid \
+                        and not _alive(beat.pid):
                     self._end_job(peer, "its process is gone without saying it ended (killed?)")
                     return
                 silent = self._read_at - beat.changed
@@ -215,20 +218,27 @@ class RankWatch:
         os._exit(1)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine still runs (a zombie, dead but not yet reaped by
-    its parent, does not)."""
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` of this machine (``R``, ``S``, ``T`` stopped, ``Z``
+    a zombie...), ``None`` when it does not exist, ``"?"`` where ``/proc`` can't tell."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
     except (OSError, IndexError):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return False
+            return None
         except PermissionError:
-            return True
-        return True
-    return state not in ("Z", "X")
+            pass
+        return "?"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie, dead but not yet reaped by
+    its parent, does not)."""
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def where_main_thread_is() -> str:
@@ -264,13 +274,26 @@ def start(**kwargs: Any) -> None:
     _watch.start()
 
 
-def stop(state: str = "done") -> None:
-    """End this process's watch, telling the others that its part ended (``done``) or failed
+def stop(state: str = "exited") -> None:
+    """End this process's watch, telling the others that it is leaving (``exited``) or failed
     (``failed``)."""
     global _watch
     if _watch is not None:
         _watch.stop(state)
         _watch = None
+
+
+def finishing() -> None:
+    """Tell the other ranks that this rank's part ended (its next heartbeat says ``done``) while
+    it keeps watching: its last collective steps (destroying the process group) still need rank
+    0, and a rank 0 that stops then is still found."""
+    if _watch is not None:
+        _watch._state = "done"
+
+
+def stall_timeout() -> float | None:
+    """This process's watch's stall timeout, ``None`` when it has none."""
+    return _watch.stall_timeout if _watch is not None else None
 
 
 def stall_error() -> RankStalled | None:
@@ -284,5 +307,5 @@ def last_doing(rank: int) -> str | None:
     return _watch.last_doing(rank) if _watch is not None else None
 
 
-__all__ = ["RankStalled", "RankWatch", "last_doing", "stall_error", "start", "stop",
-           "where_main_thread_is"]
+__all__ = ["RankStalled", "RankWatch", "finishing", "last_doing", "process_state", "stall_error",
+           "stall_timeout", "start", "stop", "where_main_thread_is"]

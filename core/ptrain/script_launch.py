@@ -231,12 +231,36 @@ def end_copies() -> None:
     if _failed:
         _stop_copies()
     for rank, child in enumerate(_children, start=1):
-        code = child.wait()
+        code = _wait_unless_stopped(rank, child)
         if code != 0 and not _failed and not _interrupted:
             print(f"ptrain: rank {rank} (pid {child.pid}) exited with code {code} after rank 0 "
                   f"finished; its output above says why.", file=sys.stderr, flush=True)
     _children.clear()
     _remove_error_folder()
+
+
+def _wait_unless_stopped(rank: int, child: subprocess.Popen) -> int:
+    """``child``'s exit code once it ends; a child stopped (SIGSTOP) for longer than the rank
+    watch's stall timeout after it told the others it was leaving is ended (SIGKILL), so the job
+    does not wait for ever on a rank that holds nobody else up."""
+    limit = rank_watch.stall_timeout()
+    stopped_since = None
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if limit is None:
+            continue
+        if rank_watch.process_state(child.pid) != "T":
+            stopped_since = None
+            continue
+        stopped_since = stopped_since or time.monotonic()
+        if time.monotonic() - stopped_since > limit:
+            print(f"ptrain: rank {rank} (pid {child.pid}) has been stopped for {limit:g} s "
+                  f"while the job ends; ending it.", file=sys.stderr, flush=True)
+            child.kill()
+            return child.wait()
 
 
 def _remove_error_folder() -> None:
