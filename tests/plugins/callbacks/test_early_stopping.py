@@ -208,19 +208,20 @@ def test_a_stop_before_min_epochs_takes_effect_once_they_are_met(make_trainer):
 
 
 def test_a_stop_asked_before_min_epochs_survives_a_resume(make_trainer, tmp_path):
-    # asked at epoch 1, min_epochs=4; the run is cut after epoch 2 and resumed: the kept reason
-    # re-asks the stop, so it ends after epoch 3 although val_metric never again passes 1
-    def trainer(max_epochs):
-        return make_trainer(max_epochs=max_epochs, min_epochs=4, default_root_dir=str(tmp_path),
-                            callbacks=["early-stopping", *QUIET],
+    # asked at epoch 1, min_epochs=4; the run is cut after epoch 2 (max_steps: 2 batches per
+    # epoch) and resumed: the kept reason re-asks the stop, so it ends after epoch 3 although
+    # val_metric never again passes 1
+    def trainer(max_steps):
+        return make_trainer(max_epochs=10, max_steps=max_steps, min_epochs=4,
+                            default_root_dir=str(tmp_path), callbacks=["early-stopping", *QUIET],
                             plugin_options={"early-stopping": {
                                 "monitor": "val_metric", "patience": 100,
                                 "stopping_threshold": 1.0}})
     values = [5, 0.5, 6, 7, 8, 9]
-    first = trainer(3)
+    first = trainer(6)
     first.fit(SequenceModule(values))
     assert first.current_epoch == 3 and first.plugins["early-stopping"].stopped_epoch == 1
-    resumed, module = trainer(10), SequenceModule(values)
+    resumed, module = trainer(None), SequenceModule(values)
     resumed.fit(module, ckpt_path="last")
     assert resumed.current_epoch == 4 and module.epochs_seen == [3]
     assert resumed.plugins["early-stopping"].stopped_epoch == 1
