@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -29,6 +30,7 @@ from ptrain.errors import ConfigError
 
 _VERSION = re.compile(r"^version_(\d+)$")
 LOCK = ".ptrain.lock"
+_made_roots: set[Path] = set()  # roots this process created (release_unused may remove them)
 #: what a run started from another run's checkpoint records about it
 RESUMED_FROM = "resumed_from.json"
 
@@ -57,9 +59,14 @@ def decides_for_job() -> bool:
 
 
 def reserve(root: Path) -> Path:
-    """Create and return the next free ``version_N`` under ``root`` (made if missing)."""
+    """Create and return the next free ``version_N`` under ``root`` (made if missing; see
+    :func:`release_unused`)."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if not root.exists():
+            root.mkdir(parents=True)
+            _made_roots.add(root)
+    except FileExistsError:  # another run made it a moment ago
+        pass
     except OSError as exc:
         raise _unwritable(root, exc) from None
     candidate = next_free(root)
@@ -131,6 +138,20 @@ def _describe_holder(text: str) -> str:
         return "its process did not say who it is"
 
 
+def release_unused(run: Path) -> None:
+    """Remove ``run`` when nothing was written in it (a stage that failed at its start), and
+    its root when :func:`reserve` made it and it is empty now: a usage error leaves no trace."""
+    if not is_empty_run(run):
+        return
+    shutil.rmtree(run, ignore_errors=True)
+    if run.parent in _made_roots:
+        _made_roots.discard(run.parent)
+        try:
+            run.parent.rmdir()  # only if empty
+        except OSError:
+            pass
+
+
 def is_empty_run(run: Path) -> bool:
     """Whether nothing was written in ``run`` but what ptrain wrote on reserving it (its lock,
     its origin): a run that failed at its start."""
@@ -147,4 +168,4 @@ def record_origin(run: Path, checkpoint: Path) -> None:
 
 
 __all__ = ["LOCK", "RESUMED_FROM", "RunLock", "decides_for_job", "is_empty_run", "is_run_folder",
-           "next_free", "record_origin", "reserve", "versions"]
+           "next_free", "record_origin", "release_unused", "reserve", "versions"]

@@ -469,7 +469,7 @@ class Trainer:
             return result
         except BaseException:
             if reserved is not None and run_folder.is_empty_run(reserved):
-                shutil.rmtree(reserved, ignore_errors=True)
+                run_folder.release_unused(reserved)
                 self._own_log_dir = None
             raise
         finally:
