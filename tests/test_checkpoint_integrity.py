@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TinyRegressor, run_cli
-from ptrain import CheckpointError
+from ptrain import CheckpointError, hookimpl
 from ptrain.checkpoint_io import safe_load
 from tests._cli_util import assert_usage_error
 
@@ -85,8 +85,13 @@ def test_a_damaged_shard_of_a_sharded_checkpoint_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="is a sharded checkpoint folder") as refused:
         safe_load(last)
     assert "ptrain-consolidate" in str(refused.value)
+    # what ckpt_path='last-intact' asks of the strategy that wrote it (verify_checkpoint)
+    from ptrain_fsdp.checkpoint import verify
+    assert verify(last) is True and verify(out) is None
     shard = sorted(last.glob("__1_*.distcp"))[0]
     flip(shard, shard.stat().st_size // 2, 8)
+    with pytest.raises(CheckpointError, match=f"failed its integrity check.*{shard.name}"):
+        verify(last)
     resumed = subprocess.run([sys.executable, str(script), "--root", str(root), "--out",
                               str(out), "--resume"], cwd=REPO, capture_output=True, text=True,
                              timeout=600)
@@ -112,3 +117,29 @@ def test_last_intact_falls_back_saying_so_and_last_does_not(make_trainer, tmp_pa
     assert f"passing over {damaged}, which is not intact" in result.stderr
     intact = tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt"
     assert f"using {intact}, the newest intact checkpoint" in result.stderr
+
+
+class RefuseVersion1:
+    """A plugin with its own idea of intact: it refuses every checkpoint of ``version_1``."""
+
+    name = "refuse-version-1"
+
+    @hookimpl(tryfirst=True)
+    def verify_checkpoint(self, path):
+        if "version_1" in Path(path).parts:
+            raise CheckpointError(f"{path}: refused by the test's own check")
+        return None
+
+
+def test_last_intact_asks_every_plugin_that_verifies_checkpoints(make_trainer, tmp_path,
+                                                                 capsys):
+    for _ in range(2):
+        make_trainer(max_epochs=1).fit(TinyRegressor(n=256))
+    trainer = make_trainer(callbacks=["no:progress-bar", RefuseVersion1()])
+    trainer.validate(TinyRegressor(n=256), ckpt_path="last-intact")
+    stderr = capsys.readouterr().err
+    refused = tmp_path / "runs" / "version_1" / "checkpoints" / "last.ckpt"
+    assert f"passing over {refused}, which is not intact ({refused}: refused by the test's " \
+           f"own check)" in stderr, stderr
+    assert trainer.ckpt_path == str(tmp_path / "runs" / "version_0" / "checkpoints" /
+                                    "last.ckpt")

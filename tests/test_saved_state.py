@@ -1,6 +1,7 @@
 """What is saved can be loaded (issue 21): a plugin whose ``state_dict`` holds something the
 weights-only loader refuses is named at the first save, before training goes on, and no
-checkpoint is written; a plugin with plain state saves and resumes as before."""
+checkpoint is written; a plugin with plain state saves and resumes as before. What a resume
+does with values changed since the checkpoint: test_resume_changes.py."""
 
 from __future__ import annotations
 
@@ -57,20 +58,3 @@ def test_plain_plugin_state_is_saved_and_read_back(make_trainer, tmp_path):
     trainer.fit(TinyRegressor())
     saved = safe_load(trainer.last_checkpoint_path)
     assert saved["plugins"]["stateful"] == {"seen": [1, 2.5, "x"]}
-
-
-def test_a_learning_rate_changed_on_resume_is_reported_not_applied_silently(make_trainer):
-    first = make_trainer(max_epochs=1)
-    first.fit(TinyRegressor(lr=0.1))
-    trainer = make_trainer(max_epochs=2)
-    with pytest.warns(UserWarning, match=r"continues with the checkpoint's lr=0\.1 "
-                                         r"\(configured now: 0\.5\)"):
-        trainer.fit(TinyRegressor(lr=0.5), ckpt_path="last")
-    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1)
-
-
-def test_an_unchanged_resume_with_a_scheduler_reports_nothing(make_trainer, recwarn):
-    scheduler = {"gamma": 0.5, "interval": "step"}
-    make_trainer(max_epochs=1).fit(TinyRegressor(lr=0.1, scheduler=scheduler))
-    make_trainer(max_epochs=2).fit(TinyRegressor(lr=0.1, scheduler=scheduler), ckpt_path="last")
-    assert not [w for w in recwarn if "continues with the checkpoint's" in str(w.message)]

@@ -110,10 +110,26 @@ def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
         f"with --ckpt-path last.")
 
 
+_PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool, type(None), torch.dtype,
+                 torch.device, torch.Size)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is made only of types the weights-only loader always reads back."""
+    if type(value) in (dict, list, tuple) and depth < 100:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in items)
+    return type(value) in _PLAIN_LEAVES  # exactly: a subclass (an IntEnum) may not load
+
+
 def unloadable_reason(value: Any) -> str | None:
     """Why ``value`` could not be read back from a checkpoint by the weights-only loader (it
     holds a class, a function, an object of a class of its own...), or ``None`` when it can.
-    Serialises ``value`` in memory once: for a check at the first save, not at every one."""
+    Plain data (tensors, numbers, text, and dicts, lists and tuples of them) is known loadable
+    from its types; anything else is serialised in memory once and read back: for a check at
+    the first save, not at every one."""
+    if _plain(value):
+        return None
     buffer = io.BytesIO()
     try:
         torch.save(value, buffer)
@@ -231,26 +247,6 @@ def folder_damage(folder: str | Path, checksums: dict[str, int] | None) -> str |
         if file_crc32(file) != crc:
             return (f"the bytes of its file {name!r} no longer match the checksum written when "
                     f"it was saved")
-    return None
-
-
-#: a sharded checkpoint folder's file of everything but the shards, and its key for the CRC-32
-#: of every other file (written by the sharding strategies)
-SHARDED_META, SHARDED_CHECKSUMS = "meta.pt", "file_checksums"
-
-
-def integrity_problem(path: str | Path) -> str | None:
-    """Why the checkpoint at ``path`` (a file, or a sharded folder) is not intact, or ``None``:
-    reads all of it, for choosing among checkpoints (``ckpt_path="last-intact"``)."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            meta = safe_load(path / SHARDED_META)
-            damage = folder_damage(path, meta.get(SHARDED_CHECKSUMS))
-            return None if damage is None else f"{damage}"
-        safe_load(path)
-    except CheckpointError as exc:
-        return str(exc)
     return None
 
 

@@ -65,6 +65,16 @@ def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
     return DataLoader(dataset, **kwargs)
 
 
+def loader_batch_size(loader: Any) -> int | None:
+    """The number of samples in each of ``loader``'s batches (its last may hold fewer): a
+    DataLoader's ``batch_size``, or its batch sampler's; ``None`` when the loader does not say
+    (a custom batch sampler without ``batch_size``, a plain iterable)."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
 class DataLoaderWarning(UserWarning):
     """A dataloader setting that likely slows training down (issued by the ``dataloading``
     callback at start-up). Silence it with ``-p no:dataloading`` or a warnings filter

@@ -9,11 +9,13 @@ before every checkpoint.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from ptrain import checkpoint_io
+from ptrain.data import loader_batch_size
 from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
 from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
@@ -72,6 +74,48 @@ def explain_loss(module: torch.nn.Module, loss: Any) -> ModelError | None:
     return None
 
 
+def resume_batch(saved: dict[str, Any], now: dict[str, Any]) -> int:
+    """The batch of the checkpoint's epoch that a resumed run goes on after. Resuming mid-epoch
+    drops the batches the checkpointed run already trained on; if the training loader's batch
+    size changed since, what was trained is counted in samples, so none of the epoch's samples
+    is skipped (up to a batch of them is trained again), and it is said. A changed loader
+    length or number of processes can't be reconciled (the epoch's data is not what the
+    checkpointed run saw): that is said too. ``saved`` is the checkpoint's loop state, ``now``
+    this run's (their ``batch_size``, ``loader_batches``, ``world_size``)."""
+    batch = saved["batch"]
+    if batch == 0 or saved["epoch_rng"] is None:  # at an epoch boundary: nothing to reconcile
+        return batch
+    where = f"the checkpoint was saved after batch {batch} of epoch {saved['epoch']}"
+    before, after = saved.get("batch_size"), now["batch_size"]
+    if saved.get("world_size") not in (None, now["world_size"]):
+        warnings.warn(
+            f"resuming mid-epoch: {where} by {saved['world_size']} processes; {now['world_size']}"
+            f" run now, so each process's share of the epoch differs from the checkpointed "
+            f"run's and the rest of this epoch repeats some samples and leaves others out. "
+            f"Resume with {saved['world_size']} processes, or from a checkpoint saved at an "
+            f"epoch's end.", stacklevel=3)
+    elif before is not None and after is not None and before != after:
+        samples = batch * before
+        batch = samples // after
+        again = samples - batch * after
+        warnings.warn(
+            f"resuming mid-epoch: {where} with batches of {before} ({samples} samples); the "
+            f"training loader's batches now hold {after}, so the epoch goes on after its "
+            f"first {batch} batches of {after}"
+            + (f", training the {again} samples before that point again." if again else
+               ", at the same sample.")
+            + " Resume from a checkpoint saved at an epoch's end to start with a whole epoch.",
+            stacklevel=3)
+    elif saved.get("loader_batches") not in (None, now["loader_batches"]):
+        warnings.warn(
+            f"resuming mid-epoch: {where}, when the training loader had "
+            f"{saved['loader_batches']} batches; it has {now['loader_batches']} now, so the "
+            f"rest of the epoch is not the rest of the data the checkpointed run saw (it goes "
+            f"on after batch {batch}). Resume with the same data, or from a checkpoint saved "
+            f"at an epoch's end.", stacklevel=3)
+    return batch
+
+
 class FitLoop:
     """Runs epochs until a limit or an agreed stop; resumes from ``checkpoint`` exactly."""
 
@@ -105,11 +149,16 @@ class FitLoop:
         self.last_published = 0
         trainer.loss_window = []
         self.resume_rng: dict[str, Any] | None = None
-        state = {"epoch": 0, "batch": 0, "epoch_rng": None, "elapsed_before": 0.0}
+        loader_batches = loader_length(trainer.train_dataloader)
+        # what a mid-epoch resume compares (see resume_batch); saved with every checkpoint
+        state = {"epoch": 0, "batch": 0, "epoch_rng": None, "elapsed_before": 0.0,
+                 "batch_size": loader_batch_size(trainer.train_dataloader),
+                 "loader_batches": None if math.isinf(loader_batches) else loader_batches,
+                 "world_size": trainer.world_size}
         if checkpoint is not None:
             loop = checkpoint["loop"]
-            state.update(epoch=loop["epoch"], batch=loop["batch"], epoch_rng=loop["epoch_rng"],
-                         elapsed_before=loop["elapsed"])
+            state.update(epoch=loop["epoch"], batch=resume_batch(loop, state),
+                         epoch_rng=loop["epoch_rng"], elapsed_before=loop["elapsed"])
             trainer.global_step = self.last_published = loop["global_step"]
             self.resume_rng = checkpoint["rng"]
         trainer.loop_state = state
@@ -165,7 +214,7 @@ class FitLoop:
         state = t.loop_state
         resume_rng, self.resume_rng = self.resume_rng, None
         self.ran_dry = False
-        if start == 0:
+        if start == 0 and state["epoch_rng"] is None:  # a new epoch
             if resume_rng is not None:  # resumed at an epoch boundary
                 checkpoint_io.restore_rng_states(resume_rng)
                 resume_rng = None

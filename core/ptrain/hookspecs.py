@@ -15,6 +15,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
     check_available()                              # `ptrain plugins --check`, `--accelerator auto`
 
     path = resolve_ckpt_path(trainer, ckpt_path)   # only with ckpt_path: 'last', 'best', a path
+        verify_checkpoint(trainer, path)           # 'last-intact': each candidate, newest first
     result = launch(trainer, function)             # strategy may start processes; None: run here
     function():                                    # in every process
         trainer.device = setup_device(trainer)     # accelerator; strategies wrap it (ranks, groups)
@@ -707,4 +708,21 @@ def load_checkpoint(trainer: Trainer, path: str) -> dict[str, Any] | None:
     set up. The default reads the file with ``torch.load(weights_only=True)``.
 
     Result: firstresult; the checkpoint dict. Implemented by: strategies.
+    """
+
+
+@hookspec(firstresult=True)
+def verify_checkpoint(trainer: Trainer, path: str) -> bool | None:
+    """Check that the checkpoint at ``path`` is intact (every byte as it was written) without
+    restoring anything from it.
+
+    Fires: when the run chooses among checkpoints (``ckpt_path="last-intact"``), once per
+    candidate, newest first, until one is intact; in the process that resolves ``ckpt_path``,
+    before ``launch``. Not a collective.
+
+    Result: firstresult; ``True`` when the implementation reads this checkpoint's format and
+    found it intact, ``None`` when the format is not its own (the next implementation is
+    asked). A damaged or unreadable checkpoint raises :class:`ptrain.errors.CheckpointError`
+    saying what failed. Implemented by: strategies that write their own format (``fsdp``'s
+    sharded folders). Default: a single file, read with its checksums checked.
     """

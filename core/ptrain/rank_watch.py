@@ -129,6 +129,12 @@ class RankWatch:
             if thread is not threading.current_thread():
                 thread.join(timeout=self.interval)
 
+    def finish(self) -> None:
+        """Tell the other ranks that this rank's part ended (its next heartbeat says ``done``)
+        while it keeps watching: its last collective steps (destroying the process group) still
+        need rank 0, and a rank 0 that stops then is still found."""
+        self._state = "done"
+
     def _beat(self) -> None:
         self._count += 1
         doing = self.describe() if self._state == "running" else self._state
@@ -284,11 +290,9 @@ def stop(state: str = "exited") -> None:
 
 
 def finishing() -> None:
-    """Tell the other ranks that this rank's part ended (its next heartbeat says ``done``) while
-    it keeps watching: its last collective steps (destroying the process group) still need rank
-    0, and a rank 0 that stops then is still found."""
+    """This process's watch's :meth:`RankWatch.finish`, when it has one."""
     if _watch is not None:
-        _watch._state = "done"
+        _watch.finish()
 
 
 def stall_timeout() -> float | None:

@@ -54,7 +54,8 @@ class Trainer:
     ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
     ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
     ``optimizers``, ``lr_schedulers``, ``default_root_dir``, ``log_dir`` (this run's folder),
-    ``stage``, ``sync_gradients`` (whether the next backward's gradients are synchronised
+    ``stage``, ``ckpt_path`` (the checkpoint the stage resumed or evaluated, resolved from what
+    was given: ``"last"`` becomes its path; ``None`` without one), ``sync_gradients`` (whether the next backward's gradients are synchronised
     across processes; see the ``backward`` hook), ``precision_policy``, ``options`` (the core's
     resolved options), ``config`` (everything resolved), ``plugins`` (name -> plugin object),
     ``loggers`` (the logger plugins), ``hook``.
@@ -147,6 +148,8 @@ class Trainer:
         self.log_dir: Path | None = None
         self._own_log_dir: Path | None = None  # the run folder this trainer's stages write to
         self._saved_state_checked = False  # see _check_saved_state
+        self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
+        self.ckpt_path: str | None = None
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
@@ -372,7 +375,8 @@ class Trainer:
             "plugins": {name: state for name, state in
                         call_per_plugin(self.pm, "state_dict", trainer=self).items()
                         if state is not None},
-            "config": self.config,
+            "config": (dict(self.config, overridden_on_resume=self._overridden_on_resume)
+                       if self._overridden_on_resume else self.config),
         }
         if self.datamodule is not None:
             checkpoint["datamodule_class"] = class_path(self.datamodule)
@@ -445,6 +449,7 @@ class Trainer:
         self.module, self.datamodule = module, datamodule
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
+        self.ckpt_path = None if checkpoint_file is None else str(checkpoint_file)
         scratch = reserved = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
             scratch = tempfile.mkdtemp(prefix="ptrain-fast-dev-run-")
@@ -502,6 +507,7 @@ class Trainer:
         self.stage = "train" if stage == "fit" else stage
         self.exception = None
         self._saved_state_checked = False  # see _check_saved_state
+        self._overridden_on_resume = {}
         self.metrics.callback_metrics.clear()  # a stage reports its own metrics only
         self.metrics.logged_metrics.clear()
         module = self.module
@@ -745,7 +751,8 @@ class Trainer:
                                                             checkpoint["optimizers"])):
                 configured = _group_settings(optimizer)
                 optimizer.load_state_dict(state)
-                _report_overridden(path, index, optimizer, configured)
+                self._overridden_on_resume.update(
+                    _report_overridden(path, index, optimizer, configured))
             for entry, state in zip(self.lr_schedulers, checkpoint["lr_schedulers"]):
                 entry["scheduler"].load_state_dict(state)
             for stage_name, sums in checkpoint.get("metrics", {}).items():
@@ -786,21 +793,28 @@ def _group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 
 
 def _report_overridden(path: Path, index: int, optimizer: torch.optim.Optimizer,
-                       configured: list[dict[str, Any]]) -> None:
-    """Say which settings ``configure_optimizers`` gives now that the resumed optimizer state
-    replaced: a learning rate changed on resume does not apply, the checkpoint's does."""
-    changed = []
+                       configured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Warn of the settings ``configure_optimizers`` gives now that the resumed optimizer state
+    replaced (a learning rate changed on resume does not apply, the checkpoint's does), and
+    return them as ``{"optimizer I[ group G] KEY": {"configured": ..., "applied": ...}}``: the
+    run's checkpoints record them beside the config (``overridden_on_resume``), so the config
+    does not read as if the new value had trained."""
+    changed, said = {}, []
     for number, (before, after) in enumerate(zip(configured, _group_settings(optimizer))):
         for key, value in before.items():
             if after[key] != value:
-                group = f"group {number} " if len(configured) > 1 else ""
-                changed.append(f"{group}{key}={after[key]!r} (configured now: {value!r})")
+                group = f" group {number}" if len(configured) > 1 else ""
+                changed[f"optimizer {index}{group} {key}"] = {"configured": value,
+                                                              "applied": after[key]}
+                said.append(f"{key}={after[key]!r}{group} (configured now: {value!r})")
     if changed:
         warnings.warn(
             f"resuming from {path}: optimizer {index} ({type(optimizer).__name__}) continues "
-            f"with the checkpoint's {', '.join(changed)}; what configure_optimizers gives now "
-            f"does not apply to a resumed run. To train with it, start a new run and load the "
+            f"with the checkpoint's {', '.join(said)}; what configure_optimizers gives now "
+            f"does not apply to a resumed run, and the run's checkpoints record it under the "
+            f"config's 'overridden_on_resume'. To train with it, start a new run and load the "
             f"weights in __init__.", stacklevel=2)
+    return changed
 
 
 def _sized_empty(loader: Any) -> bool:

@@ -111,7 +111,7 @@ class LoopDefaults:
                 "(no:checkpoint): it is what records the best checkpoint. Remove no:checkpoint, "
                 "or give a checkpoint's path or 'last'.")
         if ckpt_path == LAST_INTACT:
-            return str(_last_intact(Path(trainer.default_root_dir)))
+            return str(_last_intact(trainer))
         if ckpt_path != "last":
             return ckpt_path
         from ptrain.trainer import LAST_CHECKPOINT, run_folders
@@ -130,17 +130,25 @@ class LoopDefaults:
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return checkpoint_io.safe_load(path)
 
+    @hookimpl(trylast=True)
+    def verify_checkpoint(self, path: str) -> bool | None:
+        if not Path(path).is_file():
+            return None
+        checkpoint_io.safe_load(path)
+        return True
+
 
 #: ``ckpt_path`` that resumes from the newest checkpoint that passes its integrity check
 LAST_INTACT = "last-intact"
 
 
-def _last_intact(root: Path) -> Path:
-    """The newest intact checkpoint under ``root``: each run folder's ``last.ckpt``, newest run
-    first, then its other checkpoints, newest first; every one passed over is said on stderr
-    with why."""
+def _last_intact(trainer: Trainer) -> Path:
+    """The newest intact checkpoint under ``trainer.default_root_dir``: each run folder's
+    ``last.ckpt``, newest run first, then its other checkpoints, newest first; every one passed
+    over is said on stderr with why."""
     from ptrain.trainer import LAST_CHECKPOINT, run_folders
 
+    root = Path(trainer.default_root_dir)
     passed_over = 0
     for run in run_folders(root):
         folder = run / LAST_CHECKPOINT.parent
@@ -148,7 +156,7 @@ def _last_intact(root: Path) -> Path:
         others = sorted((p for p in folder.glob("*.ckpt") if p != last),
                         key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
         for candidate in ([last] if last.exists() else []) + others:
-            problem = checkpoint_io.integrity_problem(candidate)
+            problem = _integrity_problem(trainer, candidate)
             if problem is None:
                 if passed_over:
                     print(f"ptrain: ckpt_path='{LAST_INTACT}': using {candidate}, the "
@@ -159,3 +167,15 @@ def _last_intact(root: Path) -> Path:
                   f"is not intact ({problem.split('. ')[0]}).", file=sys.stderr, flush=True)
     raise CheckpointError(f"ckpt_path='{LAST_INTACT}' found no intact checkpoint in any run "
                           f"folder under {str(root)!r}; start without --ckpt-path.")
+
+
+def _integrity_problem(trainer: Trainer, path: Path) -> str | None:
+    """Why the checkpoint at ``path`` is not intact, or ``None`` (see ``verify_checkpoint``)."""
+    try:
+        verified = trainer.hook.verify_checkpoint(trainer=trainer, path=str(path))
+    except CheckpointError as exc:
+        return str(exc)
+    if verified is None:
+        return ("a folder this run's strategy does not read" if path.is_dir() else
+                "no plugin of this run reads its format")
+    return None

@@ -36,10 +36,10 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError
-from ptrain.checkpoint_io import (SHARDED_CHECKSUMS, SHARDED_META, atomic_save, file_crc32,
-                                  folder_damage, safe_load, write_failed)
+from ptrain.checkpoint_io import atomic_save, file_crc32, folder_damage, safe_load, write_failed
 
-META, CHECKSUMS = SHARDED_META, SHARDED_CHECKSUMS  # meta.pt, and its key for the files' CRC-32
+#: the folder's file of everything but the shards, and its key for the CRC-32 of every other file
+META, CHECKSUMS = "meta.pt", "file_checksums"
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -169,6 +169,20 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
     meta["model"] = shards["model"]
     meta["optimizers"] = [opt.state_dict() for opt in trainer.optimizers]
     return meta
+
+
+def verify(path: str | Path) -> bool | None:
+    """Whether the sharded folder at ``path`` is intact: ``True``, or a :class:`CheckpointError`
+    naming the damage; ``None`` when ``path`` is not a sharded folder. Reads every file; one
+    process, no collective."""
+    path = Path(path)
+    if not is_sharded(path):
+        return None
+    meta = safe_load(path / META)
+    damage = folder_damage(path, meta.get(CHECKSUMS))
+    if damage is not None:
+        raise _integrity_error(path, damage)
+    return True
 
 
 def _integrity_error(path: Path, damage: str) -> CheckpointError:

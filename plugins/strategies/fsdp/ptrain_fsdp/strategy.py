@@ -112,6 +112,10 @@ class FSDPStrategy(ProcessGroupStrategy):
     def load_checkpoint(self, trainer, path: str) -> dict[str, Any]:
         return sharded.load(trainer, path)
 
+    @hookimpl
+    def verify_checkpoint(self, path: str) -> bool | None:
+        return sharded.verify(path)
+
 
 def _broadcast_from_rank_zero(model: nn.Module, device: torch.device) -> None:
     """Every parameter and buffer of ``model`` set to rank 0's value (through ``device``, where

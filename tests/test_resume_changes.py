@@ -1,0 +1,93 @@
+"""A value changed on resume that the restored state overrides is reported, never applied or
+recorded silently (issue 21): a learning rate (the checkpoint's goes on, and the run's
+checkpoints record the one given as not applied), the training batch size mid-epoch (the
+epoch goes on after the samples already trained, not after as many batches of the new size),
+the training data's length mid-epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TinyRegressor
+from ptrain.checkpoint_io import safe_load
+
+
+class SampleRecorder(TinyRegressor):
+    """Records which samples each epoch trained on, by their first feature."""
+
+    def __init__(self, **kwargs):
+        super().__init__(shuffle=True, with_val=False, **kwargs)
+        self.trained: dict[int, list[float]] = {}
+
+    def training_step(self, batch, batch_idx):
+        self.trained.setdefault(self.current_epoch, []).extend(batch[0][:, 0].tolist())
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_learning_rate_changed_on_resume_is_reported_and_recorded_as_not_applied(
+        make_trainer):
+    first = make_trainer(max_epochs=1)
+    first.fit(TinyRegressor(lr=0.1))
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(UserWarning, match=r"continues with the checkpoint's lr=0\.1 "
+                                         r"\(configured now: 0\.5\)"):
+        trainer.fit(TinyRegressor(lr=0.5), ckpt_path="last")
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1)
+    saved = safe_load(trainer.last_checkpoint_path)
+    assert saved["config"]["overridden_on_resume"] == {
+        "optimizer 0 lr": {"configured": 0.5, "applied": pytest.approx(0.1)}}
+
+
+def test_an_unchanged_resume_with_a_scheduler_reports_nothing(make_trainer, recwarn):
+    scheduler = {"gamma": 0.5, "interval": "step"}
+    make_trainer(max_epochs=1).fit(TinyRegressor(lr=0.1, scheduler=scheduler))
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(TinyRegressor(lr=0.1, scheduler=scheduler), ckpt_path="last")
+    assert not [w for w in recwarn if "continues with the checkpoint's" in str(w.message)]
+    assert "overridden_on_resume" not in safe_load(trainer.last_checkpoint_path)["config"]
+
+
+def trained_in_epoch_0(make_trainer, first_batch_size, second_batch_size, n=64):
+    """Epoch 0's samples trained by a run cut after 3 batches and by its resume."""
+    torch.manual_seed(7)
+    first = SampleRecorder(batch_size=first_batch_size, n=n)
+    make_trainer(max_steps=3).fit(first)
+    second = SampleRecorder(batch_size=second_batch_size, n=n)
+    make_trainer(max_epochs=1).fit(second, ckpt_path="last")
+    return first.trained[0], second.trained[0]
+
+
+def test_a_batch_size_changed_mid_epoch_goes_on_after_the_samples_already_trained(
+        make_trainer, tmp_path):
+    torch.manual_seed(7)
+    unbroken = SampleRecorder(batch_size=4)
+    make_trainer(max_epochs=1, default_root_dir=str(tmp_path / "unbroken")).fit(unbroken)
+    order = unbroken.trained[0]
+    with pytest.warns(UserWarning) as said:
+        before, after = trained_in_epoch_0(make_trainer, 4, 8)
+    assert before == order[:12]
+    assert after == order[8:]  # 12 samples trained: on after the first batch of 8, 4 again
+    message = " ".join(str(w.message) for w in said)
+    assert ("saved after batch 3 of epoch 0 with batches of 4 (12 samples)" in message
+            and "after its first 1 batches of 8, training the 4 samples before that point "
+                "again" in message), message
+
+
+def test_a_batch_size_that_divides_what_was_trained_loses_and_repeats_nothing(make_trainer):
+    with pytest.warns(UserWarning, match="at the same sample"):
+        before, after = trained_in_epoch_0(make_trainer, 8, 4)
+    assert not set(before) & set(after) and len(before) + len(after) == 64
+
+
+def test_an_unchanged_mid_epoch_resume_says_nothing(make_trainer, recwarn):
+    before, after = trained_in_epoch_0(make_trainer, 4, 4)
+    assert not [w for w in recwarn if "resuming mid-epoch" in str(w.message)]
+    assert not set(before) & set(after) and len(before) + len(after) == 64
+
+
+def test_training_data_of_another_length_mid_epoch_is_reported(make_trainer):
+    torch.manual_seed(7)
+    make_trainer(max_steps=3).fit(SampleRecorder(batch_size=4))
+    with pytest.warns(UserWarning, match=r"the training loader had 16 batches; it has 12 now"):
+        make_trainer(max_epochs=1).fit(SampleRecorder(batch_size=4, n=48), ckpt_path="last")
