@@ -4,8 +4,8 @@ One run, one table. Rows: (workload, configuration); for each of three runners (
 hand-written loop, Lightning) the time per step, the ratio to the row it is compared with, and
 peak memory. ``docs/speed-toolkit.md`` explains every column and reads a run's figures.
 
-* **Workloads.** ``digits``: ``examples/digits.py``'s ``DigitsClassifier`` as
-  ``examples/digits.toml`` configures it (its init args, precision, seed and 10 epochs; shuffled
+* **Workloads.** ``digits``: the digits example's ``DigitsClassifier`` as its config configures
+  it (``ptrain example digits``: its init args, precision, seed and 10 epochs; shuffled
   batches of 32, dropout, AdamW with a cosine schedule per epoch, validation every epoch).
   ``transformer``: ``benchmarks/overhead.py``'s ``TinyTransformer`` and its workload (c): batch 16
   of random tokens, AdamW, one epoch, no validation.
@@ -112,11 +112,14 @@ class Workload:
 
 
 def _digits_toml() -> dict[str, Any]:
-    return tomllib.loads((REPO / "examples" / "digits.toml").read_text())
+    from ptrain.examples import config_path
+
+    return tomllib.loads(Path(config_path("digits")).read_text())
 
 
 def build_digits(work: Workload) -> ptrain.TrainModule:
-    """The class and init args ``examples/digits.toml`` names, seeded as ``ptrain fit`` does."""
+    """The class and init args the digits example's config names, seeded as ``ptrain fit``
+    does."""
     model = _digits_toml()["model"]
     module_name, class_name = model["class_path"].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
@@ -141,7 +144,7 @@ def transformer_blocks(net: nn.Module) -> list[nn.Module]:
 def workloads() -> dict[str, Workload]:
     trainer = _digits_toml()["trainer"]
     return {w.key: w for w in (
-        Workload("digits", "examples/digits.toml: DigitsClassifier (MLP 64-128-10, dropout), "
+        Workload("digits", "ptrain example digits: DigitsClassifier (MLP 64-128-10, dropout), "
                  "batch 32, AdamW + cosine, validation every epoch",
                  epochs=trainer["max_epochs"], warmup=45, seed=trainer["seed"],
                  precision=trainer["precision"], build=build_digits, blocks=None, logs=True,
@@ -567,7 +570,7 @@ def child_main(arm: Arm, conn, log_path: str) -> None:
 #: server's children unable to use CUDA).
 PRELOAD = ["__main__", "torch._dynamo", "torch._inductor.compile_fx", "torch.profiler",
            "torch.utils.checkpoint", "torch.utils.tensorboard", "ptrain_compile",
-           "ptrain_profiler", "ptrain_activation_checkpointing", "examples.digits",
+           "ptrain_profiler", "ptrain_activation_checkpointing", "ptrain.examples.digits",
            "sklearn.datasets"]
 LIGHTNING_PRELOAD = ["lightning", "lightning.pytorch.profilers"]
 

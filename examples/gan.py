@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 import ptrain
-from examples.digits import digits_datasets
+from ptrain.examples.digits import digits_datasets
 from ptrain_toggling import toggle_model
 
 PIXELS = 64

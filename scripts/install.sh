@@ -19,4 +19,6 @@ for project in plugins/*/*/pyproject.toml examples/plugins/*/pyproject.toml; do
     dists+=(-e "$(dirname "$project")")
   fi
 done
-$py -m pip install -q -c constraints.txt "${dists[@]}"
+# setuptools says "Editable installation" once per distribution: nothing to act on
+PYTHONWARNINGS="ignore:Editable installation" \
+  $py -m pip install -q -c constraints.txt "${dists[@]}"

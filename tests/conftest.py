@@ -14,8 +14,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ptrain
+from ptrain.examples import config_path
 
 REPO = Path(__file__).resolve().parent.parent
+#: the config of the example that ships with the core (`ptrain example digits` trains it)
+DIGITS_CONFIG = config_path("digits")
 
 
 def make_regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:

@@ -194,7 +194,12 @@ def runs(request, tmp_path_factory):
           "-p", "no:checkpoint", "--checkpoint-every-n-epochs", "2",
           used_by=("test_option_of_a_plugin_outside_the_run_says_how_to_enable_it",))
     start("fit-help", "fit", "--help",
-          used_by=("test_fit_help_shows_trainer_options_and_plugin_groups",))
+          used_by=("test_fit_help_shows_trainer_options_and_plugin_groups",
+                   "test_fit_help_shows_only_the_selected_plugins_options"))
+    start("fit-help-ddp", "fit", "--strategy", "ddp", "--help",
+          used_by=("test_fit_help_shows_only_the_selected_plugins_options",))
+    start("fit-help-all", "fit", "--help-all",
+          used_by=("test_fit_help_shows_only_the_selected_plugins_options",))
     yield pool
     pool.close()
 
@@ -462,6 +467,17 @@ def test_fit_help_shows_trainer_options_and_plugin_groups(runs):
     assert "--checkpoint-every-n-epochs" in out
     assert "progress-bar (callback, ptrain-core)" in out
     assert "model-summary (callback, ptrain-core)" in out and "--model-summary-max-depth" in out
+
+
+def test_fit_help_shows_only_the_selected_plugins_options(runs):
+    """--help: the core's options and the selected plugins'; --help-all: every installed one."""
+    plain, with_ddp, every = (runs[k].stdout for k in ("fit-help", "fit-help-ddp", "fit-help-all"))
+    assert "--ddp-stall-timeout" not in plain and "--help-all" in plain
+    assert "ddp (strategy, ptrain-ddp)" in with_ddp and "--ddp-stall-timeout" in with_ddp
+    assert "--fsdp-cpu-offload" not in with_ddp
+    for flag in ("--ddp-stall-timeout", "--fsdp-cpu-offload", "--early-stopping-patience"):
+        assert flag in every, flag
+    assert len(plain.splitlines()) < len(every.splitlines()) / 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_writes_a_distribution_of_the_kind(kind, tmp_path, capsys):
     test_functions = {node.name for node in ast.walk(ast.parse(files[f"tests/test_{stem}.py"]))
                       if isinstance(node, ast.FunctionDef)}
     assert any(f.startswith("test_") for f in test_functions)
-    assert f"Created ptrain-{name}" in result.stdout and f"pip install -e {folder}" in result.stdout
+    assert f"Created ptrain-{name}" in result.stdout and f"pip install -e '{folder}[test]'" in result.stdout
 
 
 def test_default_folder_is_ptrain_name_in_the_current_folder(tmp_path, monkeypatch, capsys):
@@ -116,7 +116,7 @@ def test_default_folder_is_ptrain_name_in_the_current_folder(tmp_path, monkeypat
     result = new_plugin(capsys, "demo-xpu", "--kind", "accelerator")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "ptrain-demo-xpu" / "pyproject.toml").is_file()
-    assert "pip install -e ./ptrain-demo-xpu" in result.stdout
+    assert "pip install -e './ptrain-demo-xpu[test]'" in result.stdout
 
 
 def test_an_empty_folder_is_used(tmp_path, capsys):

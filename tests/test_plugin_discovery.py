@@ -71,7 +71,10 @@ def runs(request, site, tmp_path_factory):
     fit("blocked", "-p", "step-counter", "-p", "no:step-counter", "-p", "broken",
         "-p", "no:broken", used_by=("test_blocking_keeps_plugins_out_of_the_run",))
     plugins("check", "plugins", "--check", used_by=("test_check_reports_ok_and_broken",))
-    plugins("fit-help", "fit", "--help", used_by=("test_fit_help_shows_the_plugin_option_group",))
+    plugins("fit-help-all", "fit", "--help-all",
+            used_by=("test_fit_help_all_shows_every_plugin_option_group",))
+    plugins("fit-help-selected", "fit", "-p", "step-counter", "--help",
+            used_by=("test_fit_help_all_shows_every_plugin_option_group",))
     fit("select-broken", "-p", "broken",
         used_by=("test_selecting_a_broken_plugin_is_a_usage_error",))
     fit("select-twin", "-p", "twin",
@@ -209,8 +212,11 @@ def test_listing_and_help_import_neither_torch_nor_plugins(site):
 # A third-party plugin in a run
 
 
-def test_fit_help_shows_the_plugin_option_group(runs):
-    fit_help = runs["fit-help"]
+def test_fit_help_all_shows_every_plugin_option_group(runs):
+    selected = runs["fit-help-selected"]
+    assert_ok(selected)
+    assert "--step-counter-label" in selected.stdout
+    fit_help = runs["fit-help-all"]
     assert_ok(fit_help)
     out = fit_help.stdout
     assert "step-counter (callback, ptrain-step-counter)" in out

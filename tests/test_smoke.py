@@ -2,7 +2,7 @@
 
 import math
 
-from examples.digits import DigitsClassifier
+from ptrain.examples.digits import DigitsClassifier
 
 
 def test_example_reaches_stated_accuracy(make_trainer):

@@ -15,9 +15,8 @@ Where the walk departs from the page, and why:
   in), and CI has no network for pip's build isolation. The ``ptrain`` commands then run with SITE
   on ``PYTHONPATH``, which ``importlib.metadata`` searches like site-packages, so the plugin is
   found through its entry point exactly as after a real install.
-- ``cd /path/to/ptrain`` (the page's stand-in for the reader's checkout) goes to a temporary
-  folder holding a link to this repository's ``examples/``, so the run folder ``runs/`` that
-  ``ptrain fit`` writes stays out of the repository.
+- The page starts in an empty temporary folder (``home``); the run folder ``runs/`` that
+  ``ptrain example digits`` writes is made there.
 """
 
 from __future__ import annotations
@@ -32,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import DIGITS_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 TUTORIAL = REPO / "docs" / "tutorial-first-plugin.md"
-CHECKOUT_PLACEHOLDER = "/path/to/ptrain"
 PAGE_INSTALL = ["pip", "install", "-e", "."]
 MAX_PYTHON_LINES = 49  # "under 50 lines of Python"
 
@@ -65,7 +64,7 @@ class Command:
 @dataclass
 class Walk:
     commands: list[Command] = field(default_factory=list)
-    checkout: Path | None = None
+    home: Path | None = None  # where the page starts, and trains
     env_pythonpath: str = ""  # the PYTHONPATH the page's commands ran with
 
     def command(self, prefix: str) -> Command:
@@ -196,14 +195,12 @@ def _run(command: Command, argv: list[str], cwd: Path, env: dict[str, str]) -> N
 def walk(tmp_path_factory) -> Walk:
     """Follow the page in order from an empty folder; every command's output is kept."""
     root = tmp_path_factory.mktemp("tutorial")
-    home, site, checkout = root / "home", root / "site", root / "checkout"
+    home, site = root / "home", root / "site"
     home.mkdir()
-    checkout.mkdir()
-    (checkout / "examples").symlink_to(REPO / "examples", target_is_directory=True)
     existing = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PYTHONPATH": str(site) + (os.pathsep + existing if existing else "")}
-    result = Walk(checkout=checkout, env_pythonpath=env["PYTHONPATH"])
+    result = Walk(home=home, env_pythonpath=env["PYTHONPATH"])
     cwd = home
     for block in blocks(TUTORIAL.read_text(encoding="utf-8")):
         if block.path is not None:
@@ -218,7 +215,7 @@ def walk(tmp_path_factory) -> Walk:
             if argv[0] == "mkdir" and len(argv) == 2:
                 (cwd / argv[1]).mkdir()  # fails if it exists: the page starts from nothing
             elif argv[0] == "cd" and len(argv) == 2:
-                cwd = checkout if argv[1] == CHECKOUT_PLACEHOLDER else cwd / argv[1]
+                cwd = (cwd / argv[1]).resolve()
                 assert cwd.is_dir(), f"{where}: no such folder"
             elif argv[:2] == ["pip", "install"]:
                 assert argv == PAGE_INSTALL, f"{where}: this test knows how to follow only " \
@@ -256,7 +253,7 @@ def test_the_plugin_is_listed_with_its_distribution(walk):
 
 @pytest.mark.slow
 def test_training_reports_a_gradient_norm_per_epoch(walk):
-    fit = walk.command("ptrain fit")
+    fit = walk.command("ptrain example")
     epochs = int(re.search(r"--max-epochs (\d+)", fit.line).group(1))
     reports = re.findall(r"^grad-norm: epoch (\d+)  mean (\S+)  max (\S+)$", fit.stdout, re.M)
     assert [int(epoch) for epoch, _, _ in reports] == list(range(epochs))
@@ -268,8 +265,8 @@ def test_training_reports_a_gradient_norm_per_epoch(walk):
 def test_the_norms_are_logged_as_the_page_says(walk):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    fit = walk.command("ptrain fit")
-    (run,) = sorted((walk.checkout / "runs").glob("version_*"))
+    fit = walk.command("ptrain example")
+    (run,) = sorted((walk.home / "runs").glob("version_*"))
     events = EventAccumulator(str(run))
     events.Reload()
     logged = [round(e.value, 3) for e in events.Scalars("grad_norm_mean")]
@@ -286,11 +283,11 @@ def test_the_plugin_reports_whole_gradient_norms_under_sharding(walk):
     printed = {}
     for strategy in ("ddp", "fsdp"):
         proc = subprocess.run(
-            [sys.executable, "-m", "ptrain", "fit", "--config", "examples/digits.toml",
+            [sys.executable, "-m", "ptrain", "fit", "--config", DIGITS_CONFIG,
              "--max-epochs", "1", "--limit-train-batches", "8", "--limit-val-batches", "1",
              "-p", "grad-norm", "--no-progress-bar", "--strategy", strategy, "--devices", "2",
-             "--default-root-dir", str(walk.checkout / f"runs-{strategy}")],
-            cwd=walk.checkout, env=env, capture_output=True, text=True, timeout=300)
+             "--default-root-dir", str(walk.home / f"runs-{strategy}")],
+            cwd=walk.home, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{strategy}:\n{proc.stdout}\n{proc.stderr}"
         printed[strategy] = re.findall(r"^grad-norm: epoch 0  mean (\S+)  max (\S+)$",
                                        proc.stdout, re.M)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from ptrain._version import __version__
 from ptrain.hookspecs import hookimpl, hookspec
 
 _LAZY = {
@@ -30,7 +31,7 @@ _LAZY = {
     "Interrupted": "ptrain.errors",
 }
 
-__all__ = ["hookimpl", "hookspec", *_LAZY]
+__all__ = ["__version__", "hookimpl", "hookspec", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

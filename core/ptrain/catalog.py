@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import metadata
 
+from ptrain._version import __version__
 from ptrain.errors import PluginError
-from ptrain.options import closest
+from ptrain.options import closest, near_names
 
 #: plugin kind -> entry-point group. One accelerator, one strategy and one precision are active at
 #: a time; callbacks are any number.
@@ -22,6 +23,25 @@ GROUPS: dict[str, str] = {
 }
 EXCLUSIVE_KINDS = ("accelerator", "strategy", "precision")
 CORE_DISTRIBUTION = "ptrain-core"
+
+#: every first-party plugin by kind and name, with the distribution that provides it: a name
+#: asked for but not installed is then a distribution to install, not an unknown word (kept
+#: equal to the entry points of the repository's distributions by tests/test_distributions.py)
+FIRST_PARTY: dict[str, dict[str, str]] = {
+    "accelerator": {"cuda": "ptrain-cuda", "hpu": "ptrain-habana", "mps": "ptrain-mps",
+                    "tpu": "ptrain-xla"},
+    "strategy": {"ddp": "ptrain-ddp", "fsdp": "ptrain-fsdp", "xla": "ptrain-xla",
+                 "zero1": "ptrain-zero", "zero2": "ptrain-zero", "zero3": "ptrain-zero"},
+    "precision": {"16-mixed": "ptrain-mixed-precision", "bf16-mixed": "ptrain-mixed-precision",
+                  "16-true": "ptrain-true-precision", "bf16-true": "ptrain-true-precision",
+                  "64-true": "ptrain-true-precision"},
+    "callback": {"activation-checkpointing": "ptrain-activation-checkpointing",
+                 "batch-size-finder": "ptrain-finders", "compile": "ptrain-compile",
+                 "early-stopping": "ptrain-early-stopping",
+                 "learning-rate-monitor": "ptrain-lr-monitor", "lr-finder": "ptrain-finders",
+                 "mlflow": "ptrain-mlflow", "profiler": "ptrain-profiler",
+                 "toggling": "ptrain-toggling", "wandb": "ptrain-wandb"},
+}
 
 
 @dataclass(frozen=True)
@@ -81,9 +101,23 @@ class Catalog:
                     f"{name!r} is a {other} plugin, not a {kind}; select it with {how}. "
                     f"Installed {kind} plugins: {', '.join(installed) or '(none)'}."
                 )
+            if name in FIRST_PARTY[kind]:
+                dist = FIRST_PARTY[kind][name]
+                raise PluginError(
+                    f"the {kind} {name!r} comes with the distribution {dist}, which is not "
+                    f"installed here: pip install {dist} (or pip install \"ptrain-core[all]\" "
+                    f"for every first-party plugin). Installed {kind} plugins: "
+                    f"{', '.join(installed) or '(none)'}.")
+            suggestion = closest(name, installed)
+            uninstalled = {n: d for n, d in FIRST_PARTY[kind].items() if n not in installed}
+            meant = near_names(name, uninstalled)
+            if not suggestion and len(meant) == 1:
+                suggestion = (f" Did you mean {meant[0]!r}? It comes with "
+                              f"{uninstalled[meant[0]]}, which is not installed here: pip "
+                              f"install {uninstalled[meant[0]]}.")
             raise PluginError(
                 f"unknown {kind} {name!r}. Installed {kind} plugins: "
-                f"{', '.join(installed) or '(none)'}.{closest(name, installed)} "
+                f"{', '.join(installed) or '(none)'}.{suggestion} "
                 f"Run `ptrain plugins` to see every installed plugin; a new one is installed with "
                 f"pip (its distribution registers the entry-point group {GROUPS[kind]!r})."
             )
@@ -96,10 +130,7 @@ class Catalog:
     def distributions(self) -> dict[str, str]:
         """Every distribution that provides a plugin (the core included), with its version."""
         dists = {i.distribution: i.version for i in self.infos}
-        try:
-            dists.setdefault(CORE_DISTRIBUTION, metadata.version(CORE_DISTRIBUTION))
-        except metadata.PackageNotFoundError:
-            pass
+        dists.setdefault(CORE_DISTRIBUTION, __version__)
         return dict(sorted(dists.items()))
 
     def owner_of_flag(self, flag: str) -> PluginInfo | None:

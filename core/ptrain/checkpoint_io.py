@@ -110,8 +110,8 @@ def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
         f"with --ckpt-path last.")
 
 
-_PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool, type(None), torch.dtype,
-                 torch.device, torch.Size)
+_PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool,
+                 type(None), torch.dtype, torch.device, torch.Size)
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -289,13 +289,10 @@ def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
 def capture_rng_states() -> dict[str, Any]:
     """Every generator a training step may draw from, as weights-only-safe values."""
     states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        states["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states

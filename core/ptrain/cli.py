@@ -1,4 +1,4 @@
-"""The ``ptrain`` command: ``fit``, ``validate``, ``test``, ``predict``, ``plugins``,
+"""The ``ptrain`` command: ``fit``, ``validate``, ``test``, ``predict``, ``example``, ``plugins``,
 ``new-plugin``, ``export``, ``--version``.
 
 Errors caused by input (:class:`ptrain.PtrainError`) print one paragraph and exit with code 2;
@@ -103,12 +103,38 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# ptrain example
+
+
+def cmd_example(argv: list[str]) -> int:
+    """``ptrain example``: the examples that ship with the core; ``ptrain example NAME [fit
+    options]``: ``ptrain fit --config`` with the example's config, the options on top."""
+    from ptrain.examples import EXAMPLES, config_path
+
+    if not argv or argv[0] in ("-h", "--help"):
+        import textwrap
+
+        print(textwrap.fill(
+            "usage: ptrain example NAME [fit options]  (ptrain example NAME --help: the "
+            "options). Trains an example that ships with ptrain-core: `ptrain fit --config` "
+            "with its config, the options on top. The examples' data comes from scikit-learn: "
+            "pip install \"ptrain-core[examples]\".", 88, break_on_hyphens=False) + "\n\nexamples:")
+        for name, what in EXAMPLES.items():
+            print(textwrap.fill(what, 88, initial_indent=f"  {name}: ",
+                                subsequent_indent="    "))
+            print(f"    config: {config_path(name)}")
+        return 0
+    return cmd_run("fit", ["--config", config_path(argv[0]), *argv[1:]])
+
+
+# ---------------------------------------------------------------------------------------------
 # ptrain fit / validate
 
 
 def _preparse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     pre = _Parser(add_help=False)
     pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--help-all", action="store_true")
     pre.add_argument("--config")
     pre.add_argument("--print-config", action="store_true")
     pre.add_argument("-p", dest="plugins", action="append", default=[])
@@ -171,6 +197,8 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
                      description=f"{_STAGE_DESCRIPTIONS[stage]} a ptrain.TrainModule with "
                                  f"the selected plugins.")
     run = parser.add_argument_group("run")
+    run.add_argument("--help-all", action="store_true",
+                     help="show the options of every installed plugin, selected or not")
     run.add_argument("--model", help="the TrainModule class, as MODULE:CLASS; init arguments "
                                      "with --model.KEY VALUE (optional with --ckpt-path: the "
                                      "checkpoint says how to rebuild the model)")
@@ -233,7 +261,7 @@ def _help_groups(catalog: Catalog) -> tuple[list[tuple[OptionGroup, str, str]], 
                 f"active with --{info.kind} {info.name}"
             if info.kind == "callback" and info.name in DEFAULT_CALLBACKS:
                 how = "on by default"
-            groups.append((group, f"{info.name} ({info.kind}, {info.distribution})", how))
+            groups.append((group, _group_title(info.name, info.kind, info), how))
     return groups, broken
 
 
@@ -250,10 +278,11 @@ class RunSpec:
     trace: bool
 
 
-def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
-    """Merge option defaults < config file < flags; imports only the selected plugins."""
-    argv, init_args = _split_init_args(argv)
-    pre, _ = _preparse(argv)
+def _selection(pre: argparse.Namespace, catalog: Catalog):
+    """The run's config file, its accelerator/strategy/precision, its callbacks and the plugins
+    they select (imported; nothing else is), from the config file and the flags."""
+    from ptrain.selection import select_plugins
+
     file_config = load_config_file(pre.config) if pre.config else {}
     file_trainer = dict(file_config.get("trainer", {}))
     core = core_options()
@@ -263,13 +292,28 @@ def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
     callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
     selection = {k: getattr(pre, k) or file_trainer.get(k) or core.options[k].default
                  for k in EXCLUSIVE_KINDS}
-
-    from ptrain.selection import select_plugins
-
     selected = select_plugins(catalog, selection["accelerator"], selection["strategy"],
                               selection["precision"], callbacks)
-    groups = [(p.options, f"{p.name} ({p.kind})", "") for p in selected if p.options.options]
-    parser = _build_parser(stage, groups)
+    return file_config, selection, callbacks, selected
+
+
+def _selected_groups(selected: list[Any]) -> list[tuple[OptionGroup, str, str]]:
+    return [(p.options, _group_title(p.name, p.kind, p.info), "")
+            for p in selected if p.options.options]
+
+
+def _group_title(name: str, kind: str, info: Any) -> str:
+    """``--help``'s heading of a plugin's options: ``ddp (strategy, ptrain-ddp)``."""
+    return f"{name} ({kind}, {info.distribution})" if info is not None else f"{name} ({kind})"
+
+
+def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
+    """Merge option defaults < config file < flags; imports only the selected plugins."""
+    argv, init_args = _split_init_args(argv)
+    pre, _ = _preparse(argv)
+    file_config, selection, callbacks, selected = _selection(pre, catalog)
+    file_trainer = dict(file_config.get("trainer", {}))
+    parser = _build_parser(stage, _selected_groups(selected))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _unknown_flag(unknown[0], parser, catalog, {p.name for p in selected})
@@ -303,7 +347,8 @@ def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
     """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it."""
     from ptrain.loading import import_object
 
-    cls = import_object(cfg["class_path"], flag, ModelError, "examples.digits:DigitsClassifier")
+    cls = import_object(cfg["class_path"], flag, ModelError,
+                        "ptrain.examples.digits:DigitsClassifier")
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
                          f"(it is {cls!r}).")
@@ -312,12 +357,25 @@ def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
 
 def cmd_run(stage: str, argv: list[str]) -> int:
     catalog = Catalog.discover()
-    if _preparse(_split_init_args(argv)[0])[0].help:
+    pre = _preparse(_split_init_args(argv)[0])[0]
+    if pre.help_all:
         groups, broken = _help_groups(catalog)
         _build_parser(stage, groups).print_help()
         if broken:
             print("\nplugins that failed to import (their options are not shown):")
             print("\n".join(f"  {b}" for b in broken))
+        return 0
+    if pre.help:
+        selected = _selection(pre, catalog)[3]
+        _build_parser(stage, _selected_groups(selected)).print_help()
+        others = len({(i.kind, i.name) for i in catalog.infos}) - len(selected)
+        import textwrap
+
+        print("\n" + textwrap.fill(
+            f"Shown: the core's options and those of the {len(selected)} plugins this run "
+            f"selects (with --config and the flags given). The other {others} installed "
+            f"plugins' options: ptrain {stage} --help-all; one plugin's: select it (-p NAME, "
+            f"--strategy NAME, ...) with --help.", 80))
         return 0
     spec = _resolve_run(stage, argv, catalog)
 
@@ -419,6 +477,8 @@ def _main_parser() -> _Parser:
                    add_help=False)
     sub.add_parser("predict", help="run predict_step and write the predictions",
                    add_help=False)
+    sub.add_parser("example", help="train an example that ships with ptrain (ptrain example "
+                                   "lists them)", add_help=False)
     plugins = sub.add_parser("plugins", help="list installed plugins (reads metadata only)")
     plugins.add_argument("--check", action="store_true",
                          help="also import each plugin and say whether it can run here")
@@ -490,6 +550,8 @@ def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in STAGES:
             return cmd_run(argv[0], argv[1:])
+        if argv and argv[0] == "example":
+            return cmd_example(argv[1:])
         args = _main_parser().parse_args(argv)
         if args.version:
             print(version_text())

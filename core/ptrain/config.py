@@ -7,7 +7,7 @@ A config file has four tables, each optional::
     callbacks = ["early-stopping", "no:tensorboard"]   # the -p values
 
     [model]                        # what `--model` and `--model.KEY VALUE` give
-    class_path = "examples.digits:DigitsClassifier"
+    class_path = "ptrain.examples.digits:DigitsClassifier"
     init_args = { hidden = 64 }
 
     [data]                         # likewise for `--data`
@@ -23,9 +23,14 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, as a package (a dependency on 3.10 only)
+    import tomli as tomllib
 
 from ptrain.errors import ConfigError
 from ptrain.options import (
@@ -213,7 +218,7 @@ def core_options() -> OptionGroup:
                                "(before the model is built), for a reproducible run")
     g.add("detect_anomaly", to_bool, default=False,
           help="debugging: name the forward operation whose backward produced a NaN/Inf "
-               "(torch.autograd anomaly mode; slower: see docs/configuration.md)")
+               "(torch.autograd anomaly mode; slower: see \"Configuration\" in the docs)")
     return g
 
 

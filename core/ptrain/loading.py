@@ -208,8 +208,8 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
             pm.unregister(plugin)
             raise PluginError(
                 f"plugin {name!r} ({plugin_label(plugin)}) implements {attr!r}, which is not a "
-                f"ptrain hook.{suggest_hook(attr)} See docs/hooks.md for the hook "
-                f"specification."
+                f"ptrain hook.{suggest_hook(attr)} See \"Hook reference\" in ptrain's "
+                f"documentation for the hooks."
             )
     observer = not inspect.isclass(plugin) and callable(getattr(plugin, "observe_hook_call", None))
     if not pm.get_hookcallers(plugin) and not observer:  # it would take part in nothing
@@ -224,7 +224,8 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
             hint = " Mark its hook methods with @ptrain.hookimpl."
         raise PluginError(
             f"plugin {name!r} ({plugin_label(plugin)}) implements no ptrain hook, so it would "
-            f"take no part in the run.{hint} See docs/hooks.md for the hooks.")
+            f"take no part in the run.{hint} See \"Hook reference\" in ptrain's "
+            f"documentation.")
     hook_calls.on_register(pm, plugin)
 
 

@@ -9,7 +9,6 @@ the keyword argument (``Trainer(max_epochs=3)``, or a plugin class's ``__init__`
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -186,6 +185,39 @@ class OptionGroup:
 
 
 def closest(word: str, choices: Iterable[str]) -> str:
-    """A sentence naming the closest of ``choices`` to ``word``, or an empty string."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f" Did you mean {match[0]!r}?" if match else ""
+    """A sentence naming what of ``choices`` ``word`` was likely meant to be (see
+    :func:`near_names`), or an empty string."""
+    near = near_names(word, choices)
+    if len(near) > 1:
+        return f" Did you mean one of {', '.join(map(repr, near))}?"
+    return f" Did you mean {near[0]!r}?" if near else ""
+
+
+def near_names(word: str, choices: Iterable[str]) -> list[str]:
+    """The one of ``choices`` closest to ``word`` when it is close enough to be a slip of the
+    keyboard (a few letters typed, dropped, swapped or wrong: at most one per three letters of
+    ``word``, between 1 and 3 in all); else those that begin with ``word`` (``bf16``); else
+    none: ``cuda`` is not a near miss for ``cpu``."""
+    choices = list(choices)
+    allowed = max(1, min(3, len(word) // 3))
+    near = [(edit_distance(word, choice), choice) for choice in choices]
+    near = [(distance, choice) for distance, choice in near if distance <= allowed]
+    if near:
+        return [min(near)[1]]
+    return sorted(c for c in choices if len(word) >= 2 and c.startswith(word))
+
+
+def edit_distance(a: str, b: str) -> int:
+    """The fewest single-letter insertions, deletions, substitutions and swaps of two neighbours
+    that turn ``a`` into ``b`` (optimal string alignment distance)."""
+    before, row = None, list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            current[j] = min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (x != y))
+            if before is not None and i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                current[j] = min(current[j], before[j - 2] + 1)
+        before, row = row, current
+    return row[-1]
+
+

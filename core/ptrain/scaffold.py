@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 
+from ptrain._version import __version__, compatible_range
 from ptrain.catalog import GROUPS, Catalog
 from ptrain.errors import ConfigError
 from ptrain.options import closest
@@ -160,7 +161,8 @@ def _template(name: str) -> string.Template:
 def render(spec: PluginSpec) -> dict[str, str]:
     """Relative path -> content of every file of the new distribution."""
     text = KIND_TEXT[spec.kind]
-    dependencies = '["ptrain-core", "torch>=2.4"]' if text.imports_torch else '["ptrain-core"]'
+    core = f"ptrain-core{compatible_range(__version__)}"  # the contract it is written against
+    dependencies = (f'["{core}", "torch>=2.13"]' if text.imports_torch else f'["{core}"]')
     values = {
         "name": spec.name,
         "kind": spec.kind,
@@ -233,7 +235,8 @@ def next_steps(result: Scaffolded) -> str:
     except ValueError:
         folder = str(target)
     files = "\n".join(f"  {p.relative_to(target)}" for p in result.files)
-    steps = [(f"pip install -e {folder}", "editable: edits take effect without reinstalling"),
+    steps = [(f"pip install -e '{folder}[test]'",
+              "editable (edits apply without reinstalling), with pytest"),
              ("ptrain plugins", f"lists {spec.kind} {spec.name} ({spec.distribution})"),
              (f"ptrain fit --model MODULE:CLASS {spec.select}", "trains with it"),
              (f"pytest {folder}", "ptrain's conformance suite and the plugin's own tests")]
@@ -243,4 +246,6 @@ def next_steps(result: Scaffolded) -> str:
     return (f"Created {spec.distribution} in {folder}: the {spec.kind} {spec.name!r} (entry point "
             f"group {spec.group}).\n{files}\n\nNext:\n{commands}\n\n"
             f"Then make it yours in {spec.package}/__init__.py and README.md. The hooks: "
-            f"docs/hooks.md; a walk-through: docs/tutorial-first-plugin.md.{notes}")
+            f"\"Hook reference\" in ptrain's documentation; a walk-through: \"Tutorial: write "
+            f"your first plugin\".{notes}")
+

@@ -12,7 +12,6 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io, run_folder, script_launch
+from ptrain._version import __version__
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -342,7 +342,7 @@ class Trainer:
         if state is not None:
             write_weights(state, path, {"module_class": class_path(self.module),
                                         "hyper_parameters": dict(self.module.hparams),
-                                        "ptrain_version": _core_version()})
+                                        "ptrain_version": __version__})
 
     def _rank_zero_value(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank (a collective under several processes)."""
@@ -362,7 +362,7 @@ class Trainer:
         checkpoint = {
             "format": checkpoint_io.FORMAT,
             "format_version": checkpoint_io.FORMAT_VERSION,
-            "ptrain_version": _core_version(),
+            "ptrain_version": __version__,
             "model": self.module.state_dict(),
             "module_class": class_path(self.module),
             "hyper_parameters": dict(self.module.hparams),
@@ -993,13 +993,6 @@ def _available_memory() -> int | None:
     return None
 
 
-def _core_version() -> str:
-    try:
-        return metadata.version("ptrain-core")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 #: The seed of the last seed_everything, for the processes this one starts.
 _SEED_VARIABLE = "PTRAIN_GLOBAL_SEED"
 
@@ -1024,10 +1017,8 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     os.environ[_SEED_VARIABLE] = str(seed)  # the ranks the script launcher starts use it too
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-    except ImportError:
-        return seed
+    import numpy as np
+
     np.random.seed(seed % 2**32)
     return seed
 

@@ -12,8 +12,8 @@ from ptrain.errors import ConfigError
 def refuse(owner: str, argument: str, value: Any, instead: str) -> ConfigError:
     """A :class:`ConfigError`: ``owner(argument=value)`` is not supported, and what to do."""
     return ConfigError(f"{owner}({argument}={value!r}) is not supported by ptrain, and ignoring "
-                       f"it would silently change the run: {instead}. See "
-                       f"docs/from-lightning.md.")
+                       f"it would silently change the run: {instead}. See \"Coming from "
+                       f"Lightning\" in ptrain's documentation.")
 
 
 def refuse_unless(owner: str, given: dict[str, Any], defaults: dict[str, tuple[Any, str]]) -> None:

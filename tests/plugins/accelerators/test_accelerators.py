@@ -27,7 +27,7 @@ import torch
 
 import ptrain
 from _cli_util import REPO, CLIRuns, assert_ok, assert_usage_error, installed_names
-from conftest import CLIResult
+from conftest import CLIResult, DIGITS_CONFIG
 from tests.conftest import TinyRegressor
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ ACCELERATORS = ("cuda", "mps", "tpu", "hpu")
 DISTRIBUTIONS = {"cuda": "ptrain-cuda", "mps": "ptrain-mps", "tpu": "ptrain-xla",
                  "hpu": "ptrain-habana", "xla": "ptrain-xla"}
 FAKE_MARK = "must not be imported"
-DIGITS = ["--config", "examples/digits.toml"]
+DIGITS = ["--config", DIGITS_CONFIG]
 
 #: A TPU or Gaudi device here would make the plugins "ok" with the fake libraries.
 TPU_PRESENT = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
@@ -103,7 +103,7 @@ def runs(request, fake_libs, tmp_path_factory):
     fit("fake-auto", "--accelerator", "auto", "--max-epochs", "1", "--limit-train-batches", "3",
         "--limit-val-batches", "1", "--no-progress-bar", "-p", "no:tensorboard", env=fake,
         used_by=("test_auto_on_the_command_line_trains_without_importing_device_libraries",))
-    pool.start("fake-help", "fit", "--help", env=fake,
+    pool.start("fake-help", "fit", "--help-all", env=fake,
                used_by=("test_fit_help_groups_each_plugin_s_options",))
     yield pool
     pool.close()
@@ -208,7 +208,7 @@ def test_check_json_gives_the_same_statuses(runs):
 def fit_in_process(tmp_path, monkeypatch, capsys):
     """``fit_in_process(*args)``: the real ``ptrain fit`` entry point (``ptrain.cli.main``, whose
     return value is the exit code) run in this process from the repository root, with
-    ``--config examples/digits.toml`` and a fresh --default-root-dir; returns (result, root).
+    ``--config`` the digits example's config and a fresh --default-root-dir; returns (result, root).
     Cheaper than a subprocess for runs that stop at plugin selection."""
     from ptrain.cli import main
 

@@ -22,8 +22,8 @@ import torch
 
 import ptrain
 from _cli_util import assert_ok, assert_usage_error
-from conftest import run_cli
-from examples.digits import DigitsClassifier
+from conftest import DIGITS_CONFIG, run_cli
+from ptrain.examples.digits import DigitsClassifier
 from tests.conftest import TinyRegressor
 
 
@@ -182,7 +182,7 @@ def test_float32_matmul_precision_is_in_effect_during_the_run(tmp_path):
 
 def test_a_bogus_matmul_precision_lists_the_choices(tmp_path):
     """With a GPU, the availability check passes and the value itself is refused."""
-    result = run_cli("fit", "--config", "examples/digits.toml", "--accelerator", "cuda",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "--accelerator", "cuda",
                      "--default-root-dir", str(tmp_path / "runs"),
                      "--cuda-float32-matmul-precision", "bogus")
     assert_usage_error(result, "--cuda-float32-matmul-precision", "'bogus'", "highest", "high",
@@ -192,7 +192,7 @@ def test_a_bogus_matmul_precision_lists_the_choices(tmp_path):
 
 def test_memory_snapshot_is_written_in_the_run_folder(tmp_path):
     root = tmp_path / "runs"
-    result = run_cli("fit", "--config", "examples/digits.toml", "--accelerator", "cuda",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "--accelerator", "cuda",
                      "--max-epochs", "1", "--limit-train-batches", "3", "--limit-val-batches",
                      "1", "--no-progress-bar", "--default-root-dir", str(root),
                      "--cuda-memory-snapshot", "snap.pickle",
@@ -222,7 +222,7 @@ def test_a_gpu_index_that_does_not_exist_is_a_config_error(tmp_path):
 
 def test_devices_99_is_a_usage_error(tmp_path):
     """A count of 99 with the default single-device strategy is refused before anything runs."""
-    result = run_cli("fit", "--config", "examples/digits.toml", "--accelerator", "cuda",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "--accelerator", "cuda",
                      "--devices", "99", "--default-root-dir", str(tmp_path / "runs"))
     assert_usage_error(result, "--devices 99")
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -232,7 +232,7 @@ def test_more_processes_than_gpus_is_a_usage_error_naming_the_visible_count(tmp_
     """``--strategy ddp --devices N+1``: refused before any process starts, naming how many
     GPUs the accelerator sees."""
     count = torch.cuda.device_count()
-    result = run_cli("fit", "--config", "examples/digits.toml", "--accelerator", "cuda",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "--accelerator", "cuda",
                      "--strategy", "ddp", "--devices", str(count + 1), "--ddp-timeout", "60",
                      "--default-root-dir", str(tmp_path / "runs"), timeout=300)
     assert_usage_error(result, f"--devices {count + 1}", f"sees here ({count})")

@@ -20,6 +20,7 @@ from ptrain_early_stopping import EarlyStopping
 from tests._cli_util import assert_usage_error
 from tests._es_models import SequenceModule
 from tests.conftest import run_cli
+from conftest import DIGITS_CONFIG
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
 STEPS_PER_EPOCH = 2  # SequenceModule: 16 samples, batches of 8
@@ -276,7 +277,7 @@ def test_resume_in_the_middle_of_a_patience_window(make_trainer, tmp_path, capsy
 
 def test_cli_stops_early_and_prints_the_reason(tmp_path):
     root = tmp_path / "runs"
-    result = run_cli("fit", "--config", "examples/digits.toml", "-p", "early-stopping",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "-p", "early-stopping",
                      "--early-stopping-monitor", "val_loss", "--early-stopping-patience", "1",
                      "--max-epochs", "30", "--no-progress-bar", "-p", "no:tensorboard",
                      "--default-root-dir", str(root))
@@ -296,7 +297,7 @@ def test_cli_stops_early_and_prints_the_reason(tmp_path):
 
 
 def test_cli_help_lists_the_options_under_the_plugin_name():
-    result = run_cli("fit", "--help")
+    result = run_cli("fit", "-p", "early-stopping", "--help")
     assert result.returncode == 0, result.stderr
     section = result.stdout.split("early-stopping (callback")[1].split("\n\n\n")[0]
     section = re.split(r"\n\S", section)[0]  # up to the next plugin's heading
@@ -309,7 +310,7 @@ def test_cli_help_lists_the_options_under_the_plugin_name():
 
 
 def test_cli_missing_monitor_is_a_usage_error(tmp_path):
-    result = run_cli("fit", "--config", "examples/digits.toml", "-p", "early-stopping",
+    result = run_cli("fit", "--config", DIGITS_CONFIG, "-p", "early-stopping",
                      "--max-epochs", "1", "--default-root-dir", str(tmp_path))
     assert_usage_error(result, "monitor")
 

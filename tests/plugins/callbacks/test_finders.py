@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import ptrain
-from examples.digits import DigitsClassifier
+from ptrain.examples.digits import DigitsClassifier
 from ptrain import ConfigError
 from ptrain_finders import BatchSizeFinder, LRFinder, TrainingSnapshot
 from ptrain_finders.lr_finder import smooth
@@ -33,6 +33,7 @@ from tests._finder_models import (BatchSizeRecorder, CapAddressSpace, FinderProb
                                   SizeRecordingRegressor, StateProbe, TwoGroupRegressor,
                                   differences, read_probes, training_state)
 from tests.conftest import REPO, TinyRegressor
+from conftest import DIGITS_CONFIG
 
 QUIET = ["no:progress-bar", "no:tensorboard", "no:checkpoint"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -63,7 +64,7 @@ def cli_runs(request, tmp_path_factory):
     """The module's CLI runs, started before its first test, two at a time."""
     pool = CLIRuns(request)
     root = pool.dirs["stop"] = tmp_path_factory.mktemp("cli-stop")
-    pool.start("stop", "fit", "--config", "examples/digits.toml", "-p", "lr-finder",
+    pool.start("stop", "fit", "--config", DIGITS_CONFIG, "-p", "lr-finder",
                "--lr-finder-then", "stop", "--no-progress-bar", "-p", "no:tensorboard",
                "--default-root-dir", str(root), env=ONE_THREAD,
                used_by=("test_cli_then_stop_prints_the_suggestion_and_trains_nothing",))
@@ -422,15 +423,15 @@ def test_a_real_out_of_memory_bounds_the_search_and_training_runs_at_the_answer(
 # -- the CLI ----------------------------------------------------------------------------------
 
 CLI_USAGE_ERRORS = {
-    "then": ((("--config", "examples/digits.toml", "-p", "lr-finder", "--lr-finder-then",
+    "then": ((("--config", DIGITS_CONFIG, "-p", "lr-finder", "--lr-finder-then",
                "later")), ("--lr-finder-then", "valid choices: fit, stop")),
-    "range": ((("--config", "examples/digits.toml", "-p", "lr-finder", "--lr-finder-min-lr",
+    "range": ((("--config", DIGITS_CONFIG, "-p", "lr-finder", "--lr-finder-min-lr",
                 "1", "--lr-finder-max-lr", "0.5")), ("min_lr (1) must be below max_lr (0.5)",)),
-    "steps": ((("--config", "examples/digits.toml", "-p", "lr-finder", "--lr-finder-num-steps",
+    "steps": ((("--config", DIGITS_CONFIG, "-p", "lr-finder", "--lr-finder-num-steps",
                 "1")), ("num_steps=1 is too few; use at least 12",)),
     "manual": ((("--model", "tests._finder_models:ManualRegressor", "--accelerator", "cpu",
                  "-p", "lr-finder")), ("ManualRegressor optimizes manually",)),
-    "margin": ((("--config", "examples/digits.toml", "-p", "batch-size-finder",
+    "margin": ((("--config", DIGITS_CONFIG, "-p", "batch-size-finder",
                  "--batch-size-finder-margin", "2")), ("margin=2.0 must be in (0, 1]",)),
 }
 

@@ -24,6 +24,7 @@ from ptrain_profiler import (BACKWARD, DATA_LOADING, FORWARD, OPTIMIZER_STEP, TR
                              Profiler)
 from tests._cli_util import CLIRuns, assert_ok, assert_usage_error
 from tests._profiler_models import USER_REGION, ProfiledRegressor
+from conftest import DIGITS_CONFIG
 
 QUIET = ["no:progress-bar", "no:tensorboard", "no:checkpoint"]
 #: The loop's regions in the order they run within one step.
@@ -68,7 +69,7 @@ def cli_runs(request, tmp_path_factory):
     scratch folder."""
     pool = CLIRuns(request)
     table = pool.dirs["table"] = tmp_path_factory.mktemp("table")
-    pool.start("table", "fit", "--config", "examples/digits.toml", "--max-epochs", "1",
+    pool.start("table", "fit", "--config", DIGITS_CONFIG, "--max-epochs", "1",
                "--limit-train-batches", "8", "--limit-val-batches", "2", "-p", "profiler",
                "--profiler-skip-first", "2", "--profiler-row-limit", "4",
                "--profiler-sort-by", "cpu_time_total", "--no-progress-bar",

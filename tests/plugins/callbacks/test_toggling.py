@@ -526,7 +526,7 @@ def test_cli_toggling_with_automatic_optimization_is_a_usage_error(cli_runs):
 
 
 def test_cli_trains_the_gan_example_from_its_config_file(cli_runs):
-    from examples.digits import digits_datasets
+    from ptrain.examples.digits import digits_datasets
 
     result = cli_runs["gan"]
     assert_ok(result)

@@ -10,7 +10,7 @@ from torch import nn
 
 import ptrain
 from ptrain.catalog import Catalog
-from examples.digits import DigitsClassifier
+from ptrain.examples.digits import DigitsClassifier
 from tests.conftest import TinyRegressor
 
 #: Stated tolerance: a precision plugin reaches 32-true's validation accuracy on the digits

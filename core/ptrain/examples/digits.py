@@ -3,8 +3,8 @@
 Real data that ships inside a package (1,797 images, 10 classes), no download. On 2 CPU cores it
 reaches about 97% validation accuracy in 10 epochs, in a few seconds::
 
-    ptrain fit --config examples/digits.toml
-    ptrain fit --model examples.digits:DigitsClassifier --max-epochs 10 --seed 0
+    ptrain example digits
+    ptrain fit --model ptrain.examples.digits:DigitsClassifier --max-epochs 10 --seed 0
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ import ptrain
 
 def digits_datasets(val_fraction: float = 0.2, split_seed: int = 0):
     """Train and validation TensorDatasets of the digits, pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ptrain.ModelError(
+            "the digits example reads its data from scikit-learn, which is not installed: "
+            "pip install \"ptrain-core[examples]\" (or scikit-learn).") from None
 
     images, labels = load_digits(return_X_y=True)
     x = torch.tensor(images, dtype=torch.float32) / 16.0
