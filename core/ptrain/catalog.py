@@ -7,7 +7,6 @@ being broken. Importing happens in :mod:`ptrain.loading`, and only for the plugi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 
 from ptrain._version import __version__
 from ptrain.errors import PluginError
@@ -67,16 +66,15 @@ class Catalog:
 
     @classmethod
     def discover(cls) -> Catalog:
+        """Every plugin installed in this environment (see :mod:`ptrain.entry_point_cache`)."""
+        from ptrain.entry_point_cache import entry_points
+
+        kinds = {group: kind for kind, group in GROUPS.items()}
         infos: dict[tuple[str, str, str], PluginInfo] = {}
-        for kind, group in GROUPS.items():
-            for ep in metadata.entry_points(group=group):
-                dist = ep.dist
-                dist_name = dist.metadata["Name"] if dist is not None else "(unknown distribution)"
-                version = dist.version if dist is not None else "?"
-                # The same distribution can be seen twice when it is on sys.path twice.
-                infos[(kind, ep.name, dist_name)] = PluginInfo(
-                    kind, ep.name, ep.value, dist_name, version
-                )
+        for group, name, value, dist_name, version in entry_points(list(GROUPS.values())):
+            # The same distribution can be seen twice when it is on sys.path twice.
+            infos[(kinds[group], name, dist_name)] = PluginInfo(kinds[group], name, value,
+                                                                dist_name, version)
         return cls(list(infos.values()))
 
     def names(self, kind: str) -> list[str]:
@@ -140,3 +138,4 @@ class Catalog:
             if flag.startswith((f"--{info.name}-", f"--no-{info.name}-")):
                 return info
         return None
+

@@ -138,12 +138,36 @@ def instantiate(target: Any, owner: str, options: dict[str, Any]) -> Any:
         ) from exc
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, faster to register with. pluggy asks each attribute of a plugin
+    whether it is a hook implementation, reading it statically (``inspect.getattr_static``),
+    and a plugin object has some 80 attributes, most of them ``object``'s: a class attribute
+    that is no function marked with ``@hookimpl`` is passed over here at once. Anything else
+    (a module, an attribute of the instance itself, a marked function) is pluggy's to judge."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if not isinstance(plugin, ModuleType) and name not in getattr(plugin, "__dict__", ()):
+            classes = plugin.__mro__ if isinstance(plugin, type) else type(plugin).__mro__
+            for cls in classes:
+                raw = cls.__dict__.get(name, _ABSENT)
+                if raw is not _ABSENT:
+                    # the mark is on the function, or on a staticmethod/classmethod around it
+                    if not (hasattr(raw, IMPL_MARK)
+                            or hasattr(getattr(raw, "__func__", None), IMPL_MARK)):
+                        return None
+                    break
+        return super().parse_hookimpl_opts(plugin, name)
+
+
+_ABSENT = object()
+
+
 def create_plugin_manager() -> pluggy.PluginManager:
     """A plugin manager with ptrain's hook specification; with ``PTRAIN_TRACE=1`` in the
     environment, every hook call it makes is printed to stderr (see :mod:`ptrain.hook_calls`)."""
     from ptrain import hook_calls  # it imports this module
 
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm = _PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     if hook_calls.trace_requested():
         hook_calls.observe(pm, hook_calls.StderrTracer())

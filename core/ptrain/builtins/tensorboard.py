@@ -2,7 +2,10 @@
 the HParams tab, and the run's configuration as text.
 
 Events go to the run folder (``<default_root_dir>/version_N``), so ``tensorboard --logdir runs``
-shows each run. Only global rank 0 writes; its writer is opened at ``setup``.
+shows each run. Only global rank 0 writes. Its writer is opened at the first write, not at
+``setup`` (importing TensorBoard takes about 0.1 s, which a run's first step need not wait
+for): the hyperparameters and configuration given at the start are kept until then, and
+``experiment`` opens it when asked.
 
 Hyperparameters are written as the run's hparams *session* (TensorBoard's session-start record,
 and a session-end record with the outcome at teardown) into the run folder's own event file:
@@ -41,51 +44,70 @@ class TensorBoardLogger:
 
     def __init__(self) -> None:
         self.writer = None
+        self._log_dir: str | None = None  # where this stage's writer opens (rank 0 only)
+        # what was given before the writer opened: ("hparams", flat dict | "config", text, step)
+        self._pending: list[tuple[str, Any, int]] = []
         self._session_started = False
 
     @property
     def experiment(self) -> Any:
         """The ``SummaryWriter`` of the run under way (global rank 0 only; ``None`` elsewhere
         and outside a stage): ``self.logger.experiment.add_image(...)`` in a module."""
+        return self._open()
+
+    def _open(self) -> Any:
+        """This stage's writer, opened (and given what waited for it) on first use."""
+        if self.writer is None and self._log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=self._log_dir)
+            for kind, value, step in self._pending:
+                if kind == "config":
+                    self.writer.add_text("config", value, step)
+                else:
+                    self.writer.file_writer.add_summary(session_start(value), step)
+            self._pending.clear()
         return self.writer
 
     @hookimpl
     def setup(self, trainer) -> None:
         self._session_started = False
         if trainer.is_global_zero and self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=str(trainer.log_dir))
+            self._log_dir = str(trainer.log_dir)
 
     @hookimpl
     def log_hyperparams(self, trainer, hyperparameters: dict[str, Any]) -> None:
-        if self.writer is None:
+        if self._log_dir is None:
             return
         step = trainer.global_step
         if hyperparameters:
-            self.writer.file_writer.add_summary(session_start(flat_hparams(hyperparameters)), step)
+            self._pending.append(("hparams", flat_hparams(hyperparameters), step))
             self._session_started = True
-        self.writer.add_text("config", _as_markdown_code(dump_config(trainer.config)), step)
+        self._pending.append(("config", _as_markdown_code(dump_config(trainer.config)), step))
 
     @hookimpl
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if self.writer is not None:
+        writer = self._open()
+        if writer is not None:
             for name, value in metrics.items():
-                self.writer.add_scalar(name, value, global_step=step)
+                writer.add_scalar(name, value, global_step=step)
 
     @hookimpl
     def on_epoch_end(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
+        writer = self._open()
+        if writer is not None:
+            writer.flush()
 
     @hookimpl
     def teardown(self, trainer) -> None:
-        if self.writer is None:
+        writer = self._open()
+        self._log_dir = None
+        if writer is None:
             return
         if self._session_started:
-            self.writer.file_writer.add_summary(session_end(trainer.exception is None),
-                                                trainer.global_step)
-        self.writer.close()
+            writer.file_writer.add_summary(session_end(trainer.exception is None),
+                                           trainer.global_step)
+        writer.close()
         self.writer = None
 
 

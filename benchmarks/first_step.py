@@ -1,0 +1,129 @@
+"""Time to the first training step: from constructing the trainer to the first ``training_step``.
+
+Each measurement is a fresh process (``python benchmarks/first_step.py --child RUNNER``) that
+first imports torch, ptrain (``ptrain.trainer``) and, for Lightning's rows, ``lightning``, builds
+workload (a) of ``overhead.py`` (``Linear(16, 4)``, batch 4) and makes one throwaway optimizer
+(torch imports ``torch._dynamo`` when the first optimizer of a process is made, about 1.5 s that
+every loop pays alike) -- none of that is timed. The clock then starts, the runner builds its
+trainer (the hand-written loop: its optimizer) and fits, and the clock stops when the loss of
+the first batch is first asked for. Plugins a trainer imports on the way (ptrain's built-in
+callbacks, Lightning's nothing more: ``import lightning`` brought them all) are inside the clock.
+
+Reported per runner: the median and the minimum of ``runs`` processes, run interleaved (one of
+each runner in turn, ``runs`` times), so a slow moment of the machine hits every runner alike,
+after one unmeasured process of each. The processes may write Python's bytecode caches
+(``PYTHONDONTWRITEBYTECODE`` is taken out of their environment), so that a package installed
+from the repository in editable mode is not compiled from source in every process while the
+installed wheels it is compared with (Lightning's) come compiled: a user's installation has
+its caches.
+``overhead.py`` prints this table beside its per-step figures; run alone::
+
+    .venv/bin/python benchmarks/first_step.py            # 5 processes per runner
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: runner name -> whether it needs Lightning
+RUNNERS = {
+    "hand-written": False,
+    "ptrain (defaults)": False,
+    "ptrain (default callbacks off)": False,
+    "lightning (all off)": True,
+    "lightning (defaults)": True,
+}
+#: ptrain's default callbacks, blocked for the "off" row
+DEFAULT_CALLBACKS_OFF = ["no:checkpoint", "no:tensorboard", "no:progress-bar", "no:dataloading",
+                         "no:model-summary", "no:stop-signals"]
+
+
+def child(runner: str) -> float:
+    """In a fresh process: milliseconds from building the trainer to the first step."""
+    import torch
+    from torch import nn
+
+    import ptrain.trainer  # noqa: F401 - the framework, imported before the clock
+    import overhead
+
+    if RUNNERS[runner]:
+        import lightning  # noqa: F401
+    torch.set_num_threads(1)
+    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)  # torch's own first-optimizer import
+    first: list[float] = []
+
+    def timed_loss(net, batch):
+        if not first:
+            first.append(time.perf_counter())
+        return overhead.mse_loss(net, batch)
+
+    work = replace(overhead.WORKLOADS["a"], loss=timed_loss)
+    g = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(work.make_data(4 * 8, g), batch_size=work.batch_size)
+    init = work.build().state_dict()
+    prepare = {"hand-written": overhead.prepare_hand,
+               "ptrain (defaults)": overhead.ptrain_runner(),
+               "ptrain (default callbacks off)":
+                   overhead.ptrain_runner(callbacks=DEFAULT_CALLBACKS_OFF),
+               "lightning (all off)": overhead.lightning_runner(everything_off=True),
+               "lightning (defaults)": overhead.lightning_runner(everything_off=False)}[runner]
+    with tempfile.TemporaryDirectory(prefix="ptrain-first-step-") as root, overhead.quiet():
+        start = time.perf_counter()
+        prepare(work, init, loader, root).run()
+    return (first[0] - start) * 1000
+
+
+def measure(runs: int, with_lightning: bool) -> dict[str, list[float]]:
+    """runner -> milliseconds to the first step, one per fresh process."""
+    chosen = [r for r, needs_lightning in RUNNERS.items() if with_lightning or not needs_lightning]
+    times: dict[str, list[float]] = {r: [] for r in chosen}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for repeat in range(-1, runs):  # -1: the unmeasured first process of each runner
+        order = chosen[repeat % len(chosen):] + chosen[:repeat % len(chosen)]
+        for runner in order:
+            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                                  runner], capture_output=True, text=True, check=True,
+                                 cwd=HERE.parent, env=env)
+            if repeat >= 0:
+                times[runner].append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
+    return times
+
+
+def table(times: dict[str, list[float]]) -> str:
+    rows = ["| runner | time to first step: median (ms) | min (ms) | processes |",
+            "| --- | ---: | ---: | ---: |"]
+    for runner, values in times.items():
+        rows.append(f"| {runner} | {statistics.median(values):.1f} | {min(values):.1f} | "
+                    f"{len(values)} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per runner")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning's rows")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps({"ms": child(args.child)}))
+        return 0
+    from overhead import HAVE_LIGHTNING
+
+    print(table(measure(args.runs, HAVE_LIGHTNING and not args.no_lightning)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    sys.exit(main())
