@@ -91,6 +91,7 @@ def test_a_killed_rank_ends_the_job_at_once_naming_what_it_was_doing(hurt_jobs):
     log = job.output()
     assert job.proc.returncode == 1, log
     assert took < BOUND, f"the job took {took:.1f} s to end:\n{log}"
+    # named with its exit status, also when rank 0's watch found the process gone first
     assert "rank 1 was killed by SIGKILL" in log, log
     assert "It was last training (epoch 0, global step" in log, log
     assert last_step(log) >= 10, log

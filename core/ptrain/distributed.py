@@ -331,7 +331,7 @@ class ProcessGroupStrategy:
         if script_launch.is_started_copy():
             script_launch.record_error(stalled or exception)
         elif script_launch.is_launcher():  # names a dead rank with what its heartbeat said
-            reported = stalled or script_launch.first_error(exception)
+            reported = script_launch.first_error(stalled or exception)
         if not isinstance(exception, Interrupted):  # after a signal every rank ends alike
             rank_watch.stop("failed")
         return reported
@@ -436,12 +436,10 @@ class ProcessGroupStrategy:
         # a barrier (no rank goes on, and may read it, before the file is complete) that also
         # tells every rank whether any could not write: all stop, or all train on
         reasons = self.all_gather_object(trainer, None if refused is None else str(refused))
-        if refused is not None:
-            raise refused
         failed = [(rank, reason) for rank, reason in enumerate(reasons) if reason]
-        if failed:
+        if failed:  # every rank raises the same error: whichever the launcher reports reads alike
             rank, reason = failed[0]
-            raise CheckpointWriteError(f"rank {rank}: {reason}")
+            raise CheckpointWriteError(f"rank {rank}: {reason}") from refused
         return written
 
 

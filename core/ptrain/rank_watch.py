@@ -55,7 +55,11 @@ _SEP = "\n"
 
 class RankStalled(WorkerError):
     """A rank of the job stopped responding (or died without a word) and the job was ended by
-    the rank watch; the message names the rank and what it was doing."""
+    the rank watch; the message names the rank and what it was doing. ``gone_rank`` is that
+    rank when the watch found its process gone (not merely silent): whoever holds its exit
+    status can say more (see :func:`ptrain.script_launch.first_error`)."""
+
+    gone_rank: int | None = None
 
 
 class _Heartbeat:
@@ -85,6 +89,7 @@ class RankWatch:
         self.interval = max(0.05, min(stall_timeout / 4, 5.0))
         self.describe = describe
         self.message: str | None = None
+        self.gone_rank: int | None = None  # the rank whose process the watch found gone
         self._host, self._port = host, port
         self._count = 0
         self._state = "running"
@@ -185,6 +190,7 @@ class RankWatch:
                     continue
                 if beat.state == "running" and beat.host == self._hostname and beat.pid \
                         and not _alive(beat.pid):
+                    self.gone_rank = peer
                     self._end_job(peer, "its process is gone without saying it ended (killed?)")
                     return
                 silent = self._read_at - beat.changed
@@ -302,7 +308,11 @@ def stall_timeout() -> float | None:
 
 def stall_error() -> RankStalled | None:
     """The error of the job when the watch ended it, else ``None``."""
-    return RankStalled(_watch.message) if _watch is not None and _watch.message else None
+    if _watch is None or not _watch.message:
+        return None
+    error = RankStalled(_watch.message)
+    error.gone_rank = _watch.gone_rank
+    return error
 
 
 def last_doing(rank: int) -> str | None:

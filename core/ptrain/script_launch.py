@@ -141,8 +141,9 @@ def first_error(own: BaseException) -> BaseException:
     """On rank 0 after its stage failed with ``own``: the error to raise. A started rank that
     failed before this one did (whose failure is likely what broke rank 0's collective) gives
     its own error (see :func:`ptrain.rank_errors.error_of`); a started rank that died without
-    a record, while rank 0's own error is not a usage error, is named. The other ranks are then
-    stopped."""
+    a record, while rank 0's own error is not a usage error, is named with its exit status, as
+    is the rank whose process rank 0's watch found gone (``own`` a
+    :class:`~ptrain.rank_watch.RankStalled`). The other ranks are then stopped."""
     global _failed, _interrupted
     if isinstance(own, Interrupted):  # every rank stopped at the same step: they end alike
         _interrupted = True
@@ -156,10 +157,17 @@ def first_error(own: BaseException) -> BaseException:
     _stop_copies()
     if isinstance(own, KeyboardInterrupt):  # Ctrl-C reached every rank: an interruption
         return own
-    earlier = [r for r in records if r["time"] < failed_at]
-    if earlier:
+    if isinstance(own, rank_watch.RankStalled):  # rank 0's watch ended the job
+        # when it found a rank's process gone, that rank's exit status says more than the
+        # watch could ("killed by SIGKILL", not "gone")
+        dead = [(rank, code) for rank, code in dead if rank == own.gone_rank]
+        if not dead:
+            return own
+    elif earlier := [r for r in records if r["time"] < failed_at]:
         return rank_errors.error_of(earlier[0])
-    if dead and not isinstance(own, PtrainError):
+    elif isinstance(own, PtrainError):
+        return own
+    if dead:  # a rank dead without a record
         rank, code = dead[0]
         name = signal.Signals(-code).name if code < 0 else ""
         return rank_errors.silent_failure(rank, code, name, rank_watch.last_doing(rank))
