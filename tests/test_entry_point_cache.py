@@ -15,9 +15,11 @@ from ptrain.entry_point_cache import cache_file, entry_points, fingerprint, scan
 GROUP_LIST = list(GROUPS.values())
 
 
-def install(site: Path, dist: str, version: str, entry_points_txt: str) -> Path:
-    """A distribution's metadata as a wheel install leaves it (no code is needed to list it)."""
-    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+def install(site: Path, dist: str, version: str, entry_points_txt: str,
+            kind: str = "dist-info") -> Path:
+    """A distribution's metadata as a wheel install (``dist-info``) or setuptools' develop
+    mode (``egg-info``) leaves it (no code is needed to list it)."""
+    info = site / f"{dist.replace('-', '_')}-{version}.{kind}"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     (info / "entry_points.txt").write_text(entry_points_txt)
@@ -43,7 +45,13 @@ def test_the_cached_answer_is_the_scan_and_is_written_once(site):
     assert cache_file(key).stat().st_mtime_ns == written  # read, not written again
 
 
-def test_installing_changing_and_removing_a_plugin_is_seen(site):
+def remove(info: Path) -> None:
+    for file in info.iterdir():
+        file.unlink()
+    info.rmdir()
+
+
+def test_installing_upgrading_and_removing_a_plugin_is_seen(site):
     before = Catalog.discover()
     assert "cached-probe" not in before.names("callback")
     info = install(site, "ptrain-cached-probe", "1.2.0",
@@ -51,15 +59,30 @@ def test_installing_changing_and_removing_a_plugin_is_seen(site):
     found = Catalog.discover().get("callback", "cached-probe")
     assert (found.distribution, found.version, found.target) == (
         "ptrain-cached-probe", "1.2.0", "probe_module:Probe")
-    # rewritten in place (an editable project's metadata regenerated): seen too
-    (info / "entry_points.txt").write_text(
-        "[ptrain.callbacks]\ncached-probe = probe_module:ProbeRenamed\n")
-    assert Catalog.discover().get("callback", "cached-probe").target == \
-        "probe_module:ProbeRenamed"
-    for file in info.iterdir():
-        file.unlink()
-    info.rmdir()
+    # an upgrade, as installers do it: the old folder removed, the new one written whole
+    remove(info)
+    info = install(site, "ptrain-cached-probe", "1.3.0",
+                   "[ptrain.callbacks]\ncached-probe = probe_module:ProbeRenamed\n")
+    found = Catalog.discover().get("callback", "cached-probe")
+    assert (found.version, found.target) == ("1.3.0", "probe_module:ProbeRenamed")
+    # a reinstall of the same version that changes only the entry points
+    remove(info)
+    info = install(site, "ptrain-cached-probe", "1.3.0",
+                   "[ptrain.callbacks]\ncached-probe = probe_module:Probe3\n")
+    assert Catalog.discover().get("callback", "cached-probe").target == "probe_module:Probe3"
+    remove(info)
     assert "cached-probe" not in Catalog.discover().names("callback")
+
+
+def test_an_egg_info_rewritten_in_place_is_seen(site):
+    info = install(site, "ptrain-develop-probe", "0.1.0",
+                   "[ptrain.callbacks]\ndevelop-probe = probe_module:Probe\n", kind="egg-info")
+    assert Catalog.discover().get("callback", "develop-probe").target == "probe_module:Probe"
+    # setuptools regenerates a develop-mode project's metadata in place
+    (info / "entry_points.txt").write_text(
+        "[ptrain.callbacks]\ndevelop-probe = probe_module:ProbeRenamed\n")
+    assert Catalog.discover().get("callback", "develop-probe").target == \
+        "probe_module:ProbeRenamed"
 
 
 def test_a_cache_folder_that_cannot_be_written_only_costs_a_scan(site, tmp_path, monkeypatch):

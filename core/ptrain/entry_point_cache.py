@@ -5,11 +5,10 @@ process.
 distribution (about 12 ms for 180 distributions here), and most of them provide no plugin. What it
 found for ptrain's groups is kept in a small file under the user's cache folder
 (``$XDG_CACHE_HOME/ptrain``, else ``~/.cache/ptrain``), valid while the installation is as it
-was: the file is keyed by a fingerprint of every metadata folder on ``sys.path``, each with the
-modification time and size of its ``entry_points.txt``. Installing, removing, upgrading or
-reinstalling a distribution (editable ones included) changes the fingerprint, and the next
-process scans again. A cache that can't be read or written is only slower: the scan's result is
-used as it is.
+was: the file is keyed by a fingerprint of the folders on ``sys.path`` (see
+:func:`fingerprint`). Installing, removing, upgrading or reinstalling a distribution (editable
+ones included) changes the fingerprint, and the next process scans again. A cache that can't be
+read or written is only slower: the scan's result is used as it is.
 """
 
 from __future__ import annotations
@@ -70,21 +69,30 @@ def distribution_of(dist: metadata.Distribution | None) -> tuple[str, str]:
 
 
 def fingerprint(groups: list[str]) -> str | None:
-    """A digest of every metadata folder on ``sys.path`` with the modification time and size
-    of its ``entry_points.txt`` (or ``None`` when ``sys.path`` holds something other than
-    folders, such as a zip file, whose contents this does not follow)."""
+    """A digest of the installation's state as far as entry points go (``None`` when
+    ``sys.path`` holds something other than folders, such as a zip file, whose contents this
+    does not follow): for every folder on ``sys.path``, its modification time and the names in
+    it, and of each ``.egg-info`` folder in it the modification time and size of its
+    ``entry_points.txt``.
+
+    Installers (pip, uv, conda) write a ``.dist-info`` folder whole and replace it whole on an
+    upgrade or reinstall, editable installs included, which changes the folder around it: its
+    files need not be read (a stat of each costs more than the cache saves). setuptools rewrites
+    an ``.egg-info`` folder's files in place, so those are stated."""
     digest = hashlib.sha256(repr((_FORMAT, sys.version, groups)).encode())
     for entry in sys.path:
         folder = entry or os.getcwd()
         try:
+            changed = os.stat(folder).st_mtime_ns
             names = sorted(os.listdir(folder))
         except NotADirectoryError:
             return None
         except OSError:  # a sys.path entry that does not exist holds nothing
             continue
-        digest.update(folder.encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(f"{folder}\0{changed}\0".encode("utf-8", "surrogateescape"))
+        digest.update("\0".join(names).encode("utf-8", "surrogateescape"))
         for name in names:
-            if not name.endswith((".dist-info", ".egg-info")):
+            if not name.endswith(".egg-info"):
                 continue
             try:
                 stat = os.stat(os.path.join(folder, name, "entry_points.txt"))
