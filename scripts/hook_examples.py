@@ -31,6 +31,21 @@ class XPUAccelerator:
         if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
             return "torch sees no Intel XPU: install torch's XPU build and the GPU driver"
         return None
+# == tune_candidates
+from ptrain import hookimpl
+from ptrain.tuning import Candidate
+
+
+class FP8Precision:
+    """As entry point ``fp8``: ``ptrain tune`` measures it against the user's precision."""
+
+    @staticmethod  # called on the class, whether or not the run selects the plugin
+    @hookimpl
+    def tune_candidates(trainer):
+        if trainer.options["precision"] == "fp8":
+            return []  # the user's own setting already
+        return [Candidate("precision fp8", "precision", trainer={"precision": "fp8"},
+                          numerics="changed")]  # judged on its loss, not held to equal it
 # == launch
 from ptrain import ConfigError, hookimpl
 

@@ -448,6 +448,8 @@ def test_the_fixtures_and_suites_work_for_a_plugin_author_and_catch_broken_plugi
             expected = "error"  # `plugin` is not set: every test says so
         elif cls in EXPECTED and test in CLASS_GIVEN:
             expected = "skipped"
+        elif test == "test_tune_candidates_train":  # of these, only bf16-true offers one
+            expected = "passed" if cls == "TestFactoryFunction" else "skipped"
         else:
             expected = EXPECTED.get(cls, {}).get(test, "passed")
         assert outcome == expected, f"{cls}::{test} {outcome}, expected {expected}\n{proc.stdout}"

@@ -477,6 +477,8 @@ def _main_parser() -> _Parser:
                    add_help=False)
     sub.add_parser("predict", help="run predict_step and write the predictions",
                    add_help=False)
+    sub.add_parser("tune", help="measure every installed speed-up on your model and write the "
+                                "fastest configuration (ptrain tune --help)", add_help=False)
     sub.add_parser("example", help="train an example that ships with ptrain (ptrain example "
                                    "lists them)", add_help=False)
     plugins = sub.add_parser("plugins", help="list installed plugins (reads metadata only)")
@@ -552,6 +554,10 @@ def _main(argv: list[str]) -> int:
             return cmd_run(argv[0], argv[1:])
         if argv and argv[0] == "example":
             return cmd_example(argv[1:])
+        if argv and argv[0] == "tune":
+            from ptrain.tuning.command import cmd_tune
+
+            return cmd_tune(argv[1:])
         args = _main_parser().parse_args(argv)
         if args.version:
             print(version_text())

@@ -1,9 +1,9 @@
 """The ptrain hook specification: the whole training loop, as the contract plugins implement.
 
 A plugin is an object (a class instance or a module) whose methods carry ``@ptrain.hookimpl``.
-Every hook of the loop receives ``trainer`` among its arguments; the two declaration hooks
-(``add_options``, ``check_available``) are the exception: they run on the plugin's class before any
-trainer exists. An implementation declares only the arguments it uses (pluggy's opt-in
+Every hook of the loop receives ``trainer`` among its arguments; the declaration hooks
+(``add_options``, ``check_available``, and ``tune_candidates`` for ``ptrain tune``) are the
+exception: they run on the plugin's class, before the plugin is made. An implementation declares only the arguments it uses (pluggy's opt-in
 arguments), so a hook can gain an argument later without breaking anyone. The core calls hooks
 with keyword arguments only. Hooks fire per run, per epoch or per step, never per tensor.
 
@@ -133,6 +133,7 @@ if TYPE_CHECKING:  # the contract names torch types without importing torch at i
     from ptrain.options import OptionGroup
     from ptrain.precision_policy import PrecisionPolicy
     from ptrain.trainer import Trainer
+    from ptrain.tuning.candidates import Candidate
 
 PROJECT_NAME = "ptrain"
 
@@ -172,6 +173,27 @@ def check_available() -> str | None:
     Result: per plugin; ``None`` when it can run, else one line saying why not and what to do
     (``"torch_xla is not installed: pip install torch_xla"``). Implemented by: accelerators
     chiefly; any plugin with requirements.
+    """
+
+
+@hookspec
+def tune_candidates(trainer: Trainer) -> list[Candidate]:
+    """Offer ``ptrain tune`` the settings this plugin can change to make training faster.
+
+    Fires: once per installed plugin when ``ptrain tune`` starts, on the class or module (a
+    ``@staticmethod`` on a class), whether or not the plugin is part of the user's run. Each
+    candidate is then trained for real, through the normal loop, against the user's own
+    configuration (see "Tuning" in ptrain's documentation).
+
+    :param trainer: the trainer of the user's configuration, made and not run: its
+        ``options`` (``trainer.options["precision"]``...), ``plugins`` and ``config`` say what
+        is set already (a candidate that changes nothing is listed as such, not measured).
+
+    Result: per plugin; a list of :class:`ptrain.tuning.Candidate` (empty when nothing applies).
+    A candidate that can't run here carries the reason in ``unavailable``; a plugin whose
+    ``check_available`` says it can't run here has every candidate listed with that reason.
+    Implemented by: plugins that make training faster (precisions, compile, data loading,
+    accelerators' settings, finders).
     """
 
 

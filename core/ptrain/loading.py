@@ -79,7 +79,8 @@ def plugin_label(target: Any) -> str:
 
 
 def _declaration(target: Any, hook_name: str, owner: str) -> Callable[..., Any] | None:
-    """The ``add_options``/``check_available`` implementation of a class or module, if any."""
+    """The ``add_options``/``check_available``/``tune_candidates`` implementation of a class or
+    module, if any."""
     function = getattr(target, hook_name, None)
     if function is None or not hasattr(function, IMPL_MARK):
         return None
@@ -111,6 +112,25 @@ def declare_options(target: Any, owner: str) -> OptionGroup:
             )
         _call_opt_in(function, options=group)
     return group
+
+
+def tune_candidates(target: Any, owner: str, trainer: Any) -> list[Any]:
+    """The candidates plugin ``owner`` offers ``ptrain tune`` through its ``tune_candidates``
+    hook (none without one); anything but a list of :class:`ptrain.tuning.Candidate` is a
+    :class:`PluginError` naming the plugin."""
+    from ptrain.tuning.candidates import Candidate
+
+    function = _declaration(target, "tune_candidates", owner)
+    if function is None:
+        return []
+    offered = _call_opt_in(function, trainer=trainer)
+    if offered is None:
+        return []
+    if not (isinstance(offered, (list, tuple))
+            and all(isinstance(c, Candidate) for c in offered)):
+        raise PluginError(f"plugin {owner!r} ({plugin_label(target)}): tune_candidates returned "
+                          f"{offered!r}; it must return a list of ptrain.tuning.Candidate.")
+    return list(offered)
 
 
 def check_available(target: Any, owner: str) -> str | None:

@@ -19,6 +19,8 @@ once per loader per run, never per step. The rules (documented in ``docs/data-lo
 
 Advice is one :class:`ptrain.data.DataLoaderWarning` per loader, on global rank 0 only. With
 ``apply`` the changes are made with :func:`ptrain.data.rebuild_dataloader` instead and printed.
+``num_workers`` sets the workers whatever the rule above says (and keeps them between passes
+as that rule would), also without ``apply``: ``ptrain tune`` measures 2 and 4 this way.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ PROBE_BUDGET_S = 0.25  # the worker check measures at most this long, then extra
 #: Fewer workers than this are never advised: a single worker only overlaps fetching with the
 #: step, whose own intra-op threads already use the spare core (no gain measured on 2 cores).
 MIN_ADVISED_WORKERS = 2
+#: the worker counts ``ptrain tune`` measures besides the advice
+TUNED_WORKERS = (2, 4)
 
 
 class PreloadedDataset(Dataset):
@@ -175,14 +179,40 @@ class DataLoading:
 
     def __init__(self, apply: bool = False, preload: bool = False, preload_max_gib: float = 8.0,
                  short_epoch_batches: int = 500, cheap_batch_ms: float = 2.0,
-                 cpus: int | None = None):
+                 cpus: int | None = None, num_workers: int | None = None):
+        if num_workers is not None and num_workers < 0:
+            raise ConfigError(f"dataloading num_workers must be 0 or more, not {num_workers}.")
         self.apply, self.preload = apply, preload
+        self.num_workers = num_workers
         self.preload_max_gib = preload_max_gib
         self.short_epoch_batches = short_epoch_batches
         self.cheap_batch_ms = cheap_batch_ms
         self.cpus = cpus
         self.report: dict[str, dict[str, Any]] = {}
         self._preloaded: dict[int, PreloadedDataset] = {}  # id(source dataset) -> copy
+
+    @staticmethod
+    @hookimpl
+    def tune_candidates(trainer):
+        """``ptrain tune`` measures the loaders rebuilt as this plugin advises (workers,
+        persistent workers, pinned memory), and with 2 and 4 workers whatever the advice (it
+        counts cores; a dataset that waits on storage gains from more): the same batches, so
+        the same numbers."""
+        from ptrain.tuning import Candidate
+
+        own = trainer.config["plugins"].get("dataloading", {})
+        offered = []
+        if not own.get("apply"):
+            offered.append(Candidate("dataloading advice applied", "dataloading",
+                                     callbacks=("dataloading",),
+                                     plugin_options={"dataloading": {"apply": True}}))
+        for workers in TUNED_WORKERS:
+            if own.get("num_workers") != workers:
+                offered.append(Candidate(f"{workers} loader workers", "dataloading",
+                                         callbacks=("dataloading",),
+                                         plugin_options={"dataloading": {
+                                             "num_workers": workers}}))
+        return offered
 
     @staticmethod
     @hookimpl
@@ -202,6 +232,10 @@ class DataLoading:
         options.add("cheap_batch_ms", float, default=2.0,
                     help="a dataset without workers whose batch takes less than this to fetch "
                          "in the training process gets no worker advice")
+        options.add("num_workers", int,
+                    help="load with this many worker processes whatever the advice (kept "
+                         "alive between passes when a loader is iterated again); made, not "
+                         "advised, also without --dataloading-apply")
         options.add("cpus", int,
                     help="CPU cores to plan workers for (default: those this process may use, "
                          "capped by a cgroup quota)")
@@ -217,15 +251,19 @@ class DataLoading:
         if self.preload:
             loader = self._preload(trainer, loader, stage, report)
         plan = self.plan(trainer, loader, stage, report)
-        if self.apply and plan.changes:
-            before = {k: getattr(loader, k) for k in plan.changes}
-            loader = rebuild_dataloader(loader, **plan.changes)
-            report["changes"] = dict(plan.changes)
+        # everything with apply; the workers (and their persistence) when they were asked for
+        made = dict(plan.changes) if self.apply else {
+            k: v for k, v in plan.changes.items()
+            if self.num_workers is not None and k in ("num_workers", "persistent_workers")}
+        if made:
+            before = {k: getattr(loader, k) for k in made}
+            loader = rebuild_dataloader(loader, **made)
+            report["changes"] = made
             if trainer.is_global_zero:
-                done = ", ".join(f"{k} {before[k]!r} -> {v!r}" for k, v in plan.changes.items())
+                done = ", ".join(f"{k} {before[k]!r} -> {v!r}" for k, v in made.items())
                 print(f"dataloading: {stage} dataloader: {done} ({'; '.join(plan.reasons)})",
                       flush=True)
-        elif plan.reasons and trainer.is_global_zero:
+        if len(made) < len(plan.changes) and trainer.is_global_zero:
             message = (f"the {stage} dataloader could load faster: {'; '.join(plan.reasons)}. "
                        f"Use DataLoader(..., {_call(plan.changes)}), or --dataloading-apply "
                        f"(Trainer: plugin_options={{'dataloading': {{'apply': True}}}}) to set "
@@ -250,7 +288,14 @@ class DataLoading:
         report["suggested_workers"] = suggested
         workers = loader.num_workers
 
-        if (MIN_ADVISED_WORKERS <= suggested and workers < suggested
+        if self.num_workers is not None:
+            if workers != self.num_workers:
+                plan.reasons.append(f"--dataloading-num-workers asks for {self.num_workers} "
+                                    f"worker process(es)")
+                plan.changes["num_workers"] = workers = self.num_workers
+                if workers == 0 and loader.persistent_workers:  # needs workers to keep
+                    plan.changes["persistent_workers"] = False
+        elif (MIN_ADVISED_WORKERS <= suggested and workers < suggested
                 and not isinstance(dataset, IterableDataset) and not in_memory(dataset)):
             batch_ms = self._measure_batch_ms(loader) if workers == 0 else None
             report["batch_ms"] = batch_ms

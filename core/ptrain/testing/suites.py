@@ -317,6 +317,38 @@ class PluginSuite:
             f"`ptrain plugins` does not list the {self.kind} {self.plugin!r}; it lists "
             f"{listed}")
 
+    def test_tune_candidates_train(self, tmp_path):
+        """Every candidate the plugin offers ``ptrain tune`` (its ``tune_candidates`` hook)
+        trains a few measured steps on the suite's module, from a configuration without the
+        plugin; one it marks unavailable here is passed over."""
+        from ptrain.loading import tune_candidates
+        from ptrain.tuning import RunConfig
+        from ptrain.tuning.trial import run_trial
+
+        cls = type(self)
+        if not isinstance(cls.plugin, str):
+            pytest.skip("the plugin is given as a class: its candidates name installed plugins; "
+                        "install it and set `plugin` to its entry-point name to check them")
+        catalog = Catalog.discover()
+        base = cls._selection(with_plugin=False) if cls.kind == "callback" else \
+            dict(cls.trainer_options)
+        plugin_options = base.pop("plugin_options", {})
+        user = Trainer(default_root_dir=str(tmp_path / "made"), plugin_options=plugin_options,
+                       catalog=catalog, **base)
+        offered = tune_candidates(import_target(catalog.get(cls.kind, cls.plugin)), cls.plugin,
+                                  user)
+        runnable = [c for c in offered if c.unavailable is None]
+        if not runnable:
+            pytest.skip(f"{cls.plugin!r} offers ptrain tune no candidate that can run here")
+        for candidate in runnable:
+            config = RunConfig(base, plugin_options).with_candidates((candidate,))
+            measured = run_trial(config, lambda: (cls._make_module(), None), seed=0, warmup=1,
+                                 steps=2, catalog=catalog)
+            assert measured.error is None, (
+                f"ptrain tune's candidate {candidate.name!r} of {cls.plugin!r} failed to train: "
+                f"{measured.error}")
+            assert measured.samples_per_s > 0 and len(measured.losses) >= 3, measured
+
 
 class AcceleratorSuite(PluginSuite):
     """For an accelerator: its device is a ``torch.device``; the batches the model step sees

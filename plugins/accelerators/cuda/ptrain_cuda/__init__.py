@@ -79,6 +79,26 @@ class CUDAAccelerator:
         return None
 
     @staticmethod
+    @hookimpl
+    def tune_candidates(trainer):
+        """On a run that trains on CUDA: cuDNN's benchmark mode (same numbers: it only chooses
+        among algorithms) and TF32 matmuls for float32 (changed numbers)."""
+        if "cuda" not in trainer.plugins:
+            return []
+        from ptrain.tuning import Candidate
+
+        own = trainer.config["plugins"].get("cuda", {})
+        offered = []
+        if not own.get("cudnn_benchmark"):
+            offered.append(Candidate("cudnn benchmark", "cudnn-benchmark",
+                                     plugin_options={"cuda": {"cudnn_benchmark": True}}))
+        if own.get("float32_matmul_precision") in (None, "highest") and \
+                trainer.options.get("precision") == "32-true":
+            offered.append(Candidate("tf32 matmuls", "matmul-precision", plugin_options={
+                "cuda": {"float32_matmul_precision": "high"}}, numerics="changed"))
+        return offered
+
+    @staticmethod
     def auto_device_count() -> int:
         """What ``--devices auto`` means: every visible GPU."""
         return torch.cuda.device_count()

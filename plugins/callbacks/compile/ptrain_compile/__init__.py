@@ -173,6 +173,17 @@ class Compile:
         return (f"torch.compile is not supported with this Python/torch build (torch "
                 f"{torch.__version__}); use a Python version that torch.compile supports")
 
+    @staticmethod
+    @hookimpl
+    def tune_candidates(trainer):
+        """``ptrain tune`` measures the model compiled in inductor's default mode (the time it
+        takes to compile is reported apart); compiled, it must train as before."""
+        if "compile" in trainer.plugins:
+            return []
+        from ptrain.tuning import Candidate
+
+        return [Candidate("compile", "compile", callbacks=("compile",))]
+
     # -- compiling -------------------------------------------------------------------------------
 
     @hookimpl(wrapper=True)

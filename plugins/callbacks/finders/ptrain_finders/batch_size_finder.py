@@ -48,6 +48,11 @@ def lr_factor(rule: str, old: int, new: int) -> float:
     return new / old if rule == "linear" else math.sqrt(new / old)
 
 
+#: how far ``ptrain tune``'s candidate lets the batch grow: on the CPU nothing runs out, and a
+#: batch of the whole dataset is no training configuration
+TUNED_GROWTH = 16
+
+
 class BatchSizeFinder(Finder):
     """``-p batch-size-finder``: find the largest batch size that trains without running out of
     memory, then train with it.
@@ -55,6 +60,9 @@ class BatchSizeFinder(Finder):
     :param init: the first size tried (default: the training loader's batch size).
     :param max_batch_size: the largest size tried (default: the number of samples one rank sees
         per epoch: the dataset's length, or its shard's under a ``DistributedSampler``).
+    :param max_growth: try at most this many times the first size (default: no such limit);
+        on a device that never runs out (the CPU's memory is the machine's) it keeps the search
+        and the batch reasonable.
     :param steps_per_trial: optimizer steps per trial (the optimizer state is allocated in the
         first, so at least 2 show the steady state; default 3).
     :param margin: train with ``floor(found x margin)``: 1.0 takes the size that fit; below 1
@@ -72,8 +80,12 @@ class BatchSizeFinder(Finder):
 
     def __init__(self, init: int | None = None, max_batch_size: int | None = None,
                  steps_per_trial: int = 3, margin: float = 1.0, scale_lr: str = "none",
-                 then: str = "fit"):
+                 then: str = "fit", max_growth: int | None = None):
         super().__init__(then)
+        if max_growth is not None and max_growth < 2:
+            raise ConfigError(f"batch-size-finder: max_growth={max_growth} must be at least 2 "
+                              f"(or unset: no limit besides max_batch_size).")
+        self.max_growth = max_growth
         if init is not None and init < 1:
             raise ConfigError(f"batch-size-finder: init={init} must be at least 1 (or unset: "
                               f"start from the training loader's batch size).")
@@ -103,6 +115,7 @@ class BatchSizeFinder(Finder):
         self.found: int | None = None
         self.batch_size: int | None = None
         self.initial: int | None = None
+        self.start: int | None = None  # the first size tried
         self.cap: int | None = None
         self.seconds = 0.0
         self.applied: dict[str, Any] | None = None
@@ -114,6 +127,8 @@ class BatchSizeFinder(Finder):
                                       "loader's)")
         options.add("max_batch_size", int,
                     help="the largest batch size tried (default: the training samples per rank)")
+        options.add("max_growth", int, help="try at most this many times the first size "
+                                            "(default: no limit besides max_batch_size)")
         options.add("steps_per_trial", int, default=3, help="optimizer steps per trial")
         options.add("margin", float, default=1.0,
                     help="train with floor(found x margin); below 1 leaves memory headroom")
@@ -121,6 +136,21 @@ class BatchSizeFinder(Finder):
                     help="rescale the learning rates for the new batch size: linear (x new/old, "
                          "SGD) or sqrt (x sqrt(new/old), adaptive optimizers)")
         Finder.add_then_option(options)
+
+    @staticmethod
+    @hookimpl
+    def tune_candidates(trainer):
+        """``ptrain tune`` measures training with the largest batch that fits (the search is
+        part of the trial's warm-up, reported apart); a batch size changes the numbers, so it
+        is judged on its loss over the same samples."""
+        if "batch-size-finder" in trainer.plugins:
+            return []
+        from ptrain.tuning import Candidate
+
+        return [Candidate(f"largest batch that fits (up to {TUNED_GROWTH}x)", "batch-size",
+                          callbacks=("batch-size-finder",),
+                          plugin_options={"batch-size-finder": {"max_growth": TUNED_GROWTH}},
+                          numerics="changed")]
 
     @hookimpl(trylast=True)
     def setup(self, trainer, stage: str) -> None:
@@ -150,6 +180,9 @@ class BatchSizeFinder(Finder):
                            "and set the scheduler's learning rates yourself")
         self.cap = self._cap(loader)
         start = min(self.init or self.initial, self.cap)
+        self.start = start
+        if self.max_growth is not None:
+            self.cap = min(self.cap, start * self.max_growth)
         snapshot = TrainingSnapshot(trainer, skip=self.finders(trainer))
         started = time.perf_counter()
         try:
@@ -305,7 +338,9 @@ class BatchSizeFinder(Finder):
             return
         tried = ", ".join(f"{t['batch_size']} {'ok' if t['fits'] else 'out of memory'}"
                           for t in self.trials)
-        capped = (f" (max_batch_size {self.cap}: larger sizes not tried)"
+        limit = "max_growth" if self.max_growth is not None and \
+            self.cap == self.start * self.max_growth else "max_batch_size"
+        capped = (f" ({limit} {self.cap}: larger sizes not tried)"
                   if self.found == self.cap else "")
         margin = f", x margin {self.margin:g} = {self.batch_size}" if self.margin < 1 else ""
         line = (f"batch-size-finder: largest batch size that fits: {self.found}{capped}{margin}; "

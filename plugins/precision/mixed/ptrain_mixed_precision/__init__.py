@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ptrain import PluginError, PrecisionPolicy, hookimpl
+from ptrain.tuning import precision_candidate
 
 
 class MixedPrecision:
@@ -31,6 +32,11 @@ class MixedPrecision:
     name: str
     alternative: str  # what to use where this dtype's autocast is missing
     loss_scaling = False
+
+    @classmethod
+    @hookimpl
+    def tune_candidates(cls, trainer):
+        return precision_candidate(trainer, cls.name)
 
     @hookimpl
     def precision_policy(self) -> PrecisionPolicy:
