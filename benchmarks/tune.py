@@ -10,7 +10,8 @@ batch 32) and ``ptrain tune --model benchmarks.tune:CountingTransformer`` (the t
 ``benchmarks/overhead.py`` on the counting task of ``benchmarks/precision.py``: embedding,
 2-layer encoder, d_model 64, 4 heads, sequence 32; batch 16; AdamW), each with every candidate
 the installed plugins offer, with the command's defaults (5 warm-up steps; measured steps enough
-for about 1 s of the baseline; at most 3 interleaved repeats) within ``--budget``. The tuned config files are written to a temporary folder and removed.
+for about 1 s of the baseline; at most 3 interleaved repeats) within ``--budget``. The tuned
+config files are written to a temporary folder and removed.
 """
 
 from __future__ import annotations

@@ -56,6 +56,13 @@ def summary(outcome: TuneOutcome, output: Path) -> str:
     """The one line saying what changed and the measured gain."""
     best = outcome.best
     if best is None:
+        base = outcome.baseline
+        faster = [e for e in outcome.entries if e.measured and speed_verdict(e, base) == "faster"]
+        if faster:
+            rejected = "; ".join(f"{e.label} was {e.median / base.median:.2f}x as fast, but its "
+                                 f"loss: {loss_verdict(e, base)}" for e in faster)
+            return (f"No candidate was faster and trained the same: {rejected}. {output} is "
+                    f"your configuration as it is.")
         return (f"No candidate beat your configuration beyond the noise (±{noise(outcome):.1%} "
                 f"between its repeats); {output} is your configuration as it is.")
     gain = best.median / outcome.baseline.median

@@ -83,8 +83,9 @@ def tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: flo
     """Measure the installed plugins' candidates on ``components`` (the user's model and data,
     built anew for every trial) against ``base``, combine the winners, and return what was
     found. ``steps``: measured optimizer steps per trial; ``None`` chooses them from the
-    baseline's first trial (see :data:`AUTO_MEASURED_S`). Bad input (an unknown setting in ``only``/``skip``, a budget too small, a baseline
-    that fails) raises a :class:`ptrain.PtrainError`."""
+    baseline's first trial (see :data:`AUTO_MEASURED_S`). Bad input (an unknown setting in
+    ``only``/``skip``, a budget too small, a baseline that fails) raises a
+    :class:`ptrain.PtrainError`."""
     from ptrain.checkpoint_io import capture_rng_states, restore_rng_states
 
     rng = capture_rng_states()

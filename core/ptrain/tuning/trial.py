@@ -40,7 +40,8 @@ Components = Callable[[], tuple[Any, Any]]
 @dataclass
 class Measurement:
     """What one trial saw. ``samples_per_s``: samples of the measured steps over their wall
-    time, ``measured_s``; ``warmup_s``: the warm-up steps' time, compile time and finder searches included;
+    time, ``measured_s``; ``warmup_s``: the warm-up steps' time, compile time and finder
+    searches included;
     ``losses``: the loss of every batch (warm-up included), ``nan`` for a skipped batch, and
     ``trained`` the samples trained before each (the weights its loss was computed with had
     seen that many: runs with different batch sizes are compared over the same samples);
@@ -79,9 +80,9 @@ class TuneProbe:
         self.started = self.warm = self.ended = None
         self.memory: _PeakMemory | None = None
 
-    @hookimpl
-    def on_loop_start(self, trainer, loop: str) -> None:
-        if loop == "train" and self.started is None:
+    @hookimpl(tryfirst=True)  # before the finders, which search in their `setup`
+    def setup(self, trainer, stage: str) -> None:
+        if stage == "fit":
             self.memory = _PeakMemory(trainer.device)
             self.started = time.perf_counter()
 
@@ -96,15 +97,15 @@ class TuneProbe:
         step = trainer.global_step
         if self.warm is None:
             if step >= self.warmup and trainer.sync_gradients:
-                self._wait(trainer)
+                self._wait()
                 self.warm = time.perf_counter()
             return
         self.samples += size
         if step >= self.warmup + self.steps and self.ended is None:
-            self._wait(trainer)
+            self._wait()
             self.ended = time.perf_counter()
 
-    def _wait(self, trainer) -> None:
+    def _wait(self) -> None:
         """Wait until the device has done the work queued so far (one host sync)."""
         for loss in reversed(self.losses):
             if loss is not None:
@@ -171,8 +172,9 @@ def _measured(probe: TuneProbe, warmup: int, steps: int) -> Measurement:
     peak, kind = probe.memory.read() if probe.memory is not None else (None, "")
     measured = probe.ended - probe.warm
     return Measurement(samples_per_s=probe.samples / measured if measured > 0 else 0.0,
-                       measured_s=measured, warmup_s=probe.warm - (probe.started or probe.warm), losses=losses,
-                       trained=list(probe.trained), peak_bytes=peak, memory_kind=kind)
+                       measured_s=measured, warmup_s=probe.warm - (probe.started or probe.warm),
+                       losses=losses, trained=list(probe.trained), peak_bytes=peak,
+                       memory_kind=kind)
 
 
 class _PeakMemory:
