@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ptrain.errors import PluginError
 from ptrain.tuning.candidates import Candidate, RunConfig, changes_nothing, selected_settings
-from ptrain.tuning.search import Entry, Search, acceptable, loss_verdict, speed_verdict
+from ptrain.tuning.search import Entry, Search, winners
 from ptrain.tuning.trial import Components, run_trial
 
 #: the strategies that run in one process (any other is tuned on one process, and said)
@@ -139,14 +139,9 @@ def _tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: fl
                      f"--tune-steps sets the number).")
     search.check_budget(len(runnable))
     rounds = search.measure(runnable, search.rounds_that_fit(len(runnable)))
-    baseline = search.baseline
-    winners = sorted((e for e in runnable if e.measured
-                      and speed_verdict(e, baseline) == "faster"
-                      and acceptable(loss_verdict(e, baseline))),
-                     key=lambda e: e.median, reverse=True)
-    best = search.combine(winners)
+    best = search.combine(winners(runnable, search.baseline))
     config = base.with_candidates(best.candidates) if best is not None else base
-    return TuneOutcome(baseline, entries, search.tried, best, config, rounds, notes)
+    return TuneOutcome(search.baseline, entries, search.tried, best, config, rounds, notes)
 
 
 __all__ = ["TuneOutcome", "offered_candidates", "one_process", "tune"]

@@ -159,6 +159,14 @@ def _share_of_fall(run: Measurement, base: Measurement) -> float | None:
     return (start - ours) / fall
 
 
+def winners(entries: list[Entry], baseline: Entry) -> list[Entry]:
+    """The entries faster than the baseline beyond the noise whose loss is acceptable, the
+    fastest first."""
+    return sorted((e for e in entries if e.measured and speed_verdict(e, baseline) == "faster"
+                   and acceptable(loss_verdict(e, baseline))),
+                  key=lambda e: e.median, reverse=True)
+
+
 def acceptable(verdict: str) -> bool:
     """Whether a loss verdict lets a candidate win."""
     return verdict.startswith(("same", "within tolerance"))
@@ -295,4 +303,4 @@ class Search:
         return best
 
 
-__all__ = ["Entry", "Search", "acceptable", "loss_verdict", "speed_verdict"]
+__all__ = ["Entry", "Search", "acceptable", "loss_verdict", "speed_verdict", "winners"]
