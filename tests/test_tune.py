@@ -139,6 +139,10 @@ def test_the_command_writes_a_config_that_fit_trains_with(cli, tmp_path):
      "RuntimeError: this model's training_step is broken on purpose"),
     (["--model", "tests._tune_models:SmallBatchRegressor", "--ckpt-path", "last"],
      "ptrain tune measures training from the start, so it takes no --ckpt-path"),
+    (["--model", "tests._tune_models:SmallBatchRegressor", "--print-config"],
+     "ptrain tune does not take --print-config"),
+    (["--model", "tests._tune_models:SmallBatchRegressor", "--trace"],
+     "ptrain tune does not take --trace"),
 ])
 def test_bad_input_is_one_paragraph_and_exit_2(cli, tmp_path, args, said):
     result = cli("tune", "--accelerator", "cpu", "--tune-output", str(tmp_path / "t.toml"),

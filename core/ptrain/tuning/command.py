@@ -76,6 +76,7 @@ def cmd_tune(argv: list[str]) -> int:
     from ptrain.module import DataModule, TrainModule
     from ptrain.tuning import report
     from ptrain.tuning.candidates import RunConfig
+    from ptrain.trainer import Trainer
     from ptrain.tuning.run import tune
 
     parser = tune_parser()
@@ -87,6 +88,13 @@ def cmd_tune(argv: list[str]) -> int:
         raise ConfigError("--tune-repeats must be at least 2: one repeat can't measure the noise")
     catalog = Catalog.discover()
     spec = cli._resolve_run("fit", rest, catalog)
+    for flag, given, why in (
+            ("--print-config", spec.print_config, "ptrain tune writes the configuration that won "
+             "to --tune-output; `ptrain fit --print-config` shows the one you give it"),
+            ("--trace", spec.trace, "it would print every hook call of every trial; trace one "
+             "run with `ptrain fit --trace`")):
+        if given:
+            raise ConfigError(f"ptrain tune does not take {flag}: {why}.")
     if spec.ckpt_path:
         raise ConfigError("ptrain tune measures training from the start, so it takes no "
                           "--ckpt-path (nor ckpt_path in the config); leave it out. The "
@@ -118,8 +126,6 @@ def cmd_tune(argv: list[str]) -> int:
     out.print(report.table(outcome))
     for note in outcome.notes:
         out.print(f"note: {note}", highlight=False)
-    from ptrain.trainer import Trainer
-
     winning = Trainer(plugin_options={k: dict(v) for k, v in outcome.config.plugin_options.items()},
                       catalog=catalog, **outcome.config.trainer)
     winning.config.update(model=spec.model, data=spec.data)
