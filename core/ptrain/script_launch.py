@@ -152,8 +152,8 @@ def first_error(own: BaseException) -> BaseException:
     failed_at = time.time()
     folder = os.environ.get(ERROR_DIR)
     records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) else []
-    dead = [(rank, child.poll()) for rank, child in enumerate(_children, start=1)
-            if child.poll() not in (None, 0)]
+    dead = _dead_children(wait=0.0 if isinstance(own, (PtrainError, KeyboardInterrupt))
+                          else 1.0)
     _stop_copies()
     if isinstance(own, KeyboardInterrupt):  # Ctrl-C reached every rank: an interruption
         return own
@@ -172,6 +172,19 @@ def first_error(own: BaseException) -> BaseException:
         name = signal.Signals(-code).name if code < 0 else ""
         return rank_errors.silent_failure(rank, code, name, rank_watch.last_doing(rank))
     return own
+
+
+def _dead_children(wait: float) -> list[tuple[int, int]]:
+    """(rank, exit code) of the started ranks that ended with an error. A broken collective
+    can reach rank 0 before the rank that died can be reaped (its sockets close first), so up
+    to ``wait`` seconds are given for one to show."""
+    deadline = time.monotonic() + wait
+    while True:
+        dead = [(rank, child.poll()) for rank, child in enumerate(_children, start=1)
+                if child.poll() not in (None, 0)]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)
 
 
 def install_quiet_exit() -> None:

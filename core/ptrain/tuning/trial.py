@@ -137,6 +137,9 @@ def run_trial(config: RunConfig, components: Components, *, seed: int, warmup: i
 
     probe = TuneProbe(warmup, steps, deadline)
     rng = capture_rng_states()
+    # torch.compile's caches belong to earlier trials' models: each trial compiles afresh, and
+    # a frame compiled more often than dynamo's cache limit would otherwise run uncompiled
+    torch.compiler.reset()
     try:
         with tempfile.TemporaryDirectory(prefix="ptrain-tune-") as root, \
                 warnings.catch_warnings(), open(os.devnull, "w") as devnull, \
