@@ -482,11 +482,16 @@ def test_two_ranks_agree_on_the_suggestion_and_restore_their_state(tmp_path, str
 @pytest.mark.slow
 def test_two_ranks_agree_when_only_one_runs_out_of_memory(tmp_path, monkeypatch):
     """Rank 1 alone has its address space capped: it runs out of memory at sizes rank 0 could
-    take, without stranding rank 0 in a collective, and both train at the same size."""
+    take, without stranding rank 0 in a collective, and both train at the same size.
+
+    Training uses a margin below the size found: at the exact boundary, whether rank 1's first
+    training step fits depends on what gloo's threads hold at that moment (measured: 89 fit in
+    the search, then its backward ran out in training). The subprocess test above trains at the
+    exact answer on one process."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # see the subprocess test above
     trainer = ptrain.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=2, seed=0,
-        callbacks=[BatchSizeFinder(), CapAddressSpace(rank=1, budget_mib=40),
+        callbacks=[BatchSizeFinder(margin=0.75), CapAddressSpace(rank=1, budget_mib=40),
                    FinderProbe(str(tmp_path)), *QUIET],
         default_root_dir=str(tmp_path / "runs"),
         plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
@@ -500,7 +505,9 @@ def test_two_ranks_agree_when_only_one_runs_out_of_memory(tmp_path, monkeypatch)
     rank0_told = [t for t in probes[0]["trials"] if not t["fits"]]
     assert rank0_told and all(t["error"] == "another rank ran out of memory" for t in rank0_told)
     assert all("DefaultCPUAllocator" in t["error"] for t in probes[1]["trials"] if not t["fits"])
-    assert probes[0]["first_batch_size"] == probes[1]["first_batch_size"] == found
+    assert probes[0]["batch_size"] == probes[1]["batch_size"] == math.floor(found * 0.75)
+    assert probes[0]["first_batch_size"] == probes[1]["first_batch_size"] == \
+        probes[0]["batch_size"]
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from ptrain import ConfigError
+from ptrain.errors import WorkerError
 from ptrain_profiler import (BACKWARD, DATA_LOADING, FORWARD, OPTIMIZER_STEP, TRANSFER_BATCH,
                              Profiler)
 from tests._cli_util import CLIRuns, assert_ok, assert_usage_error
@@ -268,15 +269,31 @@ def test_cli_prints_the_operator_table_with_the_chosen_rows_and_sort_key(cli_run
 # -- two ddp ranks ------------------------------------------------------------------------------
 
 
+#: glibc's report of a corrupted heap found as a thread ends. torch 2.13's CPU profiler beside
+#: gloo's threads sometimes leaves one (about 1 run in 10 here, always after the worker's
+#: function has returned, as a rank's process exits); PyTorch's own DDP-with-profiler test was
+#: disabled for the same kind of abort (pytorch/pytorch#68222). Not ptrain's code: see the card.
+TORCH_EXIT_ABORT = "unaligned tcache chunk detected"
+
+
 def test_under_ddp_each_rank_writes_its_own_trace_and_rank_0_reports(make_trainer, capfd):
     trainer = make_trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=1,
                            callbacks=[Profiler(skip_first=0, wait=1, warmup=1, active=1), *QUIET],
                            plugin_options={"ddp": {"timeout": 120.0}})
-    trainer.fit(ProfiledRegressor())
+    try:
+        trainer.fit(ProfiledRegressor())
+        aborted_at_exit = None
+    except WorkerError as exc:
+        aborted_at_exit = exc
+    out, err = capfd.readouterr()
     files = trace_files(trainer.log_dir / "profiler")
     assert sorted(TB_TRACE_NAME.match(p.name)["worker"] for p in files) == ["rank0", "rank1"]
     for path in files:
         assert profiler_steps(read_trace(path)) == [2]
-    out = capfd.readouterr().out
     assert out.count("Profiler: recorded training steps 2 (1 cycle)") == 1
     assert "each of the 2 ranks writes rank<N>.*.pt.trace.json" in out
+    if aborted_at_exit is not None:
+        # everything above held: the run was done when torch's heap corruption ended a process
+        assert "SIGABRT" in str(aborted_at_exit) and TORCH_EXIT_ABORT in err, aborted_at_exit
+        pytest.xfail(f"torch's profiler corrupted the heap of a ddp rank, found at its exit: "
+                     f"{aborted_at_exit}")
