@@ -11,6 +11,7 @@ own reason. Multi-process strategies run with 2 gloo ranks on the CPU and are ma
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from importlib import metadata
@@ -42,6 +43,9 @@ OPTIONS = {
 MODULES = {
     ("callback", "toggling"): TinyManualModule,  # for modules that optimize manually
 }
+#: The accelerator every suite but the accelerators' own trains on, when set (scripts/gpu-check.sh
+#: sets ``cuda``); unset, each suite's own default (the CPU).
+ACCELERATOR = os.environ.get("PTRAIN_CONFORMANCE_ACCELERATOR")
 #: (kind, name, test) -> why it fails: a finding about the plugin, not a weaker suite.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
@@ -101,6 +105,8 @@ for _kind, _name, _dist in repo_plugins():
     _attrs = {"plugin": _name, "options": OPTIONS.get((_kind, _name), {}),
               "module_factory": MODULES.get((_kind, _name), SUITES[_kind].module_factory),
               "__module__": __name__, "__doc__": f"{_kind} {_name!r} from {_dist}."}
+    if ACCELERATOR and _kind != "accelerator":
+        _attrs["trainer_options"] = {**SUITES[_kind].trainer_options, "accelerator": ACCELERATOR}
     if _kind == "strategy" and is_multi_process(_name):
         _attrs["pytestmark"] = [pytest.mark.slow]
     _cls_name = _class_name(_kind, _name)

@@ -1,0 +1,90 @@
+"""``scripts/gpu-check.sh --reduced``: issue 14's GPU check runs its plumbing on this CPU machine.
+
+Every step runs: the CUDA tests and the conformance suite on ``cuda`` skip, each saying why; the
+benchmark's three runners train the tiny decoder and convnet on the CPU from the same weights on
+the same batches, so ptrain and the hand-written loop end at the same loss; the configurations
+the CPU cannot run are listed with the reason; the activation-checkpointing section finds a batch
+size with ptrain's finder. On a GPU the same command, without ``--reduced``, does the real work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="a GPU is here: run scripts/gpu-check.sh itself")]
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--reduced", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    return proc, out
+
+
+def skip_messages(report) -> list[str]:
+    return [s.get("message", "") for case in ET.parse(report).getroot().iter("testcase")
+            for s in case if s.tag == "skipped"]
+
+
+def test_every_step_runs_and_passes(reduced):
+    proc, out = reduced
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    rows = (out / "summary.md").read_text().splitlines()
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
+        "bench-ac"]
+    assert all("| passed |" in row for row in rows), rows
+
+
+def test_the_gpu_tests_skip_saying_why(reduced):
+    _, out = reduced
+    cuda = skip_messages(out / "cuda-tests.xml")
+    assert cuda and all("needs a CUDA GPU" in m for m in cuda), cuda
+    conformance = skip_messages(out / "conformance-cuda.xml")
+    assert conformance and all("can't run on this machine" in m for m in conformance)
+
+
+def test_ptrain_and_the_hand_loop_end_at_the_same_loss(reduced):
+    _, out = reduced
+    for workload in ("decoder", "conv"):
+        results = json.loads((out / workload / "gpu.json").read_text())["matrix"]
+        ran = {(r["arm"]["precision"], r["arm"]["runner"]): r for r in results
+               if "final_loss" in r}
+        assert {runner for _, runner in ran} == {"hand", "ptrain", "lightning"}
+        for (precision, runner), result in ran.items():
+            hand = ran[(precision, "hand")]
+            assert result["final_loss"] == pytest.approx(hand["final_loss"], rel=1e-4), \
+                (workload, precision, runner)
+            assert result["final_loss"] < result["first_loss"]  # it trained
+            assert result["samples_per_s"] > 0 and result["flops_per_step"] > 0
+        skipped = [r for r in results if "skipped" in r]
+        assert all(r["skipped"] for r in skipped)
+        if workload == "conv":  # cuDNN benchmark is offered, and the CPU says why it can't
+            assert {r["arm"]["cudnn_benchmark"] for r in skipped} == {True}
+            assert all("only on CUDA" in r["skipped"] for r in skipped)
+        assert not [r for r in results if "error" in r]
+        assert "| configuration | runner |" in (out / workload / "gpu.md").read_text()
+
+
+def test_the_activation_checkpointing_section_finds_a_batch_size(reduced):
+    _, out = reduced
+    ac = json.loads((out / "ac" / "gpu.json").read_text())["ac"]
+    assert [r["checkpointed"] for r in ac] == [False, True]
+    assert all(r["found"] >= 1 and r["trials"] for r in ac), ac
+
+
+def test_a_bad_argument_is_a_usage_error(tmp_path):
+    proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--part 'bogus' is not one of tests, decoder, conv, ac, all" in proc.stderr
