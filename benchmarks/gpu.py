@@ -105,7 +105,8 @@ def conv_sizes(reduced: bool) -> dict[str, int]:
 
 
 def build_workload(arm: Arm):
-    """``(model, dataset, batch size, samples per item)``: the model built from seed 0, and a
+    """``(model, dataset, batch size, units per sample)`` (units: tokens for the decoder, one
+    image for the convnet): the model built from seed 0, and a
     dataset of exactly the items the arm trains on, in order."""
     import torch
     from torch.utils.data import TensorDataset

@@ -70,11 +70,6 @@ class FailingCompileOffer:
 
     @staticmethod
     @hookimpl
-    def add_options(options):  # an entry point's plugin needs a hook to be a plugin at all
-        pass
-
-    @staticmethod
-    @hookimpl
     def tune_candidates(trainer):
         from torch._dynamo import list_backends, register_backend
 

@@ -6,6 +6,7 @@ A ptrain checkpoint is a dict of tensors and plain Python values, so it loads wi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -18,7 +19,7 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -309,3 +310,13 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng_states() -> Iterator[None]:
+    """Run the block, then put every generator back as it was before it (also on an error)."""
+    states = capture_rng_states()
+    try:
+        yield
+    finally:
+        restore_rng_states(states)

@@ -307,7 +307,7 @@ def _group_title(name: str, kind: str, info: Any) -> str:
     return f"{name} ({kind}, {info.distribution})" if info is not None else f"{name} ({kind})"
 
 
-def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
+def resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
     """Merge option defaults < config file < flags; imports only the selected plugins."""
     argv, init_args = _split_init_args(argv)
     pre, _ = _preparse(argv)
@@ -343,7 +343,7 @@ def _resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
                    args.print_config or pre.print_config, args.trace)
 
 
-def _build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
+def build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
     """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it."""
     from ptrain.loading import import_object
 
@@ -377,7 +377,7 @@ def cmd_run(stage: str, argv: list[str]) -> int:
             f"plugins' options: ptrain {stage} --help-all; one plugin's: select it (-p NAME, "
             f"--strategy NAME, ...) with --help.", 80))
         return 0
-    spec = _resolve_run(stage, argv, catalog)
+    spec = resolve_run(stage, argv, catalog)
 
     from ptrain.hook_calls import TRACE_ENV
     from ptrain.module import DataModule, TrainModule
@@ -402,8 +402,8 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         spec.model, spec.data = _components_from_checkpoint(ckpt_path, spec.model, spec.data)
         trainer.config.update(model=spec.model, data=spec.data)
     # the trainer seeded when it was made (--seed): the model is built after it, as from Python
-    module = _build_component(spec.model, TrainModule, "--model")
-    datamodule = _build_component(spec.data, DataModule, "--data") if spec.data else None
+    module = build_component(spec.model, TrainModule, "--model")
+    datamodule = build_component(spec.data, DataModule, "--data") if spec.data else None
     run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test,
            "predict": trainer.predict}[stage]
     result = run(module, datamodule=datamodule, ckpt_path=ckpt_path)

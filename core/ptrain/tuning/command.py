@@ -87,7 +87,7 @@ def cmd_tune(argv: list[str]) -> int:
     if args.tune_repeats < 2:
         raise ConfigError("--tune-repeats must be at least 2: one repeat can't measure the noise")
     catalog = Catalog.discover()
-    spec = cli._resolve_run("fit", rest, catalog)
+    spec = cli.resolve_run("fit", rest, catalog)
     for flag, given, why in (
             ("--print-config", spec.print_config, "ptrain tune writes the configuration that won "
              "to --tune-output; `ptrain fit --print-config` shows the one you give it"),
@@ -106,8 +106,8 @@ def cmd_tune(argv: list[str]) -> int:
     report.check_output(args.tune_output)
 
     def components():
-        module = cli._build_component(spec.model, TrainModule, "--model")
-        data = cli._build_component(spec.data, DataModule, "--data") if spec.data else None
+        module = cli.build_component(spec.model, TrainModule, "--model")
+        data = cli.build_component(spec.data, DataModule, "--data") if spec.data else None
         return module, data
 
     console = Console(stderr=True)

@@ -86,62 +86,52 @@ def tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: flo
     baseline's first trial (see :data:`AUTO_MEASURED_S`). Bad input (an unknown setting in
     ``only``/``skip``, a budget too small, a baseline that fails) raises a
     :class:`ptrain.PtrainError`."""
-    from ptrain.checkpoint_io import capture_rng_states, restore_rng_states
-
-    rng = capture_rng_states()
-    try:
-        return _tune(base, components, catalog=catalog, budget_s=budget_s, warmup=warmup,
-                     steps=steps, repeats=repeats, only=only, skip=skip, progress=progress)
-    finally:  # the caller's random state is as it was (the trainers made here seed)
-        restore_rng_states(rng)
-
-
-def _tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: float,
-          warmup: int, steps: int | None, repeats: int, only: list[str] | None,
-          skip: list[str] | None, progress: Callable[[str], Any]) -> TuneOutcome:
+    from ptrain.checkpoint_io import preserved_rng_states
     from ptrain.trainer import Trainer
 
-    notes: list[str] = []
-    seed = base.trainer.get("seed")
-    if seed is None:
-        seed = 0
-        notes.append("your configuration sets no seed: every trial ran with seed 0, so that all "
-                     "start from the same weights and see the same batches.")
-    measured_base = one_process(base, notes)
-    user_trainer = Trainer(plugin_options={k: dict(v) for k, v in base.plugin_options.items()},
-                           catalog=catalog, **base.trainer)
-    offered = selected_settings(offered_candidates(catalog, user_trainer, notes), only, skip)
-    entries = []
-    for candidate in offered:
-        entry = Entry(candidate.name, (candidate,))
-        if candidate.unavailable:
-            entry.skipped = f"can't run here: {candidate.unavailable}"
-        elif changes_nothing(measured_base, candidate):
-            entry.skipped = "already your configuration"
-        entries.append(entry)
-    runnable = [e for e in entries if e.skipped is None]
+    # the caller's random state is left as it was (the trainers made here seed)
+    with preserved_rng_states():
+        notes: list[str] = []
+        seed = base.trainer.get("seed")
+        if seed is None:
+            seed = 0
+            notes.append("your configuration sets no seed: every trial ran with seed 0, so that "
+                         "all start from the same weights and see the same batches.")
+        measured_base = one_process(base, notes)
+        user_trainer = Trainer(plugin_options={k: dict(v) for k, v in base.plugin_options.items()},
+                               catalog=catalog, **base.trainer)
+        offered = selected_settings(offered_candidates(catalog, user_trainer, notes), only, skip)
+        entries = []
+        for candidate in offered:
+            entry = Entry(candidate.name, (candidate,))
+            if candidate.unavailable:
+                entry.skipped = f"can't run here: {candidate.unavailable}"
+            elif changes_nothing(measured_base, candidate):
+                entry.skipped = "already your configuration"
+            entries.append(entry)
+        runnable = [e for e in entries if e.skipped is None]
 
-    measured_steps = steps or AUTO_MIN_STEPS
+        measured_steps = steps or AUTO_MIN_STEPS
 
-    def trial(config: RunConfig, deadline: float | None):
-        return run_trial(config, components, seed=seed, warmup=warmup, steps=measured_steps,
-                         catalog=catalog, deadline=deadline)
+        def trial(config: RunConfig, deadline: float | None):
+            return run_trial(config, components, seed=seed, warmup=warmup, steps=measured_steps,
+                             catalog=catalog, deadline=deadline)
 
-    search = Search(measured_base, trial, budget_s, repeats, progress)
-    first = search.start()
-    if steps is None:  # enough steps that the clock's and the machine's jitter average out
-        per_step = first.measured_s / measured_steps
-        measured_steps = max(AUTO_MIN_STEPS, min(AUTO_MAX_STEPS, math.ceil(
-            AUTO_MEASURED_S / max(per_step, 1e-9))))
-        search.trial_s += (measured_steps - AUTO_MIN_STEPS) * per_step
-        notes.append(f"each trial measured {measured_steps} optimizer steps after {warmup} of "
-                     f"warm-up (about {AUTO_MEASURED_S:g} s of your configuration's training; "
-                     f"--tune-steps sets the number).")
-    search.check_budget(len(runnable))
-    rounds = search.measure(runnable, search.rounds_that_fit(len(runnable)))
-    best = search.combine(winners(runnable, search.baseline))
-    config = base.with_candidates(best.candidates) if best is not None else base
-    return TuneOutcome(search.baseline, entries, search.tried, best, config, rounds, notes)
+        search = Search(measured_base, trial, budget_s, repeats, progress)
+        first = search.start()
+        if steps is None:  # enough steps that the clock's and the machine's jitter average out
+            per_step = first.measured_s / measured_steps
+            measured_steps = max(AUTO_MIN_STEPS, min(AUTO_MAX_STEPS, math.ceil(
+                AUTO_MEASURED_S / max(per_step, 1e-9))))
+            search.trial_s += (measured_steps - AUTO_MIN_STEPS) * per_step
+            notes.append(f"each trial measured {measured_steps} optimizer steps after {warmup} of "
+                         f"warm-up (about {AUTO_MEASURED_S:g} s of your configuration's training; "
+                         f"--tune-steps sets the number).")
+        search.check_budget(len(runnable))
+        rounds = search.measure(runnable, search.rounds_that_fit(len(runnable)))
+        best = search.combine(winners(runnable, search.baseline))
+        config = base.with_candidates(best.candidates) if best is not None else base
+        return TuneOutcome(search.baseline, entries, search.tried, best, config, rounds, notes)
 
 
 __all__ = ["TuneOutcome", "offered_candidates", "one_process", "tune"]

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from ptrain.checkpoint_io import capture_rng_states, restore_rng_states
+from ptrain.checkpoint_io import preserved_rng_states
 from ptrain.hookspecs import hookimpl
 from ptrain.tuning.candidates import RunConfig
 
@@ -136,12 +136,11 @@ def run_trial(config: RunConfig, components: Components, *, seed: int, warmup: i
     from ptrain.trainer import Trainer
 
     probe = TuneProbe(warmup, steps, deadline)
-    rng = capture_rng_states()
     # torch.compile's caches belong to earlier trials' models: each trial compiles afresh, and
     # a frame compiled more often than dynamo's cache limit would otherwise run uncompiled
     torch.compiler.reset()
     try:
-        with tempfile.TemporaryDirectory(prefix="ptrain-tune-") as root, \
+        with preserved_rng_states(), tempfile.TemporaryDirectory(prefix="ptrain-tune-") as root, \
                 warnings.catch_warnings(), open(os.devnull, "w") as devnull, \
                 contextlib.redirect_stdout(devnull):
             # each trial would repeat the run's warnings and the plugins' reports
@@ -163,8 +162,6 @@ def run_trial(config: RunConfig, components: Components, *, seed: int, warmup: i
     except Exception as exc:  # the trial's failure is a row of the table
         text = " ".join(str(exc).split())
         return Measurement(error=f"{type(exc).__name__}: {text}"[:400], exception=exc)
-    finally:
-        restore_rng_states(rng)
 
 
 def _measured(probe: TuneProbe, warmup: int, steps: int) -> Measurement:
