@@ -194,6 +194,7 @@ CONFIGS = {c.key: c for c in (
     Config("dl-preload", "--dataloading-preload", "no-dataloading",
            options={"dataloading": {"preload": True}}, hand=False),
     Config("anomaly", "--detect-anomaly", "baseline", anomaly=True),
+    Config("fused-optimizer", "-p fused-optimizer", "baseline", callbacks=("fused-optimizer",)),
 )}
 
 #: Why a cell is "—" (printed under the table).
@@ -333,6 +334,16 @@ def checkpoint_by_hand(blocks: list[nn.Module]) -> None:
         block.forward = forward
 
 
+def fused_by_hand(setup: Any) -> Any:
+    """What a user writes for the fused-optimizer row: the optimizer made with ``fused=True``
+    (set in its param groups as the constructor sets it, so the schedulers stay bound)."""
+    optimizer, _ = split_optimizers(setup)
+    for settings in (optimizer.defaults, *optimizer.param_groups):
+        settings["fused"], settings["foreach"] = True, False
+    optimizer._step_supports_amp_scaling = True
+    return setup
+
+
 def split_optimizers(setup: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
     """The optimizer and the per-epoch schedulers of the two forms the workloads return."""
     if isinstance(setup, torch.optim.Optimizer):
@@ -380,7 +391,10 @@ def prepare_hand(arm: Arm, module: ptrain.TrainModule, timer: StepTimer) -> Prep
     if arm.config.compiled:
         mode = COMPILE_MODE[key]
         step_loss = torch.compile(step_loss, mode=None if mode == "default" else mode)
-    optimizer, schedulers = split_optimizers(module.configure_optimizers())
+    setup = module.configure_optimizers()
+    if key == "fused-optimizer":
+        fused_by_hand(setup)
+    optimizer, schedulers = split_optimizers(setup)
     train, val = module.train_dataloader(), module.val_dataloader()
     prof = None
     if key == "profiler":
@@ -409,7 +423,8 @@ def _nothing() -> None:
     pass
 
 
-def lightning_twin(module: ptrain.TrainModule, work: Workload, checkpointed: bool):
+def lightning_twin(module: ptrain.TrainModule, work: Workload, checkpointed: bool,
+                   fused: bool = False):
     """A LightningModule that trains ``module``'s net the way ``module`` does (same optimizer
     set-up, data, logging); ``forward`` is the net, so compiling the twin compiles the net."""
     import lightning
@@ -434,7 +449,8 @@ def lightning_twin(module: ptrain.TrainModule, work: Workload, checkpointed: boo
             return loss
 
         def configure_optimizers(self):
-            return self.inner.configure_optimizers()
+            setup = self.inner.configure_optimizers()
+            return fused_by_hand(setup) if fused else setup
 
         def train_dataloader(self):
             return self.inner.train_dataloader()
@@ -465,7 +481,8 @@ def prepare_lightning(arm: Arm, module: ptrain.TrainModule, timer: StepTimer) ->
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             timer.end(trainer.current_epoch, batch_idx, outputs["loss"])
 
-    model = lightning_twin(module, work, checkpointed=key == "checkpointing")
+    model = lightning_twin(module, work, checkpointed=key == "checkpointing",
+                           fused=key == "fused-optimizer")
     if arm.config.compiled:
         mode = COMPILE_MODE[key]
         model = torch.compile(model, mode=None if mode == "default" else mode)

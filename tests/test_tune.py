@@ -63,6 +63,25 @@ def test_a_batch_larger_than_the_measured_samples_is_not_comparable_and_cannot_w
     assert outcome.best is None
 
 
+def test_the_optimizer_implementations_are_measured_and_train_the_same():
+    """``-p fused-optimizer``'s two candidates on an SGD model; no speed claim here (the card
+    and benchmarks/speed_toolkit.py measure that): both run, and both train as before."""
+    outcome = run(lambda: SmallBatchRegressor(n=64), ["optimizer-implementation"], repeats=2,
+                  steps=8)
+    for label in ("fused optimizer", "foreach optimizer"):
+        row = row_of(outcome, label)
+        assert row["samples_per_s"] is not None, rows(outcome)
+        assert row["loss"].startswith("same"), rows(outcome)
+
+
+def test_activation_checkpointing_is_offered_with_a_bigger_batch_and_says_why_it_fails():
+    """SmallBatchRegressor repeats no block: auto checkpointing finds nothing, and says so."""
+    outcome = run(lambda: SmallBatchRegressor(n=64), ["batch-size"], repeats=2, steps=8)
+    row = row_of(outcome, "activation checkpointing + largest batch")
+    assert row["verdict"].startswith("failed: ") and "repeats no module class" in \
+        row["verdict"], row
+
+
 def test_a_candidate_that_fails_is_listed_with_its_reason():
     outcome = run(lambda: SmallBatchRegressor(), ["failing-compile"],
                   catalog=catalog_with("failing-compile"), repeats=2)

@@ -37,6 +37,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     "callback": {"activation-checkpointing": "ptrain-activation-checkpointing",
                  "batch-size-finder": "ptrain-finders", "compile": "ptrain-compile",
                  "early-stopping": "ptrain-early-stopping",
+                 "fused-optimizer": "ptrain-fused-optimizer",
                  "learning-rate-monitor": "ptrain-lr-monitor", "lr-finder": "ptrain-finders",
                  "mlflow": "ptrain-mlflow", "profiler": "ptrain-profiler",
                  "toggling": "ptrain-toggling", "wandb": "ptrain-wandb"},

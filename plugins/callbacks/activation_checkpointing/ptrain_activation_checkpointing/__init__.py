@@ -48,6 +48,28 @@ class ActivationCheckpointing:
                          "recomputed in backward instead of stored; auto: the classes repeated "
                          "in the model's nn.ModuleLists")
 
+    @staticmethod
+    @hookimpl
+    def tune_candidates(trainer):
+        """Checkpointing alone only recomputes; what it buys is memory, for a bigger batch. So
+        ``ptrain tune`` measures it together with the batch-size finder's largest batch (the
+        same setting as the finder's own candidate: a combination takes one of the two),
+        judged on its loss as a batch size is."""
+        if "activation-checkpointing" in trainer.plugins:
+            return []
+        from ptrain.tuning import Candidate
+
+        unavailable, growth = None, 16
+        if "batch-size-finder" not in trainer.catalog.names("callback"):
+            unavailable = "needs the batch-size finder: pip install ptrain-finders"
+        else:
+            from ptrain_finders.batch_size_finder import TUNED_GROWTH as growth
+        return [Candidate(f"activation checkpointing + largest batch (up to {growth}x)",
+                          "batch-size", callbacks=("activation-checkpointing",
+                                                   "batch-size-finder"),
+                          plugin_options={"batch-size-finder": {"max_growth": growth}},
+                          numerics="changed", unavailable=unavailable)]
+
     @hookimpl(wrapper=True)
     def wrap_model(self, trainer, model: nn.Module):
         names = {id(m): n for n, m in model.named_modules()}
