@@ -300,6 +300,27 @@ def autocast(device, precision: str):
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
+def module_of(base: type, model, loss_fn, loader, device) -> Any:
+    """``model`` as a ``base`` (``ptrain.TrainModule`` or ``lightning.LightningModule``): the
+    same training step, optimizer and loader under either trainer."""
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            return loss_fn(self.net, batch)
+
+        def configure_optimizers(self):
+            return optimizer_for(self.parameters(), device)
+
+        def train_dataloader(self):
+            return loader
+
+    return Module()
+
+
 def run_hand(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     import torch
 
@@ -326,20 +347,6 @@ def run_hand(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
 def run_ptrain(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     import ptrain
 
-    class Module(ptrain.TrainModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_fn(self.net, batch)
-
-        def configure_optimizers(self):
-            return optimizer_for(self.parameters(), device)
-
-        def train_dataloader(self):
-            return loader
-
     class Marks:
         name = "gpu-benchmark-clock"
 
@@ -360,32 +367,18 @@ def run_ptrain(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     trainer = ptrain.Trainer(accelerator=device.type, devices=1, precision=precision,
                              max_steps=arm.steps, max_epochs=1, callbacks=callbacks,
                              plugin_options=plugin_options, default_root_dir=os.environ["RUNS"])
-    trainer.fit(Module())
+    trainer.fit(module_of(ptrain.TrainModule, model, loss_fn, loader, device))
 
 
 def run_lightning(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     import lightning as L
     import torch
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_fn(self.net, batch)
-
-        def configure_optimizers(self):
-            return optimizer_for(self.parameters(), device)
-
-        def train_dataloader(self):
-            return loader
-
     class Marks(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             clock.mark(outputs["loss"])
 
-    module: Any = Module()
+    module: Any = module_of(L.LightningModule, model, loss_fn, loader, device)
     if arm.compile:
         module = torch.compile(module)
     precision = "32-true" if arm.precision == "32-tf32" else arm.precision
@@ -534,22 +527,6 @@ def largest_batch(device: str, reduced: bool, checkpointed: bool, max_batch: int
     text = stdlib_bytes(rows * (seq + 1))
     data = TensorDataset(torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
                          .view(rows, seq + 1))
-    loss_fn = type(model).loss
-
-    class Module(ptrain.TrainModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_fn(self.net, batch)
-
-        def configure_optimizers(self):
-            return optimizer_for(self.parameters(), torch.device(device))
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(data, batch_size=start, drop_last=True)
-
     callbacks: list[Any] = ["no:progress-bar", "no:tensorboard", "no:checkpoint",
                             "batch-size-finder"]
     options: dict[str, Any] = {"batch-size-finder": {"then": "stop",
@@ -560,7 +537,9 @@ def largest_batch(device: str, reduced: bool, checkpointed: bool, max_batch: int
     trainer = ptrain.Trainer(accelerator=device, devices=1, precision="bf16-mixed",
                              max_epochs=1, callbacks=callbacks, plugin_options=options,
                              default_root_dir=os.environ["RUNS"])
-    trainer.fit(Module())
+    loader = torch.utils.data.DataLoader(data, batch_size=start, drop_last=True)
+    trainer.fit(module_of(ptrain.TrainModule, model, type(model).loss, loader,
+                          torch.device(device)))
     finder = trainer.plugins.get("batch-size-finder")
     return {"checkpointed": checkpointed, "found": finder.found, "initial": finder.initial,
             "max_batch_size": max_batch, "trials": finder.trials}
