@@ -13,10 +13,12 @@ What runs (each arm in a fresh process, so memory, compile caches and TF32 setti
   sequence 1024) trained as a byte-level language model on the Python standard library's own
   source text (real text that ships with every Python; vocabulary 256); ``conv``, a ResNet-style
   net (4 stages of 2 residual blocks, 64-512 channels) on 128x128 images drawn by the code
-  (classes are oriented stripe patterns under noise), for cuDNN benchmark.
+  (classes are oriented stripe patterns under noise), for cuDNN benchmark and channels-last.
 - **configurations**: ``32-true`` (TF32 off: ``highest`` matmul precision), ``32-tf32`` (``high``),
   ``16-mixed`` (autocast + GradScaler), ``bf16-mixed``, ``bf16-true``; each eager and compiled
-  (inductor, default mode); ``conv`` also eager 32-true with cuDNN benchmark. The optimizer is
+  (inductor, default mode); ``conv`` also eager 32-true with cuDNN benchmark and eager
+  bf16-mixed in channels-last (ptrain: ``-p channels-last``; the others convert the model and
+  each image batch as a user writes it). The optimizer is
   AdamW with ``fused=True`` on CUDA (``foreach`` on the CPU) in every runner.
 - **runners**: ``hand`` (the loop a careful user writes: pinned memory, ``non_blocking`` copies,
   ``zero_grad(set_to_none=True)``, no host sync per step), ``ptrain`` (``ptrain.Trainer`` with the
@@ -76,6 +78,7 @@ class Arm:
     precision: str
     compile: bool = False
     cudnn_benchmark: bool = False
+    channels_last: bool = False
     device: str = "cuda"
     reduced: bool = False
     steps: int = 40
@@ -86,6 +89,7 @@ class Arm:
     def label(self) -> str:
         extra = " +compile" if self.compile else ""
         extra += " +cudnn-benchmark" if self.cudnn_benchmark else ""
+        extra += " +channels-last" if self.channels_last else ""
         return f"{self.precision}{extra}"
 
 
@@ -291,6 +295,17 @@ def step_flops(model, loss_fn, dataset, batch: int, device, precision: str) -> f
     return float(counter.get_total_flops()) * batch
 
 
+def channels_last_inputs(loss_fn):
+    """``loss_fn`` with the batch's images made channels-last first (on the device)."""
+    import torch
+
+    def loss(model, batch):
+        return loss_fn(model, tuple(t.contiguous(memory_format=torch.channels_last)
+                                    if t.dim() == 4 else t for t in batch))
+
+    return loss
+
+
 def autocast(device, precision: str):
     import contextlib
 
@@ -359,6 +374,8 @@ def run_ptrain(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     plugin_options: dict[str, Any] = {}
     if arm.compile:
         callbacks.append("compile")
+    if arm.channels_last:
+        callbacks.append("channels-last")
     if device.type == "cuda":
         plugin_options["cuda"] = {
             "float32_matmul_precision": "high" if arm.precision == "32-tf32" else "highest",
@@ -407,6 +424,9 @@ def measure(arm: Arm) -> dict[str, Any]:
     loss_fn = type(model).loss
     flops = step_flops(model.to(device), loss_fn, dataset, batch, device, arm.precision)
     model.to("cpu")
+    if arm.channels_last and arm.runner != "ptrain":  # what a user writes; ptrain: the plugin
+        model.to(memory_format=torch.channels_last)
+        loss_fn = channels_last_inputs(loss_fn)
     loader = DataLoader(dataset, batch_size=batch, shuffle=False, drop_last=True,
                         pin_memory=device.type == "cuda")
     if device.type == "cuda":
@@ -478,15 +498,18 @@ def why_not(arm: Arm) -> str | None:
 def matrix_arms(args: argparse.Namespace) -> list[Arm]:
     arms = []
     for workload in args.workloads:
-        configs = [(p, c, False) for p in args.precisions for c in (False, True)]
+        # (precision, compiled, cuDNN benchmark, channels-last)
+        configs = [(p, c, False, False) for p in args.precisions for c in (False, True)]
         if workload == "conv" and "32-true" in args.precisions:
-            configs.append(("32-true", False, True))
-        for precision, compiled, benchmark in configs:
+            configs.append(("32-true", False, True, False))
+        if workload == "conv" and "bf16-mixed" in args.precisions:
+            configs.append(("bf16-mixed", False, False, True))
+        for precision, compiled, benchmark, channels_last in configs:
             if (args.compile == "off" and compiled) or (args.compile == "only" and not compiled):
                 continue
             for runner in args.runners:
-                arms.append(Arm(workload, runner, precision, compiled, benchmark, args.device,
-                                args.reduced, args.steps, args.warmup))
+                arms.append(Arm(workload, runner, precision, compiled, benchmark, channels_last,
+                                args.device, args.reduced, args.steps, args.warmup))
     return arms
 
 
@@ -571,7 +594,7 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
     for r in results:
         a = r["arm"]
         by_key[(a["workload"], a["precision"], a["compile"], a["cudnn_benchmark"],
-                a["runner"])] = r
+                a["channels_last"], a["runner"])] = r
     for workload in dict.fromkeys(r["arm"]["workload"] for r in results):
         unit = "tokens/s" if workload == "decoder" else "images/s"
         lines += [f"### {workload}", "",
@@ -587,7 +610,7 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
                              f" | | | | | |")
                 continue
             hand = by_key.get((workload, a["precision"], a["compile"], a["cudnn_benchmark"],
-                               "hand"), {})
+                               a["channels_last"], "hand"), {})
             speed = (f"{r['units_per_s'] / hand['units_per_s']:.3f}x"
                      if "units_per_s" in hand and a["runner"] != "hand" else "")
             dloss = (f"{r['final_loss'] - hand['final_loss']:+.2e}"

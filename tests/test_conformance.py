@@ -21,7 +21,7 @@ import pytest
 
 from ptrain.catalog import GROUPS
 from ptrain.testing import (AcceleratorSuite, CallbackSuite, PrecisionSuite, StrategySuite,
-                            TinyManualModule)
+                            TinyConvModule, TinyManualModule)
 from ptrain.testing.suites import is_multi_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +42,7 @@ OPTIONS = {
 #: Plugins made for another kind of module than TinyModule.
 MODULES = {
     ("callback", "toggling"): TinyManualModule,  # for modules that optimize manually
+    ("callback", "channels-last"): TinyConvModule,  # for models with convolutions
 }
 #: The accelerator every suite but the accelerators' own trains on, when set (scripts/gpu-check.sh
 #: sets ``cuda``); unset, each suite's own default (the CPU).

@@ -17,6 +17,7 @@ from typing import Any
 _LAZY = {
     "TinyModule": "ptrain.testing.models",
     "TinyManualModule": "ptrain.testing.models",
+    "TinyConvModule": "ptrain.testing.models",
     "run_fit": "ptrain.testing.runs",
     "plugin_kind": "ptrain.testing.runs",
     "HookRecorder": "ptrain.testing.recorder",

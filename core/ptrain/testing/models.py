@@ -71,6 +71,22 @@ class TinyModule(TrainModule):
             return float(nn.functional.mse_loss(net(x), y))
 
 
+class TinyConvModule(TinyModule):
+    """:class:`TinyModule`'s regression on 2x4x4 images through a 3x3 convolution (4 channels,
+    tanh) and a linear head (two input channels, so that a memory format shows in the strides): for plugins that act on convolutions or image batches (a memory
+    format, cuDNN settings). Same seeding, logging, optimizer and ``full_loss``."""
+
+    def __init__(self, n: int = 64, batch_size: int = 16, lr: float = 0.05, seed: int = 0):
+        super().__init__(n=n, batch_size=batch_size, features=32, lr=lr, seed=seed)
+        self.train_set, self.val_set = (
+            TensorDataset(x.view(-1, 2, 4, 4), y) for x, y in (s.tensors for s in
+                                                               (self.train_set, self.val_set)))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.Tanh(), nn.Flatten(),
+                                     nn.Linear(64, 1))
+
+
 class TinyManualModule(TinyModule):
     """:class:`TinyModule` optimizing manually (``automatic_optimization = False``): its
     ``training_step`` zeroes the gradients, calls ``manual_backward`` and steps the optimizer
