@@ -60,6 +60,10 @@ class CountingTransformer(ptrain.TrainModule):
         return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
 
 
+MODELS = {"digits": ("digits (the bundled example)", None),
+          "transformer": ("small transformer", ["--model", "benchmarks.tune:CountingTransformer"])}
+
+
 def run(label: str, args: list[str], budget: str, accelerator: str) -> int:
     with tempfile.TemporaryDirectory(prefix="ptrain-tune-bench-") as out:
         command = [sys.executable, "-m", "ptrain", "tune", *args, "--accelerator", accelerator,
@@ -74,13 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", default="10m", help="--tune-budget of each tune")
     parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--models", default="digits,transformer",
+                        help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--tune-args", default="",
+                        help="more arguments for each ptrain tune (e.g. '--tune-only precision')")
     args = parser.parse_args(argv)
+    chosen = [m for m in args.models.split(",") if m]
+    unknown = [m for m in chosen if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: {', '.join(unknown)} not among {', '.join(MODELS)}")
     from ptrain.examples import config_path
 
-    failed = run("digits (the bundled example)", ["--config", str(config_path("digits"))],
-                 args.budget, args.accelerator)
-    failed |= run("small transformer", ["--model", "benchmarks.tune:CountingTransformer"],
-                  args.budget, args.accelerator)
+    failed = 0
+    for name in chosen:
+        label, model_args = MODELS[name]
+        model_args = model_args or ["--config", str(config_path("digits"))]
+        failed |= run(label, [*model_args, *args.tune_args.split()], args.budget,
+                      args.accelerator)
     return 1 if failed else 0
 
 

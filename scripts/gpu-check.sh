@@ -3,7 +3,7 @@
 # benchmarks (benchmarks/gpu.py), each step's log, JUnit XML and JSON written under OUT.
 #
 #   bash scripts/gpu-check.sh --install                 # on a GPU machine: everything
-#   bash scripts/gpu-check.sh --install --part tests    # one part: tests | decoder | conv | ac
+#   bash scripts/gpu-check.sh --install --part tests    # one part: tests|decoder|conv|ac|tune
 #   bash scripts/gpu-check.sh --reduced                 # here, on the CPU: the plumbing only
 #
 # --install puts the repository's distributions into the Python at hand without touching its torch
@@ -25,12 +25,13 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --part) part=$2; shift ;;
     *) echo "gpu-check.sh: unknown argument '$1' (choices: --reduced, --install, --out DIR," \
-            "--part tests|decoder|conv|ac|all)" >&2; exit 2 ;;
+            "--part tests|decoder|conv|ac|tune|all)" >&2; exit 2 ;;
   esac
   shift
 done
-case "$part" in tests|decoder|conv|ac|all) ;; *)
-  echo "gpu-check.sh: --part '$part' is not one of tests, decoder, conv, ac, all" >&2; exit 2 ;;
+case "$part" in tests|decoder|conv|ac|tune|all) ;; *)
+  echo "gpu-check.sh: --part '$part' is not one of tests, decoder, conv, ac, tune, all" >&2
+  exit 2 ;;
 esac
 mkdir -p "$out"
 summary="$out/summary.md"
@@ -81,6 +82,15 @@ if [ $part = all ] || [ $part = conv ]; then
 fi
 if [ $part = all ] || [ $part = ac ]; then
   step bench-ac "${bench[@]}" --sections ac --out "$out/ac"
+fi
+if [ $part = all ] || [ $part = tune ]; then
+  # ptrain tune on the digits example and the small transformer (issue 17's benchmark)
+  if [ $reduced = 1 ]; then
+    step bench-tune "$py" benchmarks/tune.py --budget 2m --models digits \
+      --tune-args "--tune-only precision --tune-steps 10 --tune-repeats 2"
+  else
+    step bench-tune "$py" benchmarks/tune.py --accelerator cuda --budget 3m
+  fi
 fi
 
 echo "summary ($summary):"

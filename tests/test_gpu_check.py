@@ -42,7 +42,7 @@ def test_every_step_runs_and_passes(reduced):
     rows = (out / "summary.md").read_text().splitlines()
     assert [row.split("|")[1].strip() for row in rows] == [
         "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
-        "bench-ac"]
+        "bench-ac", "bench-tune"]
     assert all("| passed |" in row for row in rows), rows
 
 
@@ -83,8 +83,15 @@ def test_the_activation_checkpointing_section_finds_a_batch_size(reduced):
     assert all(r["found"] >= 1 and r["trials"] for r in ac), ac
 
 
+def test_ptrain_tune_runs_on_the_digits_example(reduced):
+    _, out = reduced
+    log = (out / "bench-tune.log").read_text()
+    assert "ptrain tune --config" in log and "bf16-true" in log, log[-3000:]  # a table row
+    assert "is your configuration as it is" in log or "Fastest: " in log, log[-3000:]
+
+
 def test_a_bad_argument_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "--part 'bogus' is not one of tests, decoder, conv, ac, all" in proc.stderr
+    assert "--part 'bogus' is not one of tests, decoder, conv, ac, tune, all" in proc.stderr

@@ -177,12 +177,24 @@ class Compile:
     @hookimpl
     def tune_candidates(trainer):
         """``ptrain tune`` measures the model compiled in inductor's default mode (the time it
-        takes to compile is reported apart); compiled, it must train as before."""
+        takes to compile is reported apart), and on a CUDA run its ``reduce-overhead`` (CUDA
+        graphs) and ``max-autotune-no-cudagraphs`` (kernels autotuned on the GPU) modes, one
+        setting; compiled, it must train as before. Off CUDA those two are listed with the
+        reason: their gain is the GPU's, and their extra compile time would be all that
+        remained."""
         if "compile" in trainer.plugins:
             return []
         from ptrain.tuning import Candidate
 
-        return [Candidate("compile", "compile", callbacks=("compile",))]
+        offered = [Candidate("compile", "compile", callbacks=("compile",))]
+        on_cuda = "cuda" in trainer.plugins
+        for mode, gain in (("reduce-overhead", "CUDA graphs replay the step's kernels"),
+                           ("max-autotune-no-cudagraphs", "it autotunes GPU kernels")):
+            offered.append(Candidate(
+                f"compile ({mode})", "compile", callbacks=("compile",),
+                plugin_options={"compile": {"mode": mode}},
+                unavailable=None if on_cuda else f"offered on CUDA runs only: {gain}"))
+        return offered
 
     # -- compiling -------------------------------------------------------------------------------
 
