@@ -599,15 +599,16 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
         unit = "tokens/s" if workload == "decoder" else "images/s"
         lines += [f"### {workload}", "",
                   f"| configuration | runner | {unit} | vs hand | MFU | peak memory | "
-                  f"final loss | vs hand |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  f"final loss | vs hand |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in results:
             a = r["arm"]
             if a["workload"] != workload:
                 continue
             label = Arm(**a).label
             if "skipped" in r or "error" in r:
-                lines.append(f"| {label} | {a['runner']} | {r.get('skipped') or 'FAILED: ' + r['error']}"
-                             f" | | | | | |")
+                why = r.get("skipped") or f"FAILED: {r['error']}"
+                lines.append(f"| {label} | {a['runner']} | {why} | | | | | |")
                 continue
             hand = by_key.get((workload, a["precision"], a["compile"], a["cudnn_benchmark"],
                                a["channels_last"], "hand"), {})

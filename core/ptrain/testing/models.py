@@ -73,8 +73,9 @@ class TinyModule(TrainModule):
 
 class TinyConvModule(TinyModule):
     """:class:`TinyModule`'s regression on 2x4x4 images through a 3x3 convolution (4 channels,
-    tanh) and a linear head (two input channels, so that a memory format shows in the strides): for plugins that act on convolutions or image batches (a memory
-    format, cuDNN settings). Same seeding, logging, optimizer and ``full_loss``."""
+    tanh) and a linear head, for plugins that act on convolutions or image batches (a memory
+    format, cuDNN settings); two input channels, so that a memory format shows in the strides.
+    Same seeding, logging, optimizer and ``full_loss``."""
 
     def __init__(self, n: int = 64, batch_size: int = 16, lr: float = 0.05, seed: int = 0):
         super().__init__(n=n, batch_size=batch_size, features=32, lr=lr, seed=seed)

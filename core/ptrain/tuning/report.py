@@ -22,7 +22,8 @@ def rows(outcome: TuneOutcome) -> list[dict[str, Any]]:
     measured, others = [], []
     for entry in [base, *outcome.entries, *outcome.combinations]:
         row: dict[str, Any] = {"candidate": entry.label, "samples_per_s": None, "spread": None,
-                               "speedup": None, "peak_bytes": entry.peak_bytes, "loss": "", "verdict": "", "warmup_s": entry.warmup_s,
+                               "speedup": None, "peak_bytes": entry.peak_bytes, "loss": "",
+                               "verdict": "", "warmup_s": entry.warmup_s,
                                "best": entry is outcome.best}
         if entry.skipped:
             row["verdict"] = entry.skipped

@@ -89,7 +89,7 @@ class FusedOptimizer:
         if result is not optimizer:
             raise ConfigError(
                 f"-p fused-optimizer: --strategy {trainer.options.get('strategy')} replaced the "
-                f"optimizer with a {type(result).__name__} (it partitions the optimizer's "
+                f"optimizer with a {type(result).__name__} (as ZeRO does to partition its "
                 f"state), whose inner optimizer this plugin can't reach. Give the "
                 f"implementation to the optimizer in configure_optimizers "
                 f"({type(optimizer).__name__}(..., {self.implementation}=True)) and leave "
@@ -121,10 +121,10 @@ class FusedOptimizer:
         for settings in (optimizer.defaults, *optimizer.param_groups):
             settings[impl] = True
             settings[other] = False
-        if impl == "fused":
-            # as the constructor does for fused=True: GradScaler then hands the kernel its scale
-            # and inf check instead of unscaling the gradients in a pass of its own
-            optimizer._step_supports_amp_scaling = True
+        # as the constructor sets it: with fused=True a GradScaler hands the kernel its scale
+        # and inf check instead of unscaling the gradients in a pass of its own; the other
+        # implementations must not be handed them
+        optimizer._step_supports_amp_scaling = impl == "fused"
         self.switched.append((cls, before))
 
     def _check_fused_params(self, optimizer: torch.optim.Optimizer) -> None:
