@@ -320,8 +320,9 @@ class PluginSuite:
     def test_tune_candidates_train(self, tmp_path):
         """Every candidate the plugin offers ``ptrain tune`` (its ``tune_candidates`` hook)
         trains a few measured steps on the suite's module, from a configuration without the
-        plugin; one it marks unavailable here is passed over. A plugin that offers none passes
-        (its answer was checked to be a list of candidates)."""
+        plugin (the suite's ``options`` apply where a candidate selects the plugin; the
+        candidate's own values win); one it marks unavailable here is passed over. A plugin that
+        offers none passes (its answer was checked to be a list of candidates)."""
         from ptrain.loading import tune_candidates
         from ptrain.tuning import RunConfig
         from ptrain.tuning.trial import run_trial
@@ -346,6 +347,11 @@ class PluginSuite:
                         f"{offered[0].unavailable}")
         for candidate in runnable:
             config = RunConfig(base, plugin_options).with_candidates((candidate,))
+            selected = (cls.plugin in config.trainer.get("callbacks", []) if cls.kind == "callback"
+                        else config.trainer.get(cls.kind) == cls.plugin)
+            if cls.options and selected:  # what the plugin needs on the suite's module
+                merged = {**cls.options, **config.plugin_options.get(cls.plugin, {})}
+                config = RunConfig(config.trainer, {**config.plugin_options, cls.plugin: merged})
             measured = run_trial(config, lambda: (cls._make_module(), None), seed=0, warmup=1,
                                  steps=2, catalog=catalog)
             assert measured.error is None, (
