@@ -189,7 +189,7 @@ class RankWatch:
                 if beat.state in ("exited", "failed"):  # gone, or reporting its own error
                     continue
                 if beat.state == "running" and beat.host == self._hostname and beat.pid \
-                        and not _alive(beat.pid):
+                        and not _alive(beat.pid) and not self._said_it_ended(peer, beat):
                     self.gone_rank = peer
                     self._end_job(peer, "its process is gone without saying it ended (killed?)")
                     return
@@ -197,6 +197,16 @@ class RankWatch:
                 if silent > self.stall_timeout:
                     self._end_job(peer, f"no heartbeat for {silent:.1f} s")
                     return
+
+    def _said_it_ended(self, peer: int, beat: _Heartbeat) -> bool:
+        """Whether ``peer``'s beat in the store, read now, says its part ended. The cached
+        ``beat`` can be a round old: a rank that finished, wrote its last beat and exited
+        within one interval is still "running" there, and must not be taken for killed."""
+        try:
+            beat.update(self._store.get(str(peer)), time.monotonic())
+        except Exception:  # the store can't tell: judge on what was read before
+            return False
+        return beat.state != "running"
 
     # -- ending the job ----------------------------------------------------------------------------
 
