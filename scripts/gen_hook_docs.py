@@ -25,7 +25,8 @@ EXAMPLES = SCRIPTS / "hook_examples.py"
 IMPL_MARK = f"{hookspecs.PROJECT_NAME}_impl"
 SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
 #: Hooks the core calls once per plugin with arguments scoped to it (see hookspecs' docstring).
-PER_PLUGIN = ("add_options", "check_available", "state_dict", "load_state_dict")
+PER_PLUGIN = ("add_options", "check_available", "state_dict", "load_state_dict",
+              "unused_step_hooks")
 
 
 def hook_functions() -> list:

@@ -141,6 +141,27 @@ class PinMemory:
     def prepare_dataloader(self, dataloader, stage):
         loader = yield  # what the other implementations made of it (a sharded sampler, ...)
         return loader if loader.pin_memory else rebuild_dataloader(loader, pin_memory=True)
+# == unused_step_hooks
+import time
+
+from ptrain import hookimpl
+
+
+class SaveEvery:
+    """Saves every ``minutes`` (checked at each batch's end); ``minutes=None`` turns it off."""
+
+    def __init__(self, minutes: float | None = 30.0):
+        self.minutes, self.last = minutes, time.monotonic()
+
+    @hookimpl
+    def unused_step_hooks(self):
+        return ["on_train_batch_end"] if self.minutes is None else None
+
+    @hookimpl
+    def on_train_batch_end(self, trainer):
+        if time.monotonic() - self.last >= 60 * self.minutes:
+            trainer.save_checkpoint(trainer.log_dir / f"step-{trainer.global_step}.ckpt")
+            self.last = time.monotonic()
 # == setup
 import time
 

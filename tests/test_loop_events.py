@@ -4,6 +4,9 @@ where each fires, in what order, and that a run without them pays nothing per st
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 
 import ptrain
@@ -189,3 +192,60 @@ def test_loss_given_to_on_before_backward_is_the_one_backpropagated(tmp_path):
     module.training_step = training_step
     trainer.fit(module)
     torch.testing.assert_close(torch.stack(seen), torch.stack(losses) / 2)
+
+
+class IdleAtBatchEnd:
+    """Counts the training batches it sees; says it has nothing to do at a batch's end when
+    ``idle`` (and names ``answer`` instead, when given)."""
+
+    def __init__(self, idle: bool, answer=None):
+        self.idle, self.answer, self.batches = idle, answer, 0
+        self.name = "idle" if idle else "busy"
+
+    @ptrain.hookimpl
+    def unused_step_hooks(self):
+        if self.answer is not None:
+            return self.answer
+        return ["on_train_batch_end"] if self.idle else None
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self):
+        self.batches += 1
+
+
+def test_a_per_step_hook_named_unused_is_not_called_and_the_others_are(tmp_path):
+    idle, busy = IdleAtBatchEnd(idle=True), IdleAtBatchEnd(idle=False)
+    recorder = EventRecorder()
+    ptrain.Trainer(accelerator="cpu", default_root_dir=str(tmp_path), max_epochs=1,
+                   limit_train_batches=3, limit_val_batches=0,
+                   callbacks=[*QUIET, recorder, idle, busy]).fit(TinyRegressor())
+    assert (idle.batches, busy.batches) == (0, 3)
+    assert recorder.events.count("before_backward") == 3  # another plugin's hooks untouched
+
+
+@pytest.mark.parametrize("answer, message", [
+    (["on_train_batch_ends"], "'on_train_batch_ends', which is not a per-step hook"),
+    (["on_before_backward"], "'on_before_backward', which is a per-step hook it does not "
+                             "implement"),
+    ("on_train_batch_end", "return a list of hook names"),
+])
+def test_an_unused_step_hooks_answer_naming_what_it_cannot_is_refused(tmp_path, answer, message):
+    trainer = ptrain.Trainer(accelerator="cpu", default_root_dir=str(tmp_path), max_epochs=1,
+                             limit_train_batches=1, limit_val_batches=0,
+                             callbacks=[*QUIET, IdleAtBatchEnd(idle=True, answer=answer)])
+    with pytest.raises(ptrain.PluginError, match=re.escape(message)):
+        trainer.fit(TinyRegressor())
+
+
+def test_the_checkpoint_callback_leaves_the_batch_end_uncalled_without_step_or_time_triggers(
+        tmp_path):
+    from ptrain.hook_calls import unused_step_hooks
+
+    def unused(**options):
+        trainer = ptrain.Trainer(accelerator="cpu", default_root_dir=str(tmp_path),
+                                 plugin_options={"checkpoint": options})
+        return unused_step_hooks(trainer.pm, trainer).get("on_train_batch_end", set())
+
+    assert "checkpoint" in unused()
+    assert "checkpoint" not in unused(every_n_train_steps=5)
+    assert "checkpoint" not in unused(train_time_interval=60.0)

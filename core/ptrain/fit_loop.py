@@ -8,6 +8,7 @@ before every checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
@@ -206,14 +207,14 @@ class FitLoop:
                 and (t.min_steps is None or t.global_step >= t.min_steps))
 
     def _batches(self, start: int) -> Iterator[tuple[int, Any]]:
-        """The epoch's batches from ``start``. On resume the generator states are replayed so the
-        remaining batches (and every random draw after them) are those of an unbroken run:
-        the epoch's data order comes from the state saved at its start, everything after the
-        skipped batches from the state saved with the checkpoint."""
+        """The epoch's ``(batch_idx, batch)`` pairs from ``start``. On resume the generator states
+        are replayed so the remaining batches (and every random draw after them) are those of an
+        unbroken run: the epoch's data order comes from the state saved at its start, everything
+        after the skipped batches from the state saved with the checkpoint. The pairs come from
+        C iterators (no Python call per batch); they end early when the loader runs dry."""
         t = self.trainer
         state = t.loop_state
         resume_rng, self.resume_rng = self.resume_rng, None
-        self.ran_dry = False
         if start == 0 and state["epoch_rng"] is None:  # a new epoch
             if resume_rng is not None:  # resumed at an epoch boundary
                 checkpoint_io.restore_rng_states(resume_rng)
@@ -221,7 +222,7 @@ class FitLoop:
             state["epoch_rng"] = checkpoint_io.capture_rng_states()
         elif start >= self.num_batches:  # resumed after the epoch's last batch
             checkpoint_io.restore_rng_states(resume_rng)
-            return
+            return iter(())
         else:
             checkpoint_io.restore_rng_states(state["epoch_rng"])
         iterator = iter(t.train_dataloader)
@@ -229,15 +230,8 @@ class FitLoop:
             next(iterator)
         if resume_rng is not None:
             checkpoint_io.restore_rng_states(resume_rng)
-        batch_idx = start
-        while batch_idx < self.num_batches:
-            try:
-                batch = next(iterator)
-            except StopIteration:  # a loader without a length ended its epoch
-                self.ran_dry = True
-                return
-            yield batch_idx, batch
-            batch_idx += 1
+        remaining = None if math.isinf(self.num_batches) else self.num_batches - start
+        return enumerate(itertools.islice(iterator, remaining), start)
 
     def run_epoch(self) -> bool:
         """One epoch (or its rest, on resume); True when it ended before its last batch."""
@@ -251,6 +245,7 @@ class FitLoop:
         steps_before, first_batch = t.global_step, state["batch"]
         pending_grads = False
         validated_last = True  # whether the last batch seen was followed by a validation
+        ran_dry = False  # a loader without a length ended its epoch
         for batch_idx, batch in self._batches(state["batch"]):
             loss = self.train_batch(batch, batch_idx)
             pending_grads = self.automatic and not t.sync_gradients
@@ -275,13 +270,15 @@ class FitLoop:
             if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
                 stopped_early = state["batch"] < self.num_batches
                 break
+        else:
+            ran_dry = state["batch"] < self.num_batches
         if self.automatic and t.global_step == steps_before and state["batch"] > first_batch:
             raise ModelError(
                 f"{type(t.module).__qualname__}.training_step returned None for all "
                 f"{state['batch'] - first_batch} batches of epoch {t.current_epoch}, so nothing "
                 f"was trained. Return the loss (a tensor, or a dict with it under 'loss'); None "
                 f"skips a batch, for the few a step can't use.")
-        if self.ran_dry and not stopped_early:  # a loader without a length ended its epoch
+        if ran_dry:
             if pending_grads:
                 self._step_optimizers()
             if validate_this_epoch and not validated_last:
@@ -346,7 +343,13 @@ class FitLoop:
         t = self.trainer
         hooks = self.step_hooks
         for optimizer in t.optimizers:
-            t.run_optimizer_step(optimizer)
+            # Trainer.run_optimizer_step's steps, inlined: the hot path saves a call per batch
+            if hooks.has_on_before_optimizer_step:
+                hooks.on_before_optimizer_step(trainer=t, optimizer=optimizer)
+            if t.gradient_clip_val is not None or hooks.clips_every_step:
+                hooks.clip_gradients(trainer=t, optimizer=optimizer)
+            hooks.optimizer_step(trainer=t, optimizer=optimizer)
+            t.global_step += 1
             if hooks.has_on_before_zero_grad:
                 hooks.on_before_zero_grad(trainer=t, optimizer=optimizer)
             optimizer.zero_grad(set_to_none=True)

@@ -28,12 +28,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Collection, Generator
 
 import pluggy
 
-from ptrain.errors import ConfigError
-from ptrain.loading import bind_impl
+from ptrain.errors import ConfigError, PluginError
+from ptrain.loading import bind_impl, call_per_plugin
 
 PER_STEP_HOOKS = (
     "transfer_batch", "on_batch_start", "model_step", "on_before_backward", "backward",
@@ -53,22 +53,26 @@ _OBSERVED = "_ptrain_observed"  # marks an implementation function already wrapp
 _CALL_NUMBERS = itertools.count()  # start order of observed calls, across the runs of a process
 
 
-def direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
-    """A callable with the same result as ``pm.hook.<name>(**kwargs)``."""
-    caller = _direct_caller(pm, name)
+def direct_caller(pm: pluggy.PluginManager, name: str,
+                  skipped: Collection[str] = ()) -> Callable[..., Any]:
+    """A callable with the same result as ``pm.hook.<name>(**kwargs)``, leaving out the
+    implementations of the plugins named in ``skipped`` (see :func:`unused_step_hooks`)."""
+    caller = _direct_caller(pm, name, skipped)
     observation = observation_of(pm)
     if observation is None or caller is getattr(pm.hook, name):  # pluggy's calls are monitored
         return caller
     return observation.observed_caller(name, caller)
 
 
-def _direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
+def _direct_caller(pm: pluggy.PluginManager, name: str,
+                   skipped: Collection[str]) -> Callable[..., Any]:
     caller = getattr(pm.hook, name)
     impls = caller.get_hookimpls()
     if any(impl.wrapper or impl.hookwrapper for impl in impls):
-        return caller
+        return caller  # a wrapper's yield reaches every implementation: none is left out
     spec_args = tuple(caller.spec.argnames)
-    functions = [bind_impl(impl, spec_args) for impl in reversed(impls)]  # pluggy's call order
+    functions = [bind_impl(impl, spec_args) for impl in reversed(impls)  # pluggy's call order
+                 if impl.plugin_name not in skipped]
     if caller.spec.opts.get("firstresult"):
         if len(functions) == 1:
             return functions[0]
@@ -93,16 +97,45 @@ def _direct_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
     return all_results
 
 
+def unused_step_hooks(pm: pluggy.PluginManager, trainer: Any) -> dict[str, set[str]]:
+    """Per-step hook name -> the plugins that answered ``unused_step_hooks`` with it: each
+    plugin asked on its own. A name that is not a per-step hook the plugin implements is a
+    :class:`PluginError` (a typo would otherwise leave the hook called, silently)."""
+    unused: dict[str, set[str]] = {}
+    for plugin, names in call_per_plugin(pm, "unused_step_hooks", trainer=trainer).items():
+        if names is None:
+            continue
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise PluginError(f"plugin {plugin!r}: unused_step_hooks returned {names!r}; return "
+                              f"a list of hook names (or None).")
+        for name in names:
+            if name not in PER_STEP_HOOKS or plugin not in (
+                    impl.plugin_name for impl in getattr(pm.hook, name).get_hookimpls()):
+                what = ("is not a per-step hook" if name not in PER_STEP_HOOKS
+                        else "is a per-step hook it does not implement")
+                raise PluginError(
+                    f"plugin {plugin!r}: unused_step_hooks named {name!r}, which {what}; "
+                    f"name only the per-step hooks it implements "
+                    f"({', '.join(PER_STEP_HOOKS)}).")
+            unused.setdefault(name, set()).add(plugin)
+    return unused
+
+
 class StepHooks:
     """The per-step hooks of one run, as direct callers (attributes named after the hooks),
-    ``has_NAME`` for each of :data:`OPTIONAL_STEP_HOOKS` (whether any plugin implements it), and
-    ``clips_every_step`` (whether a plugin asks ``clip_gradients`` to run on every step)."""
+    ``has_NAME`` for each of :data:`OPTIONAL_STEP_HOOKS` (whether any implementation is called),
+    and ``clips_every_step`` (whether a plugin asks ``clip_gradients`` to run on every step).
+    With ``trainer``, the plugins' ``unused_step_hooks`` answers are asked and followed."""
 
-    def __init__(self, pm: pluggy.PluginManager):
+    def __init__(self, pm: pluggy.PluginManager, trainer: Any = None):
+        unused = unused_step_hooks(pm, trainer) if trainer is not None else {}
         for name in PER_STEP_HOOKS:
-            setattr(self, name, direct_caller(pm, name))
+            setattr(self, name, direct_caller(pm, name, unused.get(name, ())))
         for name in OPTIONAL_STEP_HOOKS:
-            setattr(self, f"has_{name}", bool(getattr(pm.hook, name).get_hookimpls()))
+            impls = getattr(pm.hook, name).get_hookimpls()
+            setattr(self, f"has_{name}", any(
+                impl.wrapper or impl.hookwrapper or impl.plugin_name not in unused.get(name, ())
+                for impl in impls))
         self.clips_every_step = any(getattr(impl.plugin, "clips_every_step", False)
                                     for impl in pm.hook.clip_gradients.get_hookimpls())
 

@@ -28,6 +28,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
         val_loader = prepare_dataloader(trainer, dataloader, stage="validate")
         checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
         load_state_dict(trainer, state)                    # each plugin, its own saved state
+        unused_step_hooks(trainer)                 # each plugin: per-step hooks it leaves this stage
         setup(trainer, stage="fit")
         log_hyperparams(trainer, hyperparameters)   # module's hparams + datamodule's
         on_loop_start(trainer, loop="fit")
@@ -306,6 +307,27 @@ def prepare_dataloader(trainer: Trainer, dataloader: DataLoader, stage: str) -> 
 
     Result: firstresult; the dataloader. Implemented by: strategies, accelerators and callbacks, as
     wrappers. Default: ``dataloader`` unchanged.
+    """
+
+
+@hookspec
+def unused_step_hooks(trainer: Trainer) -> list[str] | None:
+    """The per-step hooks this plugin implements but has nothing to do in during this stage (its
+    options turned that part off), for the loop to leave uncalled: a hook per step costs even
+    when it returns at once.
+
+    Fires: once per process per stage, on each plugin on its own, when the loop builds its
+    per-step calls, after ``prepare_dataloader`` and any restore, just before ``setup``. The
+    answer holds for the whole stage: a plugin that may have work in a hook later in the stage
+    (after a signal, a time limit, a change made in ``setup``) must not name it.
+
+    Result: per plugin; the names, each a per-step hook the plugin implements
+    (``transfer_batch``, ``on_batch_start``, ``model_step``, ``on_before_backward``, ``backward``,
+    ``on_after_backward``, ``on_before_optimizer_step``, ``clip_gradients``, ``optimizer_step``,
+    ``on_before_zero_grad``, ``on_train_batch_end``, ``on_evaluation_batch_end``); any other name
+    is a :class:`~ptrain.errors.PluginError`. ``None`` or nothing: every hook it implements is
+    called. Implemented by: callbacks whose per-step work is optional (the checkpoint callback
+    without step or time triggers).
     """
 
 

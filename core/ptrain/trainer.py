@@ -424,8 +424,8 @@ class Trainer:
 
     def run_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale/inspect, clip and step ``optimizer`` through the hooks; counts a global step.
-        The loop calls it at the end of each accumulation window; manual optimization calls it
-        through ``optimizer.step()``."""
+        Manual optimization calls it through ``optimizer.step()``; the training loop does the
+        same steps inline at the end of each accumulation window."""
         hooks = self.step_hooks
         if hooks.has_on_before_optimizer_step:
             hooks.on_before_optimizer_step(trainer=self, optimizer=optimizer)
@@ -540,7 +540,7 @@ class Trainer:
                                  f"data: implement {method}() on the module or on a DataModule "
                                  f"passed with it.")
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
-            self.step_hooks = StepHooks(self.pm)
+            self.step_hooks = StepHooks(self.pm, self)
             self.hook.setup(trainer=self, stage=stage)
             self.hook.log_hyperparams(trainer=self, hyperparameters={
                 **(self.datamodule.hparams if self.datamodule else {}), **module.hparams})

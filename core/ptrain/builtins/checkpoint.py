@@ -195,6 +195,13 @@ class ModelCheckpoint:
                 and isinstance(interval, float) and interval == 1.0)
 
     @hookimpl
+    def unused_step_hooks(self) -> list[str] | None:
+        # without step or time triggers nothing is saved mid-epoch: no call per step
+        if not self.every_n_train_steps and self.train_time_interval is None:
+            return ["on_train_batch_end"]
+        return None
+
+    @hookimpl
     def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:  # all: see hook_calls
         # only where an optimizer step just happened: mid-window gradients are not saved
         if not trainer.sync_gradients:
