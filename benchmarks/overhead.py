@@ -242,7 +242,8 @@ def ptrain_runner(**options: Any) -> Runner:
     def prepare(work: Workload, init: dict, loader: DataLoader, root: str) -> Prepared:
         net = fresh_net(work, init)
         module = PtrainModule(net, loader, work)
-        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=root, seed=0,
+        # no seed: the other runners seed nothing either (their weights and batches are given)
+        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=root,
                                  **options)
         return Prepared(lambda: trainer.fit(module), net)
 

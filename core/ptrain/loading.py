@@ -19,7 +19,7 @@ import inspect
 import operator
 import os
 import sys
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any, Callable
 
 import pluggy
@@ -160,22 +160,42 @@ def instantiate(target: Any, owner: str, options: dict[str, Any]) -> Any:
 
 class _PluginManager(pluggy.PluginManager):
     """pluggy's manager, faster to register with. pluggy asks each attribute of a plugin
-    whether it is a hook implementation, reading it statically (``inspect.getattr_static``),
-    and a plugin object has some 80 attributes, most of them ``object``'s: a class attribute
-    that is no function marked with ``@hookimpl`` is passed over here at once. Anything else
-    (a module, an attribute of the instance itself, a marked function) is pluggy's to judge."""
+    whether it is a hook implementation, reading it statically (``inspect.getattr_static``,
+    some 10 µs each), and a plugin object has some 80 attributes, most of them ``object``'s: an
+    attribute found in a class's own ``__dict__`` is answered here at once (a plain function:
+    its mark's options; anything unmarked: none), and so is a value of the instance itself that
+    can't be called (none). Anything else (a module's attribute, a callable stored on the
+    instance, a marked staticmethod or classmethod) is pluggy's to judge."""
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        #: the names of ``plugin``'s attributes marked as hook implementations: what
+        #: :func:`register` checks, without a second pass over the plugin's attributes
+        self.marked_names: list[str] = []
+        return super().register(plugin, name)
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
-        if not isinstance(plugin, ModuleType) and name not in getattr(plugin, "__dict__", ()):
-            classes = plugin.__mro__ if isinstance(plugin, type) else type(plugin).__mro__
-            for cls in classes:
-                raw = cls.__dict__.get(name, _ABSENT)
-                if raw is not _ABSENT:
-                    # the mark is on the function, or on a staticmethod/classmethod around it
-                    if not (hasattr(raw, IMPL_MARK)
-                            or hasattr(getattr(raw, "__func__", None), IMPL_MARK)):
-                        return None
-                    break
+        opts = self._hookimpl_opts(plugin, name)
+        if opts is not None:
+            self.marked_names.append(name)
+        return opts
+
+    def _hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if isinstance(plugin, ModuleType):
+            return super().parse_hookimpl_opts(plugin, name)
+        own = {} if isinstance(plugin, type) else getattr(plugin, "__dict__", {})
+        if name in own:  # the instance's own value: pluggy's to judge, unless not callable
+            return None if not callable(own[name]) else super().parse_hookimpl_opts(plugin, name)
+        for cls in (plugin if isinstance(plugin, type) else type(plugin)).__mro__:
+            raw = cls.__dict__.get(name, _ABSENT)
+            if raw is not _ABSENT:
+                if isinstance(raw, FunctionType):  # a plain method: its mark, if any
+                    opts = getattr(raw, IMPL_MARK, None)  # (what pluggy's lookup would read)
+                    return opts if isinstance(opts, dict) else None
+                # the mark is on a staticmethod/classmethod, or on the function inside it
+                if not (hasattr(raw, IMPL_MARK)
+                        or hasattr(getattr(raw, "__func__", None), IMPL_MARK)):
+                    return None
+                break
         return super().parse_hookimpl_opts(plugin, name)
 
 
@@ -233,7 +253,7 @@ def suggest_hook(name: str) -> str:
     return closest(name, HOOK_NAMES)
 
 
-def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
+def register(pm: _PluginManager, plugin: Any, name: str) -> None:
     """Register ``plugin`` under ``name``; a hook signature that does not match the specification,
     an implementation of a hook that does not exist (a typo), or a plugin that implements no hook
     at all (it would silently do nothing) is a :class:`PluginError`.
@@ -245,10 +265,9 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
         pm.register(plugin, name=name)
     except (pluggy.PluginValidationError, ValueError) as exc:
         raise PluginError(f"plugin {name!r} ({plugin_label(plugin)}) is invalid: {exc}") from exc
-    for attr in dir(plugin):
-        if attr.startswith("_") or attr in HOOK_NAMES:
-            continue
-        if hasattr(getattr(plugin, attr, None), IMPL_MARK):
+    marked = pm.marked_names
+    for attr in marked:
+        if not attr.startswith("_") and attr not in HOOK_NAMES:
             pm.unregister(plugin)
             raise PluginError(
                 f"plugin {name!r} ({plugin_label(plugin)}) implements {attr!r}, which is not a "
@@ -256,7 +275,7 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
                 f"documentation for the hooks."
             )
     observer = not inspect.isclass(plugin) and callable(getattr(plugin, "observe_hook_call", None))
-    if not pm.get_hookcallers(plugin) and not observer:  # it would take part in nothing
+    if not marked and not observer:  # it would take part in nothing
         pm.unregister(plugin)
         unmarked = sorted(a for a in LIGHTNING_HOOKS if callable(getattr(plugin, a, None)))
         if unmarked:

@@ -24,7 +24,6 @@ plugin does, so the job comes back and resumes with ``--ckpt-path last``.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -173,6 +172,8 @@ class StopSignals:
         raise Interrupted(received.name, int(received), trainer.global_step, written)
 
     def _requeue(self, job_id: str) -> None:
+        import shlex  # here: only a requeue needs it
+
         command = [part.format(job_id=job_id) for part in shlex.split(self.requeue_command)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=60)
