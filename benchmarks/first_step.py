@@ -21,9 +21,18 @@ after one unmeasured process of each. The processes may write Python's bytecode 
 from the repository in editable mode is not compiled from source in every process while the
 installed wheels it is compared with (Lightning's) come compiled: a user's installation has
 its caches.
+``--pre-intern N`` makes every process intern N new strings before the clock. CPython keeps a
+table of interned strings (names in code, attribute and keyword names) and grows it when it
+fills: a few milliseconds, once, at a point set by how many names the process has made so far.
+Whether that growth falls inside a runner's clock is a matter of where the process stands, not
+of the runner's own work; ``--pre-intern 2000`` moves a growth due within the next 2,000 names
+before the clock, for every runner alike, so the two tables side by side show how much of each
+figure it was.
+
 ``overhead.py`` prints this table beside its per-step figures; run alone::
 
     .venv/bin/python benchmarks/first_step.py            # 5 processes per runner
+    .venv/bin/python benchmarks/first_step.py --pre-intern 2000
 """
 
 from __future__ import annotations
@@ -54,9 +63,9 @@ DEFAULT_CALLBACKS_OFF = ["no:checkpoint", "no:tensorboard", "no:progress-bar", "
                          "no:model-summary", "no:stop-signals"]
 
 
-def child(runner: str) -> dict[str, float]:
+def child(runner: str, pre_intern: int = 0) -> dict[str, float]:
     """In a fresh process: milliseconds to import the runner's framework (after torch), and
-    from building the trainer to the first step."""
+    from building the trainer to the first step (after ``pre_intern`` new interned strings)."""
     import torch
     from torch import nn
 
@@ -83,6 +92,8 @@ def child(runner: str) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     loader = torch.utils.data.DataLoader(work.make_data(4 * 8, g), batch_size=work.batch_size)
     init = work.build().state_dict()
+    for i in range(pre_intern):
+        sys.intern(f"first-step-pre-intern-{i}")
     prepare = {"hand-written": overhead.prepare_hand,
                "ptrain (defaults)": overhead.ptrain_runner(),
                "ptrain (default callbacks off)":
@@ -95,7 +106,8 @@ def child(runner: str) -> dict[str, float]:
     return {"import_ms": (imported - import_start) * 1000, "ms": (first[0] - start) * 1000}
 
 
-def measure(runs: int, with_lightning: bool) -> dict[str, list[dict[str, float]]]:
+def measure(runs: int, with_lightning: bool,
+            pre_intern: int = 0) -> dict[str, list[dict[str, float]]]:
     """runner -> per fresh process, milliseconds to import its framework (``import_ms``) and
     from building its trainer to the first step (``ms``)."""
     chosen = [r for r, needs_lightning in RUNNERS.items() if with_lightning or not needs_lightning]
@@ -105,8 +117,9 @@ def measure(runs: int, with_lightning: bool) -> dict[str, list[dict[str, float]]
         order = chosen[repeat % len(chosen):] + chosen[:repeat % len(chosen)]
         for runner in order:
             out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
-                                  runner], capture_output=True, text=True, check=True,
-                                 cwd=HERE.parent, env=env)
+                                  runner, "--pre-intern", str(pre_intern)],
+                                 capture_output=True, text=True, check=True, cwd=HERE.parent,
+                                 env=env)
             if repeat >= 0:
                 times[runner].append(json.loads(out.stdout.strip().splitlines()[-1]))
     return times
@@ -134,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per runner")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning's rows")
+    parser.add_argument("--pre-intern", type=int, default=0, metavar="N",
+                        help="intern N new strings in each process before the clock (see above)")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.pre_intern)))
         return 0
     from overhead import HAVE_LIGHTNING
 
-    print(table(measure(args.runs, HAVE_LIGHTNING and not args.no_lightning)))
+    print(table(measure(args.runs, HAVE_LIGHTNING and not args.no_lightning, args.pre_intern)))
     return 0
 
 

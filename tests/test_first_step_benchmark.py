@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_every_runner_reaches_its_first_step_in_a_fresh_process():
     result = subprocess.run([sys.executable, "benchmarks/first_step.py", "--runs", "1",
-                             "--no-lightning"], cwd=REPO, capture_output=True, text=True,
+                             "--no-lightning", "--pre-intern", "100"], cwd=REPO, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]

@@ -105,7 +105,8 @@ def unused_step_hooks(pm: pluggy.PluginManager, trainer: Any) -> dict[str, set[s
     for plugin, names in call_per_plugin(pm, "unused_step_hooks", trainer=trainer).items():
         if names is None:
             continue
-        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, (list, tuple, set, frozenset)) or not all(
+                isinstance(n, str) for n in names):
             raise PluginError(f"plugin {plugin!r}: unused_step_hooks returned {names!r}; return "
                               f"a list of hook names (or None).")
         for name in names:

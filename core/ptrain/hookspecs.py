@@ -319,7 +319,9 @@ def unused_step_hooks(trainer: Trainer) -> list[str] | None:
     Fires: once per process per stage, on each plugin on its own, when the loop builds its
     per-step calls, after ``prepare_dataloader`` and any restore, just before ``setup``. The
     answer holds for the whole stage: a plugin that may have work in a hook later in the stage
-    (after a signal, a time limit, a change made in ``setup``) must not name it.
+    (after a signal, a time limit, a change made in ``setup``) must not name it. A hook that has
+    a wrapper registered is called through pluggy, which reaches every implementation: there,
+    the answer changes nothing.
 
     Result: per plugin; the names, each a per-step hook the plugin implements
     (``transfer_batch``, ``on_batch_start``, ``model_step``, ``on_before_backward``, ``backward``,
