@@ -14,7 +14,8 @@ What runs (each arm in a fresh process, so memory, compile caches and TF32 setti
   source text (real text that ships with every Python; vocabulary 256); ``conv``, a ResNet-style
   net (4 stages of 2 residual blocks, 64-512 channels) on 128x128 images drawn by the code
   (classes are oriented stripe patterns under noise), for cuDNN benchmark and channels-last.
-- **configurations**: ``32-true`` (TF32 off: ``highest`` matmul precision), ``32-tf32`` (``high``),
+- **configurations**: ``32-true`` (TF32 off: ``highest`` matmul precision and no TF32 in cuDNN's
+  convolutions), ``32-tf32`` (``high``, and cuDNN's TF32),
   ``16-mixed`` (autocast + GradScaler), ``bf16-mixed``, ``bf16-true``; each eager and compiled
   (inductor, default mode); ``conv`` also eager 32-true with cuDNN benchmark and eager
   bf16-mixed in channels-last (ptrain: ``-p channels-last``; the others convert the model and
@@ -68,6 +69,9 @@ LAST_STEPS = 5
 #: what --reduced runs unless --precisions says otherwise: one plain and one mixed precision
 #: (every precision and compile run here too, given by name, in about 10 minutes)
 REDUCED_PRECISIONS = ("32-true", "bf16-mixed")
+#: every configuration --configs can name
+CONFIGS = (*PRECISIONS, *(f"{p}+compile" for p in PRECISIONS), "32-true+cudnn-benchmark",
+           "bf16-mixed+channels-last")
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ class Arm:
 def decoder_sizes(reduced: bool) -> dict[str, int]:
     if reduced:
         return {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "batch": 4}
-    return {"layers": 12, "d_model": 768, "heads": 12, "seq": 1024, "batch": 16}
+    return {"layers": 12, "d_model": 768, "heads": 12, "seq": 1024, "batch": 64}
 
 
 def conv_sizes(reduced: bool) -> dict[str, int]:
@@ -342,7 +346,11 @@ def run_hand(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     model.to(device)
     if arm.precision == "bf16-true":
         model.to(torch.bfloat16)
-    compiled = torch.compile(model) if arm.compile else model
+    # forward and loss compiled together, as ptrain's compile plugin and Lightning compile the
+    # whole training step
+    step_loss = functools.partial(loss_fn, model)
+    if arm.compile:
+        step_loss = torch.compile(step_loss)
     optimizer = optimizer_for(model.parameters(), device)
     scaler = torch.amp.GradScaler(device.type, enabled=arm.precision == "16-mixed")
     model.train()
@@ -351,7 +359,7 @@ def run_hand(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
         batch = tuple(t.to(device, dtype=floats if t.is_floating_point() else None,
                            non_blocking=True) for t in batch)
         with autocast(device, arm.precision):
-            loss = loss_fn(compiled, batch)
+            loss = step_loss(batch)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -419,6 +427,9 @@ def measure(arm: Arm) -> dict[str, Any]:
 
     device = torch.device(arm.device)
     torch.set_float32_matmul_precision("high" if arm.precision == "32-tf32" else "highest")
+    # cuDNN's convolutions use TF32 by torch's default, whatever the matmul precision: 32-true
+    # means no TF32 anywhere, in every runner (ptrain leaves this setting alone)
+    torch.backends.cudnn.allow_tf32 = arm.precision == "32-tf32"
     torch.backends.cudnn.benchmark = arm.cudnn_benchmark
     model, dataset, batch, per_sample = build_workload(arm)
     loss_fn = type(model).loss
@@ -507,10 +518,19 @@ def matrix_arms(args: argparse.Namespace) -> list[Arm]:
         for precision, compiled, benchmark, channels_last in configs:
             if (args.compile == "off" and compiled) or (args.compile == "only" and not compiled):
                 continue
+            if args.configs and config_name(Arm(workload, "hand", precision, compiled, benchmark,
+                                                channels_last)) not in args.configs:
+                continue
             for runner in args.runners:
                 arms.append(Arm(workload, runner, precision, compiled, benchmark, channels_last,
-                                args.device, args.reduced, args.steps, args.warmup))
+                                args.device, args.reduced, args.steps, args.warmup, args.batch))
     return arms
+
+
+def config_name(arm: Arm) -> str:
+    """The arm's configuration as ``--configs`` names it: its label without spaces
+    (``bf16-mixed+compile``)."""
+    return arm.label.replace(" ", "")
 
 
 def run_matrix(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
@@ -647,9 +667,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                 "reduced 6)")
     parser.add_argument("--warmup", type=int, default=None, help="steps before the clock "
                                                                  "starts (default 10; reduced 2)")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="samples per step (default: the workload's: decoder 64, conv 128)")
     parser.add_argument("--compile", choices=("both", "off", "only"), default=None,
                         help="the eager arms, the compiled ones, or both (default: both; "
                              "with --reduced off)")
+    parser.add_argument("--configs", default="",
+                        help="only these configurations, comma-separated, as the tables name "
+                             "them without spaces (e.g. 32-true,bf16-mixed+compile,"
+                             "32-true+cudnn-benchmark); default: every one of the selection")
     parser.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -658,16 +684,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.runners = [r for r in args.runners.split(",") if r]
     args.sections = [s for s in args.sections.split(",") if s]
+    args.configs = [c for c in args.configs.split(",") if c]
     args.precisions_default = args.precisions is None
     args.precisions = [p for p in (args.precisions or ",".join(PRECISIONS)).split(",") if p]
     for name, chosen, valid in (("--workloads", args.workloads, ("decoder", "conv")),
                                 ("--runners", args.runners, RUNNERS),
                                 ("--precisions", args.precisions, PRECISIONS),
-                                ("--sections", args.sections, ("matrix", "ac"))):
+                                ("--sections", args.sections, ("matrix", "ac")),
+                                ("--configs", args.configs, CONFIGS)):
         bad = [c for c in chosen if c not in valid]
         if bad:
             parser.error(f"{name}: {', '.join(bad)} not among {', '.join(valid)}")
-    if args.reduced and args.precisions_default:
+    if args.configs:  # they name precision and compile themselves
+        if not args.precisions_default or args.compile is not None:
+            parser.error("--configs names the precision and compile of each configuration: "
+                         "give it without --precisions and --compile")
+        args.precisions = [p for p in PRECISIONS
+                           if any(c.split("+")[0] == p for c in args.configs)]
+        args.compile = "both"
+    elif args.reduced and args.precisions_default:
         args.precisions = list(REDUCED_PRECISIONS)
     if args.compile is None:
         args.compile = "off" if args.reduced else "both"
@@ -675,6 +710,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.steps = 6 if args.reduced else 40
     if args.warmup is None:
         args.warmup = 2 if args.reduced else 10
+    if args.batch < 0:
+        parser.error(f"--batch {args.batch} must be positive (0: the workload's own)")
     if not 0 < args.warmup < args.steps:
         parser.error(f"--warmup {args.warmup} must be between 0 and --steps {args.steps}")
     return args

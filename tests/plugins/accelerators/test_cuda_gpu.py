@@ -139,7 +139,8 @@ def test_batches_are_pinned_and_copied_without_blocking(digits):
     assert cuda.val_dataloader.pin_memory is True
     train_batches = EPOCHS * len(cuda.train_dataloader)
     val_batches = EPOCHS * len(cuda.val_dataloader)
-    assert len(recorder.pinned) == train_batches + val_batches
+    sanity_batches = min(cuda.num_sanity_val_steps, len(cuda.val_dataloader))
+    assert len(recorder.pinned) == train_batches + val_batches + sanity_batches
     assert all(recorder.pinned), recorder.pinned.count(False)
     assert recorder.blocking_copies == []
     assert set(recorder.moved_to) == {cuda.device}

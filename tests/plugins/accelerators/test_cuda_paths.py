@@ -45,8 +45,11 @@ WARMUP_STEPS = 3
 class SyncWatch:
     """A plugin that runs each epoch's training steps after the warm-up under
     ``set_sync_debug_mode("error")``: from the end of step ``WARMUP_STEPS - 1`` (epoch 0) or of
-    step 0 (later epochs) to the end of the epoch's last step. Its ``on_train_batch_end`` runs
-    last, so the other plugins' per-step hooks run inside the watched window."""
+    step 0 (later epochs) to the start of the epoch's validation, which runs after the last
+    training step and before that step's ``on_train_batch_end`` (and publishes its metrics: one
+    sync per validation, by design). Its ``on_train_batch_end`` runs last, so the other plugins'
+    per-step hooks run inside the watched window; ``watched_steps`` counts the training steps
+    that ran whole under the watch."""
 
     name = "sync-watch"
 
@@ -55,13 +58,16 @@ class SyncWatch:
 
     @ptrain.hookimpl(trylast=True)
     def on_train_batch_end(self, trainer, batch_idx):
-        last = batch_idx == len(trainer.train_dataloader) - 1
         if torch.cuda.get_sync_debug_mode() != 0:
             self.watched_steps += 1
-        if last:
-            torch.cuda.set_sync_debug_mode("default")
-        elif batch_idx == (WARMUP_STEPS - 1 if trainer.current_epoch == 0 else 0):
+        if batch_idx == (WARMUP_STEPS - 1 if trainer.current_epoch == 0 else 0):
             torch.cuda.set_sync_debug_mode("error")
+
+    @ptrain.hookimpl(tryfirst=True)
+    def on_loop_start(self, loop):
+        if loop == "validate" and torch.cuda.get_sync_debug_mode() != 0:
+            self.watched_steps += 1  # the epoch's last step, watched to its end
+            torch.cuda.set_sync_debug_mode("default")
 
     @ptrain.hookimpl
     def teardown(self):
@@ -109,18 +115,62 @@ def test_compile_inductor_trains_and_matches_eager(tmp_path):
     assert abs(e - c) < 0.02, (e, c)  # the same arithmetic in other kernels: rounding only
 
 
+class KeepLosses:
+    """Keeps every training loss on the device and reads them only after ``fit``, as ``ptrain
+    tune``'s trials and the benchmarks' clocks do."""
+
+    name = "keep-losses"
+
+    def __init__(self):
+        self.losses: list[torch.Tensor] = []
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, loss):
+        self.losses.append(loss.detach())
+
+
+def test_compile_with_cuda_graphs_keeps_every_step_output_readable(tmp_path):
+    """``reduce-overhead`` replays CUDA graphs, whose outputs the next replay overwrites: the
+    losses kept across steps, the values logged (``train_loss`` on the progress bar, read at
+    each publish) and the epoch means must still read as their own step's. (The GPU run of
+    2026-11-26 found ptrain tune's reduce-overhead candidate failing here.)"""
+    kept = KeepLosses()
+    trainer = ptrain.Trainer(accelerator="cuda", max_epochs=3, default_root_dir=str(tmp_path),
+                             callbacks=[*QUIET, "compile", kept], log_every_n_steps=2,
+                             plugin_options={"compile": {"mode": "reduce-overhead"}})
+    trainer.fit(TinyRegressor(n=256, batch_size=32, lr=0.05))
+    losses = torch.stack(kept.losses).cpu()
+    assert len(losses) == 3 * 8 and torch.isfinite(losses).all()
+    assert len(set(losses.tolist())) > 1, losses  # each its own step's, not the last replay's
+    assert losses[-8:].mean() < losses[:8].mean()  # it trained
+    assert trainer.plugins.get("compile").cuda_graphs
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(float(losses[-1]))
+
+
+class WideBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(1024, 1024)
+
+    def forward(self, x):
+        return nn.functional.gelu(self.linear(x))
+
+
 class Deep(TinyRegressor):
-    """Twelve wide blocks on batches of 4,096: activations dominate a step's memory."""
+    """Twelve wide blocks (an ``nn.ModuleList``, where ``auto`` finds them) on batches of
+    4,096: activations dominate a step's memory."""
 
     def __init__(self):
         super().__init__(n=8192, batch_size=4096)
         self.inp, self.out = nn.Linear(4, 1024), nn.Linear(1024, 1)
-        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(1024, 1024), nn.GELU())
-                                      for _ in range(12)))
+        self.blocks = nn.ModuleList(WideBlock() for _ in range(12))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return nn.functional.mse_loss(self.out(self.blocks(self.inp(x))), y)
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return nn.functional.mse_loss(self.out(h), y)
 
 
 def _peak_step_memory(tmp_path, callbacks) -> int:
