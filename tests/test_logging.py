@@ -269,3 +269,52 @@ def test_progress_bar_on_a_terminal(tmp_path):
     final = text.split("Training finished")[1].splitlines()[0]
     assert final.startswith(": 2 epoch(s), 8 steps in ")
     assert set(_metrics(final)) == {"train_loss", "val_loss"}
+
+
+class OwnsValues:
+    """Calls ``own_values`` after each training step, as a plugin whose step outputs live in
+    reused memory (CUDA graphs) does, and records what the store held before and after."""
+
+    name = "owns-values"
+
+    def __init__(self):
+        self.seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer):
+        store = trainer.metrics
+        before = store.callback_metrics["train_loss"]
+        sum_before = store.epoch_sums["train"]["worst_loss"][0]
+        store.own_values()
+        after = store.callback_metrics["train_loss"]
+        store.own_values()  # a copy already made is not copied again
+        assert store.callback_metrics["train_loss"] is after
+        self.seen.append((before, after, sum_before, store.epoch_sums["train"]["worst_loss"][0]))
+
+
+class EpochLogging(TinyRegressor):
+    """Also logs an epoch aggregate, whose first running value is the logged tensor itself."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("worst_loss", loss, on_step=False, on_epoch=True, reduce_fx="max")
+        return loss
+
+
+def test_own_values_replaces_what_the_store_holds_with_copies_of_equal_value(tmp_path):
+    """Each value logged in the step (and the epoch's running sum) is replaced by a copy with
+    its own memory and the same value; the training's published figures are unchanged."""
+    plain = ptrain.Trainer(max_epochs=2, default_root_dir=str(tmp_path / "plain"),
+                           callbacks=["no:progress-bar", "no:checkpoint"], seed=0)
+    plain.fit(EpochLogging(n=32))
+    owning = OwnsValues()
+    trainer = ptrain.Trainer(max_epochs=2, default_root_dir=str(tmp_path / "owning"),
+                             callbacks=["no:progress-bar", "no:checkpoint", owning], seed=0)
+    trainer.fit(EpochLogging(n=32))
+    assert len(owning.seen) == 8
+    for before, after, sum_before, sum_after in owning.seen:
+        assert after is not before and after.data_ptr() != before.data_ptr()
+        assert torch.equal(after, before)
+        assert sum_after is not sum_before and torch.equal(sum_after, sum_before)
+    for name in ("train_loss", "worst_loss", "val_loss"):
+        assert float(trainer.callback_metrics[name]) == float(plain.callback_metrics[name])

@@ -70,6 +70,10 @@ def batch_size_of(batch: Any) -> int | None:
     return None
 
 
+#: the attribute that marks a copy :meth:`MetricStore.own_values` made (a copy owns its memory)
+OWNED = "_ptrain_owned_copy"
+
+
 class MetricStore:
     """What ``TrainModule.log`` records during one stage, and what callbacks read.
 
@@ -94,6 +98,33 @@ class MetricStore:
         self.logged_metrics: dict[str, float] = {}  # the latest values sent to the loggers
         self.batch: Any = None  # the batch under way (for batch sizes), set by model_step
         self._epoch_level = False
+
+    def own_values(self) -> None:
+        """Replace each tensor the store holds that is not already a copy made here with a copy
+        of it (one small device copy per value logged since the last call; a tensor held under
+        several names is copied once).
+
+        For plugins whose step outputs live in memory that a later step overwrites: CUDA graphs
+        replay every step into the same buffers, so a value logged in one step would otherwise
+        read as the next step's (torch raises instead). Such a plugin calls this after each
+        step; the store itself never copies."""
+        copies: dict[int, torch.Tensor] = {}
+
+        def owned(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor) or getattr(value, OWNED, False):
+                return value
+            copy = copies.get(id(value))
+            if copy is None:
+                copy = copies[id(value)] = value.clone()
+                setattr(copy, OWNED, True)
+            return copy
+
+        for values in (self.step_values, self.eval_step_values, self.callback_metrics):
+            for name, value in values.items():
+                values[name] = owned(value)
+        for sums in self.epoch_sums.values():
+            for entry in sums.values():
+                entry[0] = owned(entry[0])
 
     @contextlib.contextmanager
     def epoch_level(self) -> Iterator[None]:

@@ -28,6 +28,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from ptrain import ConfigError, PluginError, hookimpl
 from ptrain.options import closest, to_bool, to_str
@@ -35,6 +36,8 @@ from ptrain.options import closest, to_bool, to_str
 log = logging.getLogger(__name__)
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: the modes in which inductor replays CUDA graphs on a CUDA device
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 FALLBACKS = ("error", "eager")
 
 
@@ -141,6 +144,7 @@ class Compile:
         self.mode, self.backend, self.fullgraph = mode, backend, fullgraph
         self.dynamic, self.fallback = dynamic, fallback
         self.compiled = False
+        self.cuda_graphs = False  # compiled in a mode that replays CUDA graphs, on CUDA
         self.fell_back: str | None = None
         self._reset_counters()
 
@@ -192,7 +196,9 @@ class Compile:
                            ("max-autotune-no-cudagraphs", "it autotunes GPU kernels")):
             offered.append(Candidate(
                 f"compile ({mode})", "compile", callbacks=("compile",),
-                plugin_options={"compile": {"mode": mode}},
+                # a mode is an inductor setting: the candidate names its backend too, so that
+                # it means the same whatever backend the run was given
+                plugin_options={"compile": {"mode": mode, "backend": "inductor"}},
                 unavailable=None if on_cuda else f"offered on CUDA runs only: {gain}"))
         return offered
 
@@ -201,7 +207,7 @@ class Compile:
     @hookimpl(wrapper=True)
     def wrap_model(self, trainer, model: torch.nn.Module):
         model = yield  # what the strategy built: compile that, not what it was built from
-        self.compiled, self.fell_back = False, None
+        self.compiled, self.cuda_graphs, self.fell_back = False, False, None
         problem = machine_problem(self.backend, trainer.device)
         if problem is not None:
             if self.fallback == "error":
@@ -220,7 +226,23 @@ class Compile:
             options["mode"] = self.mode
         model.compile(**options)
         self.compiled = True
+        self.cuda_graphs = self.mode in CUDA_GRAPH_MODES and trainer.device.type == "cuda"
         return model
+
+    @hookimpl(wrapper=True)
+    def model_step(self, trainer):
+        """With CUDA graphs, a step's outputs live in the graphs' memory, which the next replay
+        overwrites: the loss (and whatever else the step returns) and the values the step logged
+        are copied out, so that a callback may read them after later steps (torch raises
+        otherwise: "accessing tensor output of CUDAGraphs that has been overwritten"). Copies of
+        a few scalars per step, on the device: no sync. Each step is marked as a new iteration
+        of the graphs first."""
+        if not self.cuda_graphs:
+            return (yield)
+        torch.compiler.cudagraph_mark_step_begin()
+        output = yield
+        trainer.metrics.own_values()
+        return tree_map_only(torch.Tensor, torch.clone, output)
 
     # -- timing ----------------------------------------------------------------------------------
     # Dynamo runs the start/end callbacks around each compilation (a new graph, a lazily compiled
