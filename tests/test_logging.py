@@ -292,7 +292,7 @@ class OwnsValues:
         self.seen.append((before, after, sum_before, store.epoch_sums["train"]["worst_loss"][0]))
 
 
-class EpochLogging(TinyRegressor):
+class LogsWorstLoss(TinyRegressor):
     """Also logs an epoch aggregate, whose first running value is the logged tensor itself."""
 
     def training_step(self, batch, batch_idx):
@@ -306,11 +306,11 @@ def test_own_values_replaces_what_the_store_holds_with_copies_of_equal_value(tmp
     its own memory and the same value; the training's published figures are unchanged."""
     plain = ptrain.Trainer(max_epochs=2, default_root_dir=str(tmp_path / "plain"),
                            callbacks=["no:progress-bar", "no:checkpoint"], seed=0)
-    plain.fit(EpochLogging(n=32))
+    plain.fit(LogsWorstLoss(n=32))
     owning = OwnsValues()
     trainer = ptrain.Trainer(max_epochs=2, default_root_dir=str(tmp_path / "owning"),
                              callbacks=["no:progress-bar", "no:checkpoint", owning], seed=0)
-    trainer.fit(EpochLogging(n=32))
+    trainer.fit(LogsWorstLoss(n=32))
     assert len(owning.seen) == 8
     for before, after, sum_before, sum_after in owning.seen:
         assert after is not before and after.data_ptr() != before.data_ptr()
