@@ -35,6 +35,10 @@ What runs (each arm in a fresh process, so memory, compile caches and TF32 setti
 - ``--sections ac``: with and without ``-p activation-checkpointing`` on the decoder in
   bf16-mixed, the largest batch that fits, found by ptrain's ``batch-size-finder`` (a real CUDA
   out-of-memory ends its doubling).
+- ``--sections data``: the convnet in bf16-mixed on images made per item (about 2 ms of one core
+  each: :class:`MadeImages`), each runner with the loader a user writes first (no workers) and
+  with its faster one: tuned by hand for the hand loop and Lightning (a worker per core but one,
+  pinned memory, persistent workers), ptrain's dataloading advice applied for ptrain.
 Writes ``OUT/gpu.json`` (every arm's raw figures) and ``OUT/gpu.md`` (the tables), and prints the
 tables. ``--reduced`` shrinks every model and step count and, unless ``--precisions`` or
 ``--compile`` say otherwise, runs 32-true and bf16-mixed eager only, so the script runs on the CPU
@@ -88,13 +92,26 @@ class Arm:
     steps: int = 40
     warmup: int = 10
     batch: int = 0  # 0: the workload's default
+    loading: str = "memory"  # one of LOADINGS
 
     @property
     def label(self) -> str:
         extra = " +compile" if self.compile else ""
         extra += " +cudnn-benchmark" if self.cudnn_benchmark else ""
         extra += " +channels-last" if self.channels_last else ""
+        extra += f" +{self.loading}-loader" if self.loading != "memory" else ""
         return f"{self.precision}{extra}"
+
+
+#: how an arm's batches are loaded: ``memory``, the matrix's, a TensorDataset already made (no
+#: loading cost); the data section's dataset makes each image per item (:class:`MadeImages`),
+#: loaded ``naive`` (no workers, as a first loader is written), ``tuned`` by hand (workers,
+#: pinned memory, persistent workers) or, for ptrain, ``advice``: the naive loader with the
+#: dataloading callback's advice applied (``apply = true``)
+LOADINGS = ("memory", "naive", "tuned", "advice")
+#: the data section's loaders per runner
+DATA_LOADINGS = {"hand": ("naive", "tuned"), "ptrain": ("naive", "advice"),
+                 "lightning": ("naive", "tuned")}
 
 
 # -- the workloads (built inside the arm's process) ----------------------------------------------
@@ -133,8 +150,43 @@ def build_workload(arm: Arm):
     size = conv_sizes(arm.reduced)
     batch = arm.batch or size["batch"]
     model = ConvNet(size["width"], size["classes"])
+    if arm.loading != "memory":
+        return model, made_images(arm, batch * n_items), batch, 1
     images, labels = stripe_images(batch * n_items, size["image"], size["classes"])
     return model, TensorDataset(images, labels), batch, 1
+
+
+class MadeImages:
+    """The convnet's images made per item, costing CPU time per item as decoding and augmenting
+    does: item ``i`` is a stripe image (its class sets the angle) with noise, drawn from a
+    generator seeded by ``i`` (the same item in every worker, runner and run) and blurred
+    ``blurs`` times by a 5x5 kernel. A map-style dataset of ``n`` items, ``(image, label)``."""
+
+    def __init__(self, n: int, size: int, classes: int, blurs: int):
+        self.n, self.size, self.classes, self.blurs = n, size, classes, blurs
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+        from torch.nn import functional as F
+
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        g = torch.Generator().manual_seed(i)
+        label = int(torch.randint(0, self.classes, (), generator=g))
+        angle = torch.tensor(label * math.pi / self.classes)
+        coords = torch.linspace(-1, 1, self.size)
+        y, x = torch.meshgrid(coords, coords, indexing="ij")
+        phase = float(torch.rand((), generator=g)) * 2 * math.pi
+        wave = torch.sin(8 * (x * angle.cos() + y * angle.sin()) + phase)
+        image = wave.expand(3, self.size, self.size) + 0.5 * torch.randn(
+            3, self.size, self.size, generator=g)
+        kernel = torch.full((3, 1, 5, 5), 1 / 25)
+        for _ in range(self.blurs):
+            image = F.conv2d(image[None], kernel, padding=2, groups=3)[0]
+        return image.contiguous(), label
 
 
 def stdlib_bytes(n: int) -> bytes:
@@ -292,7 +344,9 @@ def step_flops(model, loss_fn, dataset, batch: int, device, precision: str) -> f
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    sample = tuple(t[:1].to(device) for t in dataset[0:1])
+    from torch.utils.data import default_collate
+
+    sample = tuple(t.to(device) for t in default_collate([dataset[0]]))
     with FlopCounterMode(display=False) as counter, autocast(device, precision):
         loss_fn(model, sample).backward()
     model.zero_grad(set_to_none=True)
@@ -384,6 +438,8 @@ def run_ptrain(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
         callbacks.append("compile")
     if arm.channels_last:
         callbacks.append("channels-last")
+    if arm.loading == "advice":
+        plugin_options["dataloading"] = {"apply": True}
     if device.type == "cuda":
         plugin_options["cuda"] = {
             "float32_matmul_precision": "high" if arm.precision == "32-tf32" else "highest",
@@ -418,12 +474,35 @@ def run_lightning(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> Non
 RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning}
 
 
+def made_images(arm: Arm, n: int) -> MadeImages:
+    """The data section's dataset of ``n`` images made per item (4 blurs an item: about a
+    millisecond of one core each; 1 reduced)."""
+    size = conv_sizes(arm.reduced)
+    return MadeImages(n, size["image"], size["classes"], blurs=1 if arm.reduced else 4)
+
+
+def loader_for(arm: Arm, dataset, batch: int, device):
+    """The arm's DataLoader: the matrix's pins host memory on CUDA; the data section's
+    ``naive`` one is the first loader a user writes (no workers, nothing pinned, also for
+    ptrain's ``advice`` arm, whose callback rebuilds it), and ``tuned`` the one a careful user
+    writes: a worker per core but one, pinned memory, workers kept between epochs."""
+    from torch.utils.data import DataLoader
+
+    common = {"batch_size": batch, "shuffle": False, "drop_last": True}
+    if arm.loading == "memory":
+        return DataLoader(dataset, pin_memory=device.type == "cuda", **common)
+    if arm.loading == "tuned":
+        workers = max(1, len(os.sched_getaffinity(0)) - 1)
+        return DataLoader(dataset, num_workers=workers, pin_memory=device.type == "cuda",
+                          persistent_workers=True, prefetch_factor=4, **common)
+    return DataLoader(dataset, **common)
+
+
 def measure(arm: Arm) -> dict[str, Any]:
     """Run ``arm`` in this process; its figures."""
     import resource
 
     import torch
-    from torch.utils.data import DataLoader
 
     device = torch.device(arm.device)
     torch.set_float32_matmul_precision("high" if arm.precision == "32-tf32" else "highest")
@@ -438,8 +517,7 @@ def measure(arm: Arm) -> dict[str, Any]:
     if arm.channels_last and arm.runner != "ptrain":  # what a user writes; ptrain: the plugin
         model.to(memory_format=torch.channels_last)
         loss_fn = channels_last_inputs(loss_fn)
-    loader = DataLoader(dataset, batch_size=batch, shuffle=False, drop_last=True,
-                        pin_memory=device.type == "cuda")
+    loader = loader_for(arm, dataset, batch, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -527,15 +605,25 @@ def matrix_arms(args: argparse.Namespace) -> list[Arm]:
     return arms
 
 
+def data_arms(args: argparse.Namespace) -> list[Arm]:
+    """The data section: the convnet in bf16-mixed on :class:`MadeImages`, each runner with the
+    naive loader and with its faster one (``DATA_LOADINGS``)."""
+    return [Arm("conv", runner, "bf16-mixed", device=args.device, reduced=args.reduced,
+                steps=args.steps, warmup=args.warmup, loading=loading)
+            for runner in args.runners for loading in DATA_LOADINGS[runner]]
+
+
 def config_name(arm: Arm) -> str:
     """The arm's configuration as ``--configs`` names it: its label without spaces
     (``bf16-mixed+compile``)."""
     return arm.label.replace(" ", "")
 
 
-def run_matrix(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+def run_matrix(args: argparse.Namespace, out: Path,
+               arms: list[Arm] | None = None) -> list[dict[str, Any]]:
+    """Each of ``arms`` (default: the matrix's) in its own process; their results."""
     results = []
-    for arm in matrix_arms(args):
+    for arm in matrix_arms(args) if arms is None else arms:
         reason = why_not(arm)
         result = ({"skipped": reason} if reason else
                   run_child(["--child", json.dumps(asdict(arm))], out,
@@ -608,7 +696,27 @@ def ac_section(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 # -- the report --------------------------------------------------------------------------------
 
 
-def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops: float) -> str:
+def data_table(data: list[dict[str, Any]]) -> list[str]:
+    """The data section's table: each runner's loaders against the hand loop's two."""
+    hand = {r["arm"]["loading"]: r for r in data if r["arm"]["runner"] == "hand"}
+    lines = ["### data loading (convnet, bf16-mixed, images made per item)", "",
+             "| runner | loader | images/s | vs hand, naive loader | vs hand, tuned loader | "
+             "final loss |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in data:
+        a = r["arm"]
+        if "skipped" in r or "error" in r:
+            why = r.get("skipped") or f"FAILED: {r['error']}"
+            lines.append(f"| {a['runner']} | {a['loading']} | {why} | | | |")
+            continue
+        ratios = [f"{r['units_per_s'] / hand[k]['units_per_s']:.2f}x"
+                  if "units_per_s" in hand.get(k, {}) else "" for k in ("naive", "tuned")]
+        lines.append(f"| {a['runner']} | {a['loading']} | {r['units_per_s']:,.0f} | "
+                     f"{ratios[0]} | {ratios[1]} | {r['final_loss']:.4f} |")
+    return lines + [""]
+
+
+def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops: float,
+           data: list[dict[str, Any]] = ()) -> str:
     lines = []
     by_key = {}
     for r in results:
@@ -648,6 +756,8 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
             lines.append(f"| {'on' if r.get('checkpointed') else 'off'} | "
                          f"{r.get('found', 'FAILED: ' + str(r.get('error')))} |")
         lines.append("")
+    if data:
+        lines += data_table(list(data))
     return "\n".join(lines)
 
 
@@ -658,7 +768,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny models and few steps: the CPU plumbing check")
     parser.add_argument("--device", default=None, help="cuda (default where torch sees one) "
                                                        "or cpu")
-    parser.add_argument("--sections", default="matrix,ac", help="matrix, ac (comma-separated)")
+    parser.add_argument("--sections", default="matrix,ac,data",
+                        help="matrix, ac, data (comma-separated)")
     parser.add_argument("--workloads", default="decoder,conv")
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--precisions", default=None,
@@ -690,7 +801,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, chosen, valid in (("--workloads", args.workloads, ("decoder", "conv")),
                                 ("--runners", args.runners, RUNNERS),
                                 ("--precisions", args.precisions, PRECISIONS),
-                                ("--sections", args.sections, ("matrix", "ac")),
+                                ("--sections", args.sections, ("matrix", "ac", "data")),
                                 ("--configs", args.configs, CONFIGS)):
         bad = [c for c in chosen if c not in valid]
         if bad:
@@ -739,16 +850,18 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.warmup} warm-up){' [reduced]' if args.reduced else ''}", flush=True)
     results = run_matrix(args, out) if "matrix" in args.sections else []
     ac = ac_section(args, out) if "ac" in args.sections else []
-    report = tables(results, ac, args.peak_tflops)
+    data = run_matrix(args, out, data_arms(args)) if "data" in args.sections else []
+    report = tables(results, ac, args.peak_tflops, data)
     header = (f"Device: {name}; torch {torch.__version__}; Python {platform.python_version()}; "
               f"MFU against {args.peak_tflops:g} TFLOP/s (dense bf16 peak); command: "
               f"`python benchmarks/gpu.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     (out / "gpu.md").write_text(header + "\n\n" + report + "\n")
     (out / "gpu.json").write_text(json.dumps({"device": name, "torch": torch.__version__,
                                               "peak_tflops": args.peak_tflops,
-                                              "matrix": results, "ac": ac}, indent=1))
+                                              "matrix": results, "ac": ac, "data": data},
+                                             indent=1))
     print("\n" + header + "\n\n" + report)
-    failed = [r for r in results + ac if "error" in r]
+    failed = [r for r in results + ac + data if "error" in r]
     return 1 if failed else 0
 
 

@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh --reduced                      # here, on the CPU: the plumbing only
 #
 # Parts: tests (the CUDA test modules), conformance (every plugin's suite on cuda), decoder, conv,
-# ac, tune (the benchmarks); `all` is every part in that order.
+# ac, data, tune (the benchmarks); `all` is every part in that order.
 #
 # --install puts the repository's distributions into the Python at hand without touching its torch
 # (pip install --no-deps --no-build-isolation -e, one per distribution: the machine's own torch,
@@ -27,7 +27,7 @@ py=${PYTHON:-$(command -v python3)}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && py=.venv/bin/python
 out=${OUT:-gpu-check-out}
 reduced=0 install=0 wheels='' parts=all bench_args='' step_timeout=0 pack=''
-PARTS=(tests conformance decoder conv ac tune)
+PARTS=(tests conformance decoder conv ac data tune)
 usage() { echo "gpu-check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -109,6 +109,7 @@ for part in "${selected[@]}"; do
       step bench-decoder "${bench[@]}" --sections matrix --workloads decoder --out "$out/decoder" ;;
     conv) step bench-conv "${bench[@]}" --sections matrix --workloads conv --out "$out/conv" ;;
     ac) step bench-ac "${bench[@]}" --sections ac --out "$out/ac" ;;
+    data) step bench-data "${bench[@]}" --sections data --out "$out/data" ;;
     tune)  # ptrain tune on the digits example and the small transformer (issue 17's benchmark)
       if [ $reduced = 1 ]; then
         step bench-tune "$py" benchmarks/tune.py --budget 2m --models digits \

@@ -42,7 +42,7 @@ def test_every_step_runs_and_passes(reduced):
     rows = (out / "summary.md").read_text().splitlines()
     assert [row.split("|")[1].strip() for row in rows] == [
         "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
-        "bench-ac", "bench-tune"]
+        "bench-ac", "bench-data", "bench-tune"]
     assert all("| passed |" in row for row in rows), rows
 
 
@@ -83,6 +83,21 @@ def test_the_activation_checkpointing_section_finds_a_batch_size(reduced):
     assert all(r["found"] >= 1 and r["trials"] for r in ac), ac
 
 
+def test_the_data_section_trains_every_loader_on_the_same_images(reduced):
+    """Each runner with the naive loader and its faster one (the hand loop's and Lightning's
+    tuned by hand, ptrain's with the dataloading advice applied) trains on the images made per
+    item, and all end at the same loss: the loaders change the speed, never the data."""
+    _, out = reduced
+    data = json.loads((out / "data" / "gpu.json").read_text())["data"]
+    assert {(r["arm"]["runner"], r["arm"]["loading"]) for r in data} == {
+        ("hand", "naive"), ("hand", "tuned"), ("ptrain", "naive"), ("ptrain", "advice"),
+        ("lightning", "naive"), ("lightning", "tuned")}
+    losses = [r["final_loss"] for r in data]
+    assert losses == pytest.approx([losses[0]] * len(losses), rel=1e-4), data
+    assert all(r["final_loss"] < r["first_loss"] for r in data)
+    assert "### data loading" in (out / "data" / "gpu.md").read_text()
+
+
 def test_ptrain_tune_runs_on_the_digits_example(reduced):
     _, out = reduced
     log = (out / "bench-tune.log").read_text()
@@ -94,5 +109,5 @@ def test_a_bad_argument_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert ("--part 'bogus' is not one of tests conformance decoder conv ac tune, all"
+    assert ("--part 'bogus' is not one of tests conformance decoder conv ac data tune, all"
             in proc.stderr)
