@@ -341,10 +341,8 @@ def optimizer_for(params, device) -> Any:
 def step_flops(model, loss_fn, dataset, batch: int, device, precision: str) -> float:
     """The FLOPs of one forward and backward at ``batch`` (counted on one sample, times the
     batch), on the eager model; the gradients it leaves are cleared."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
     from torch.utils.data import default_collate
+    from torch.utils.flop_counter import FlopCounterMode
 
     sample = tuple(t.to(device) for t in default_collate([dataset[0]]))
     with FlopCounterMode(display=False) as counter, autocast(device, precision):
@@ -475,8 +473,8 @@ RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning}
 
 
 def made_images(arm: Arm, n: int) -> MadeImages:
-    """The data section's dataset of ``n`` images made per item (4 blurs an item: about a
-    millisecond of one core each; 1 reduced)."""
+    """The data section's dataset of ``n`` images made per item (4 blurs an item: about 2 ms of
+    one core each; 1 reduced)."""
     size = conv_sizes(arm.reduced)
     return MadeImages(n, size["image"], size["classes"], blurs=1 if arm.reduced else 4)
 
