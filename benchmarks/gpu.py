@@ -13,7 +13,10 @@ What runs (each arm in a fresh process, so memory, compile caches and TF32 setti
   sequence 1024) trained as a byte-level language model on the Python standard library's own
   source text (real text that ships with every Python; vocabulary 256); ``conv``, a ResNet-style
   net (4 stages of 2 residual blocks, 64-512 channels) on 128x128 images drawn by the code
-  (classes are oriented stripe patterns under noise), for cuDNN benchmark and channels-last.
+  (classes are oriented stripe patterns under noise), for cuDNN benchmark and channels-last;
+  ``mlp``, scikit-learn's handwritten digits through an MLP 64-256-256-10 at batch 64: a step
+  of a few dozen small kernels, bound by the host's launching, where a trainer's own per-step
+  work shows on a GPU (give it ``--steps 400`` or more: its steps are fractions of a ms).
 - **configurations**: ``32-true`` (TF32 off: ``highest`` matmul precision and no TF32 in cuDNN's
   convolutions), ``32-tf32`` (``high``, and cuDNN's TF32),
   ``16-mixed`` (autocast + GradScaler), ``bf16-mixed``, ``bf16-true``; each eager and compiled
@@ -129,16 +132,30 @@ def conv_sizes(reduced: bool) -> dict[str, int]:
     return {"width": 64, "image": 128, "batch": 128, "classes": 8}
 
 
+def mlp_sizes(reduced: bool) -> dict[str, int]:
+    return {"hidden": 64 if reduced else 256, "batch": 64}
+
+
 def build_workload(arm: Arm):
     """``(model, dataset, batch size, units per sample)`` (units: tokens for the decoder, one
-    image for the convnet): the model built from seed 0, and a
-    dataset of exactly the items the arm trains on, in order."""
+    image or one sample otherwise): the model built from seed 0, and a dataset of exactly the
+    items the arm trains on, in order."""
     import torch
     from torch.utils.data import TensorDataset
 
-    _, Decoder, ConvNet = model_classes()
+    _, Decoder, ConvNet, MLP = model_classes()
     torch.manual_seed(0)
     n_items = arm.steps
+    if arm.workload == "mlp":
+        from sklearn.datasets import load_digits
+
+        size = mlp_sizes(arm.reduced)
+        batch = arm.batch or size["batch"]
+        digits = load_digits()
+        rows = torch.arange(batch * n_items) % len(digits.target)
+        features = torch.tensor(digits.data, dtype=torch.float32)[rows] / 16
+        labels = torch.tensor(digits.target)[rows]
+        return MLP(size["hidden"]), TensorDataset(features, labels), batch, 1
     if arm.workload == "decoder":
         size = decoder_sizes(arm.reduced)
         batch = arm.batch or size["batch"]
@@ -222,8 +239,8 @@ def stripe_images(n: int, size: int, classes: int):
 
 @functools.cache
 def model_classes():
-    """``(Block, Decoder, ConvNet)``, defined in an arm's process (the parent never builds a
-    model)."""
+    """``(Block, Decoder, ConvNet, MLP)``, defined in an arm's process (the parent never builds
+    a model)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -299,7 +316,21 @@ def model_classes():
             images, labels = batch
             return F.cross_entropy(model(images).float(), labels)
 
-    return Block, Decoder, ConvNet
+    class MLP(nn.Module):
+        def __init__(self, hidden: int):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                     nn.ReLU(), nn.Linear(hidden, 10))
+
+        def forward(self, features):
+            return self.net(features)
+
+        @staticmethod
+        def loss(model, batch):
+            features, labels = batch
+            return F.cross_entropy(model(features).float(), labels)
+
+    return Block, Decoder, ConvNet, MLP
 
 
 
@@ -722,7 +753,7 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
         by_key[(a["workload"], a["precision"], a["compile"], a["cudnn_benchmark"],
                 a["channels_last"], a["runner"])] = r
     for workload in dict.fromkeys(r["arm"]["workload"] for r in results):
-        unit = "tokens/s" if workload == "decoder" else "images/s"
+        unit = {"decoder": "tokens/s", "conv": "images/s"}.get(workload, "samples/s")
         lines += [f"### {workload}", "",
                   f"| configuration | runner | {unit} | vs hand | MFU | peak memory | "
                   f"final loss | vs hand |",
@@ -768,7 +799,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                        "or cpu")
     parser.add_argument("--sections", default="matrix,ac,data",
                         help="matrix, ac, data (comma-separated)")
-    parser.add_argument("--workloads", default="decoder,conv")
+    parser.add_argument("--workloads", default="decoder,conv,mlp",
+                        help="decoder, conv, mlp (comma-separated)")
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--precisions", default=None,
                         help=f"default: all; with --reduced {','.join(REDUCED_PRECISIONS)}")
@@ -796,7 +828,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.configs = [c for c in args.configs.split(",") if c]
     args.precisions_default = args.precisions is None
     args.precisions = [p for p in (args.precisions or ",".join(PRECISIONS)).split(",") if p]
-    for name, chosen, valid in (("--workloads", args.workloads, ("decoder", "conv")),
+    for name, chosen, valid in (("--workloads", args.workloads, ("decoder", "conv", "mlp")),
                                 ("--runners", args.runners, RUNNERS),
                                 ("--precisions", args.precisions, PRECISIONS),
                                 ("--sections", args.sections, ("matrix", "ac", "data")),

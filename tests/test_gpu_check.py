@@ -42,7 +42,7 @@ def test_every_step_runs_and_passes(reduced):
     rows = (out / "summary.md").read_text().splitlines()
     assert [row.split("|")[1].strip() for row in rows] == [
         "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
-        "bench-ac", "bench-data", "bench-tune"]
+        "bench-mlp", "bench-ac", "bench-data", "bench-tune"]
     assert all("| passed |" in row for row in rows), rows
 
 
@@ -56,7 +56,7 @@ def test_the_gpu_tests_skip_saying_why(reduced):
 
 def test_ptrain_and_the_hand_loop_end_at_the_same_loss(reduced):
     _, out = reduced
-    for workload in ("decoder", "conv"):
+    for workload in ("decoder", "conv", "mlp"):
         results = json.loads((out / workload / "gpu.json").read_text())["matrix"]
         ran = {(r["arm"]["precision"], r["arm"]["runner"]): r for r in results
                if "final_loss" in r}
@@ -109,5 +109,5 @@ def test_a_bad_argument_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert ("--part 'bogus' is not one of tests conformance decoder conv ac data tune, all"
+    assert ("--part 'bogus' is not one of tests conformance decoder conv mlp ac data tune, all"
             in proc.stderr)
