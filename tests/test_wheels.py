@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,24 @@ def test_other_pythons_answer_help_and_plugins_from_the_core_wheel(python, wheel
     assert "new-plugin" in help_text.stdout
     listing = run([str(venv / "bin" / "ptrain"), "plugins"], tmp_path, env).stdout
     assert re.search(r"^accelerator\s+cpu\s+ptrain-core\s", listing, re.M)
+
+
+def test_with_examples_the_wheelhouse_also_holds_the_example_plugins(tmp_path):
+    """What scripts/gpu-check.sh --wheels installs on a GPU machine, where the conformance suite
+    runs the example plugins too; an unknown option is refused before anything is built."""
+    refused = subprocess.run(["bash", "scripts/build_dists.sh", "--examples", str(tmp_path / "x")],
+                             cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "unknown option '--examples'" in refused.stderr and "--with-examples" in refused.stderr
+    assert not (tmp_path / "x").exists()
+    out = tmp_path / "house"
+    run(["bash", "scripts/build_dists.sh", "--with-examples", str(out)], REPO, dict(os.environ))
+
+    def wheel_names(pattern: str) -> set[str]:
+        return {tomllib.loads(p.read_text())["project"]["name"].replace("-", "_")
+                for p in REPO.glob(pattern)}
+
+    examples = wheel_names("examples/plugins/*/pyproject.toml")
+    assert examples, "no example plugins found"
+    built = {w.name.split("-")[0] for w in out.glob("*.whl")}
+    assert examples | wheel_names("plugins/*/*/pyproject.toml") | {"ptrain_core"} == built
