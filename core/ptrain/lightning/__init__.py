@@ -11,6 +11,7 @@ name, its native form and every deliberate difference.
 """
 
 from ptrain.hook_methods import Callback
+from ptrain.lightning._logo import LIGHTNING_LOGO, cli_lightning_logo
 from ptrain.lightning.trainer import Trainer
 from ptrain.module import DataModule as LightningDataModule
 from ptrain.module import TrainModule as LightningModule

@@ -1,0 +1,36 @@
+"""Every public name of Lightning 2.6's ``lightning.pytorch`` (enumerated from Lightning 2.6.6,
+installed as the oracle) exists under ``ptrain.lightning`` at the same module path, imports
+without being used, is listed in docs/from-lightning.md, and either works (a smoke use) or
+refuses with one paragraph saying what to do. See tests/lightning_names/."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from lightning_names import (MODULES, documented_names, ptrain_module_name, public_names,
+                             smoke_file, smoke_uses)
+
+DOCS = Path(__file__).parents[1] / "docs" / "from-lightning.md"
+COVERED = [m for m in MODULES if smoke_file(m).exists()]
+NAMES = [(m, n) for m in COVERED for n in public_names(m)]
+
+
+@pytest.mark.parametrize("module, name", NAMES, ids=[f"{m or 'pl'}.{n}" for m, n in NAMES])
+def test_the_name_imports_is_documented_and_works_or_refuses(module, name):
+    ptrain_module = importlib.import_module(ptrain_module_name(module))
+    assert hasattr(ptrain_module, name), f"{ptrain_module_name(module)} has no {name}"
+    section = ptrain_module_name(module)
+    assert name in documented_names(section, DOCS.read_text()), \
+        f"{name} is not listed under ### `{section}` in docs/from-lightning.md"
+    uses = smoke_uses(module)
+    assert name in uses, f"{smoke_file(module).name} has no smoke use for {name}"
+    uses[name]()
+
+
+@pytest.mark.parametrize("module", COVERED)
+def test_the_smoke_table_names_only_lightnings_names(module):
+    extra = set(smoke_uses(module)) - set(public_names(module))
+    assert not extra, f"{smoke_file(module).name} tests names Lightning does not have: {extra}"
