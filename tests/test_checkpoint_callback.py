@@ -162,9 +162,9 @@ def test_save_last_is_on_by_default_and_can_be_switched_off(make_trainer, tmp_pa
     on = ModelCheckpoint()
     trainer, _ = fit(make_trainer, on, values=[1, 1])
     folder = trainer.log_dir / "checkpoints"
-    # without a monitor, last.ckpt is the newest checkpoint: no second copy
+    # without a monitor, last.ckpt is the newest checkpoint: no second copy, and the "best"
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
-    assert on.last_model_path == str(folder / "last.ckpt") and on.best_model_path == ""
+    assert on.last_model_path == on.best_model_path == str(folder / "last.ckpt")
     off = ModelCheckpoint(save_last=False)
     root = str(tmp_path / "no-last")
     trainer, _ = fit(make_trainer, off, values=[1, 1], default_root_dir=root)
@@ -408,3 +408,68 @@ def test_ddp_ranks_agree_on_the_top_k(make_trainer, tmp_path):
     module = SequenceModule([0])
     make_trainer(callbacks=QUIET).validate(module, ckpt_path="best")
     _assert_weights(module, folder / name(3, 1))
+
+
+# -- dirpath, weights-only files, "best" without a monitor -----------------------------------------
+
+
+def test_dirpath_holds_the_files_and_another_runs_files_are_not_overwritten(make_trainer,
+                                                                            tmp_path):
+    folder = tmp_path / "shared"
+    named = dict(dirpath=folder, monitor="val_metric", save_top_k=1,
+                 filename="{epoch}-{val_metric:.1f}")
+    first = ModelCheckpoint(**named)
+    trainer, _ = fit(make_trainer, first, values=[3, 2])
+    assert first.dirpath == str(folder)
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == [name(1, 2), "last.ckpt"]
+    assert not (trainer.log_dir / "checkpoints").exists()
+    before = {p.name: p.read_bytes() for p in folder.glob("*.ckpt")}
+    # a second run into the same folder, with the same names: its files get -v1
+    second = ModelCheckpoint(**named)
+    fit(make_trainer, second, values=[3, 2], default_root_dir=str(tmp_path / "other"))
+    assert {p.name: p.read_bytes() for p in folder.glob("*.ckpt")
+            if p.name in before} == before
+    assert Path(second.best_model_path).name == name(1, 2).replace(".ckpt", "-v1.ckpt")
+    assert Path(second.last_model_path).name == "last-v1.ckpt"
+    # "last" finds this callback's newest last*.ckpt in its folder
+    resumed = ModelCheckpoint(**named)
+    trainer = make_trainer(max_epochs=3, callbacks=[*QUIET, resumed],
+                           default_root_dir=str(tmp_path / "third"))
+    assert trainer.resolve_ckpt_path("last") == Path(second.last_model_path)
+    assert trainer.resolve_ckpt_path("best") == Path(folder / name(1, 2).replace(
+        ".ckpt", "-v1.ckpt"))
+
+
+def test_best_without_a_monitor_is_the_newest_checkpoint(make_trainer):
+    callback = ModelCheckpoint()
+    trainer, module = fit(make_trainer, callback, values=[1, 1])
+    assert callback.best_model_path == str(trainer.log_dir / "checkpoints" / "last.ckpt")
+    other = SequenceModule([1])
+    trainer.validate(other, ckpt_path="best")
+    assert trainer.ckpt_path == callback.best_model_path
+    _assert_weights(other, Path(callback.best_model_path))
+
+
+def test_weights_only_files_load_for_evaluation_and_the_full_state_is_kept(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=1, save_last=False,
+                               save_weights_only=True)
+    with pytest.warns(UserWarning, match="weights only.*full training state.*last.ckpt"):
+        trainer, module = fit(make_trainer, callback, values=[3, 2, 4])
+    folder = trainer.log_dir / "checkpoints"
+    best = torch.load(callback.best_model_path, weights_only=True)
+    assert best["weights_only"] is True and best["optimizers"] == []
+    assert "rng" not in best and best["plugins"] == {}
+    assert set(best["model"]) == set(module.state_dict())
+    # the full state is in the run folder's last.ckpt (save_last is off): fit resumes it
+    full = torch.load(folder / "last.ckpt", weights_only=True)
+    assert full["optimizers"] and "rng" in full
+    # the weights-only file evaluates; fit refuses it, saying where the full state is
+    other = SequenceModule([1])
+    trainer.validate(other, ckpt_path="best")
+    _assert_weights(other, Path(callback.best_model_path))
+    with pytest.raises(CheckpointError, match="weights only.*ckpt_path='last'"):
+        make_trainer(max_epochs=4, callbacks=QUIET).fit(SequenceModule([1]),
+                                                        ckpt_path=callback.best_model_path)
+    resumed = make_trainer(max_epochs=4, callbacks=QUIET)
+    resumed.fit(SequenceModule([3, 2, 4, 1]), ckpt_path=str(folder / "last.ckpt"))
+    assert resumed.current_epoch == 4

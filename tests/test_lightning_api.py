@@ -63,8 +63,9 @@ def test_a_logger_names_the_run_folder_and_a_second_stage_logs_beside_the_first(
 
 
 def test_model_checkpoint_takes_lightnings_arguments_or_refuses_them(tmp_path):
-    with pytest.raises(ptrain.ConfigError, match="ModelCheckpoint\\(dirpath="):
-        ModelCheckpoint(dirpath=str(tmp_path))
+    with pytest.raises(ptrain.ConfigError, match="ModelCheckpoint\\(save_on_exception="):
+        ModelCheckpoint(save_on_exception=True)
+    assert ModelCheckpoint(dirpath=tmp_path).dirpath == str(tmp_path)
     checkpoint = ModelCheckpoint(every_n_train_steps=4)
     assert checkpoint.save_last is False and checkpoint.every_n_epochs == 0
 

@@ -185,3 +185,18 @@ def test_gan_under_ddp_on_two_processes_matches(tmp_path):
     for name in ("g_loss_epoch", "d_loss_epoch"):
         assert ptrain["callback_metrics"][name] == \
             pytest.approx(lightning["callback_metrics"][name], rel=0.1)
+
+
+def test_checkpoint_files_in_dirpath_weights_only_and_best_without_a_monitor(tmp_path):
+    lightning = run_program("checkpoint_files", tmp_path, "lightning")
+    ptrain = run_program("checkpoint_files", tmp_path, "ptrain")
+    assert ptrain["files"] == lightning["files"]
+    assert ptrain["best_model"] == lightning["best_model"]
+    assert ptrain["best_score"] == pytest.approx(lightning["best_score"], rel=1e-6)
+    assert ptrain["best_weights"] == lightning["best_weights"]
+    _close(lightning["test"], ptrain["test"], rel=1e-6)
+    # on purpose: ptrain keeps its top-k record beside the files
+    assert [f for f in ptrain["plain_files"] if f != "best_k_models.json"] == \
+        lightning["plain_files"]
+    assert ptrain["plain_best"] == lightning["plain_best"]
+    _close(lightning["plain_test"], ptrain["plain_test"], rel=1e-6)

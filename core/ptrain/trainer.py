@@ -350,10 +350,15 @@ class Trainer:
             return value
         return self.hook.all_gather_object(trainer=self, obj=value)[0]
 
-    def save_checkpoint(self, path: str | Path) -> None:
+    def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> None:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
-        loss went non-finite. Under ``fast_dev_run`` nothing is written."""
+        loss went non-finite. Under ``fast_dev_run`` nothing is written.
+
+        ``weights_only``: the module's weights, class, hyperparameters and counters only (no
+        optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
+        ``True``): it loads into ``validate``/``test``/``predict``, ``load_from_checkpoint`` and
+        ``ptrain export``, but ``fit`` can't resume from it."""
         from ptrain.fit_loop import check_losses_finite
 
         check_losses_finite(self)
@@ -366,26 +371,35 @@ class Trainer:
             "model": self.module.state_dict(),
             "module_class": class_path(self.module),
             "hyper_parameters": dict(self.module.hparams),
-            "optimizers": [opt.state_dict() for opt in self.optimizers],
-            "lr_schedulers": [s["scheduler"].state_dict() for s in self.lr_schedulers],
-            "loop": dict(self.loop_state, global_step=self.global_step, elapsed=self._elapsed()),
-            "rng": checkpoint_io.capture_rng_states(),
-            "metrics": {stage: {k: list(v) for k, v in sums.items()}
-                        for stage, sums in self.metrics.epoch_sums.items()},
-            "plugins": {name: state for name, state in
-                        call_per_plugin(self.pm, "state_dict", trainer=self).items()
-                        if state is not None},
-            "config": (dict(self.config, overridden_on_resume=self._overridden_on_resume)
-                       if self._overridden_on_resume else self.config),
         }
         if self.datamodule is not None:
             checkpoint["datamodule_class"] = class_path(self.datamodule)
             checkpoint["datamodule_hyper_parameters"] = dict(self.datamodule.hparams)
-            datamodule_state = self.datamodule.state_dict()
+        if weights_only:
+            checkpoint.update(weights_only=True, optimizers=[], plugins={}, loop={
+                "global_step": self.global_step, "epoch": self.current_epoch})
+        else:
+            checkpoint.update({
+                "optimizers": [opt.state_dict() for opt in self.optimizers],
+                "lr_schedulers": [s["scheduler"].state_dict() for s in self.lr_schedulers],
+                "loop": dict(self.loop_state, global_step=self.global_step,
+                             elapsed=self._elapsed()),
+                "rng": checkpoint_io.capture_rng_states(),
+                "metrics": {stage: {k: list(v) for k, v in sums.items()}
+                            for stage, sums in self.metrics.epoch_sums.items()},
+                "plugins": {name: state for name, state in
+                            call_per_plugin(self.pm, "state_dict", trainer=self).items()
+                            if state is not None},
+                "config": (dict(self.config, overridden_on_resume=self._overridden_on_resume)
+                           if self._overridden_on_resume else self.config),
+            })
+            datamodule_state = self.datamodule.state_dict() if self.datamodule else None
             if datamodule_state:
                 checkpoint["datamodule_state"] = datamodule_state
         if not self._saved_state_checked:
             self._check_saved_state(checkpoint)
+            # a weights-only file leaves the plugins' and the datamodule's state unchecked
+            self._saved_state_checked = not weights_only
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
 
     def _check_saved_state(self, checkpoint: dict[str, Any]) -> None:
@@ -409,7 +423,6 @@ class Trainer:
                     f"never be resumed; nothing was written. Keep to tensors, numbers, text, "
                     f"lists and dicts there (a class as its import path, an object as its "
                     f"fields).")
-        self._saved_state_checked = True
 
     def run_backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the ``backward`` hook, with ``on_before_backward`` and
@@ -736,6 +749,13 @@ class Trainer:
 
     def _restore(self, path: Path, stage: str) -> dict[str, Any]:
         checkpoint = self.hook.load_checkpoint(trainer=self, path=str(path))
+        if stage == "fit" and checkpoint.get("weights_only"):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds the weights only (saved with "
+                f"weights_only=True, e.g. ModelCheckpoint(save_weights_only=True)), so fit can't "
+                f"resume from it: the optimizer, scheduler and random state are not in it. "
+                f"Resume from the run's full-state checkpoint (ckpt_path='last'), or load these "
+                f"weights into a new model (load_from_checkpoint) and fit from the start.")
         try:
             self.module.load_state_dict(checkpoint["model"])
         except RuntimeError as exc:

@@ -1,7 +1,8 @@
 """The ``checkpoint`` callback: the resumable ``last.ckpt`` and the top-k checkpoints of a run.
 
-Files go to ``<run folder>/checkpoints/``. Lightning's ``ModelCheckpoint`` words and semantics,
-except where ptrain differs on purpose (docs/configuration.md lists every difference):
+Files go to ``<run folder>/checkpoints/``, or to ``dirpath``. Lightning's ``ModelCheckpoint``
+words and semantics, except where ptrain differs on purpose (docs/configuration.md lists every
+difference):
 
 - a checkpoint is *taken* at the end of every ``every_n_epochs``-th epoch (or, when the top-k is
   decided on validation metrics, after that epoch's validations), every ``every_n_train_steps``
@@ -11,10 +12,16 @@ except where ptrain differs on purpose (docs/configuration.md lists every differ
   that falls out of the top k is deleted only after the new one is written, by global rank 0;
 - without a ``monitor``, ``save_top_k=1`` keeps the newest checkpoint, which is ``last.ckpt``
   itself unless ``save_last`` is off or a ``filename`` is given (no second copy is written);
-  ``-1`` keeps every one; ``0`` none;
+  ``-1`` keeps every one; ``0`` none; ``best_model_path`` is the newest;
+- a file this callback did not write is never overwritten: a name already taken in the folder
+  (another run's, in a shared ``dirpath``) gets ``-v1``, ``-v2``...;
+- ``save_weights_only``: the top-k files hold the weights only (``Trainer.save_checkpoint``'s
+  ``weights_only``); the full state for an exact resume is still kept, in ``last.ckpt``
+  (in the run folder's ``checkpoints/`` when ``save_last`` is off), and the run says where;
 - ``--ckpt-path best`` (the ``resolve_ckpt_path`` hook) finds the best file of this callback, or of
-  the newest run folder under ``default_root_dir`` whose ``checkpoints/best_k_models.json`` (written
-  by global rank 0 whenever the top-k changes) records one.
+  ``dirpath`` or the newest run folder under ``default_root_dir`` whose ``best_k_models.json``
+  (written by global rank 0 whenever the top-k changes) records one; with a ``dirpath``,
+  ``--ckpt-path last`` finds this callback's newest ``last*.ckpt`` there.
 
 A write the system refuses (disk full, permission, quota) leaves the previous files intact and
 either ends the run with :class:`ptrain.CheckpointWriteError` or, with ``on_write_error="warn"``,
@@ -34,6 +41,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -82,7 +90,8 @@ class ModelCheckpoint:
                  every_n_epochs: int = 1, every_n_train_steps: int = 0,
                  train_time_interval: float | str | timedelta | None = None,
                  save_on_train_epoch_end: bool | None = None,
-                 auto_insert_metric_name: bool = True, on_write_error: str = "stop"):
+                 auto_insert_metric_name: bool = True, on_write_error: str = "stop",
+                 dirpath: str | os.PathLike | None = None, save_weights_only: bool = False):
         if mode not in ("min", "max"):
             raise ConfigError(f"checkpoint mode {mode!r} is not valid; valid choices: min, max "
                               f"(whether a lower or a higher monitored value is better).")
@@ -130,6 +139,9 @@ class ModelCheckpoint:
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
         self.on_write_error = on_write_error
+        self.dirpath = None if dirpath is None else os.fspath(dirpath)  # the folder once a fit
+        self._given_dirpath = self.dirpath  # began; None: the run folder's checkpoints/
+        self.save_weights_only = bool(save_weights_only)
 
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -144,6 +156,7 @@ class ModelCheckpoint:
         self._topk_on_epoch_end = True
         self._metrics_published = False  # a validation or an epoch ended in this fit
         self._writes = True  # False under fast_dev_run, which writes no checkpoint
+        self._taken_on_disk: set[str] = set()  # files in the folder this callback did not write
 
     @staticmethod
     @hookimpl
@@ -171,6 +184,12 @@ class ModelCheckpoint:
                          "once per epoch at its end, or not at all")
         options.add("auto_insert_metric_name", to_bool, default=True,
                     help="write filename fields as name=value (epoch=3) rather than the value")
+        options.add("dirpath", str,
+                    help="the folder for the checkpoint files (default: the run folder's "
+                         "checkpoints/); a name another run left there is not overwritten")
+        options.add("save_weights_only", to_bool, default=False,
+                    help="top-k files with the weights only; the full state for an exact resume "
+                         "stays in last.ckpt (the run folder's, when save_last is off)")
         options.add("on_write_error", str, default="stop", choices=WRITE_ERROR_CHOICES,
                     help="when a checkpoint can't be written (disk full, permission, quota): "
                          "stop the run with the error, or warn and train on; either way the "
@@ -185,6 +204,15 @@ class ModelCheckpoint:
         self._writes = not trainer.fast_dev_run
         self._last_time_checked = time.monotonic()
         self._metrics_published = False
+        if self._writes:
+            self.dirpath = str(self._folder(trainer))
+            self._taken_on_disk = self._names_left_by_others(trainer)
+            if self.save_weights_only and trainer.is_global_zero:
+                warnings.warn(
+                    f"checkpoint save_weights_only=True: the top-k files in {self.dirpath} hold "
+                    f"the weights only, as Lightning writes them; the full training state for "
+                    f"an exact resume is kept in {self._full_state_path(trainer)} "
+                    f"(ckpt_path='last' resumes from it).", stacklevel=2)
         if self.save_on_train_epoch_end is not None:
             self._topk_on_epoch_end = self.save_on_train_epoch_end
         else:  # as Lightning: after validation, unless it runs exactly once at each epoch end
@@ -244,27 +272,63 @@ class ModelCheckpoint:
             return
         if self._topk_on_epoch_end:
             self._save_topk(trainer, check_now=True)
-        if self.save_last:  # always: its loop state (the next epoch) is new even at the same step
+        if self._keeps_last:  # always: its loop state (the next epoch) is new even at one step
             self._write_last(trainer)
 
     def _epoch_due(self, trainer) -> bool:
         n = self.every_n_epochs
         return bool(n) and (trainer.current_epoch + 1) % n == 0
 
+    @property
+    def _keeps_last(self) -> bool:
+        """Whether the resumable full state is written: with ``save_last``, and always when the
+        top-k files hold the weights only."""
+        return self.save_last or self.save_weights_only
+
     def _take(self, trainer, check_now: bool) -> None:
         self._save_topk(trainer, check_now)
-        if self.save_last:
+        if self._keeps_last:
             self._write_last(trainer)
 
     # -- what ------------------------------------------------------------------------------------
 
     def _folder(self, trainer) -> Path:
+        if self._given_dirpath is not None:
+            return Path(self._given_dirpath)
         return Path(trainer.log_dir) / "checkpoints"
+
+    def _names_left_by_others(self, trainer) -> set[str]:
+        """The checkpoint files in the folder now that this callback's state does not name
+        (another run's, in a shared ``dirpath``): never overwritten. Listed by rank 0, so every
+        rank names files alike."""
+        if self._given_dirpath is None:  # the run folder's own: every file in it is this run's
+            return set()
+        names = None
+        if trainer.is_global_zero:
+            folder = self._folder(trainer)
+            own = {Path(p).name for p in (*self.best_k_models, self.best_model_path,
+                                          self.last_model_path) if p}
+            names = sorted(p.name for p in folder.glob("*.ckpt") if p.name not in own) \
+                if folder.is_dir() else []
+        if trainer.world_size > 1:
+            names = trainer.hook.all_gather_object(trainer=trainer, obj=names)[0]
+        return set(names)
+
+    def _full_state_path(self, trainer) -> Path:
+        """Where the resumable ``last.ckpt`` goes: this callback's folder with ``save_last``, the
+        run folder's otherwise (``save_weights_only`` keeps it without ``save_last``)."""
+        if not self.save_last:
+            return trainer.last_checkpoint_path
+        stem, version, folder = "last", 0, self._folder(trainer)
+        while f"{stem}.ckpt" in self._taken_on_disk:
+            version += 1
+            stem = f"last-v{version}"
+        return folder / f"{stem}.ckpt"
 
     def _write_last(self, trainer) -> None:
         if not self._writes:
             return
-        path = trainer.last_checkpoint_path
+        path = self._full_state_path(trainer)
         previous, self.last_model_path = self.last_model_path, str(path)  # part of the state
         if not self._save(trainer, path):
             self.last_model_path = previous
@@ -276,14 +340,17 @@ class ModelCheckpoint:
         if self.save_top_k == 0 or not self._writes:
             return
         if self.monitor is None:
-            if self.save_top_k == 1 and self.save_last and self.filename is None:
-                return  # last.ckpt is the newest checkpoint: no second copy
+            if self.save_top_k == 1 and self.save_last and self.filename is None \
+                    and not self.save_weights_only:
+                # last.ckpt is the newest checkpoint: no second copy (the epoch end writes it)
+                self.best_model_path = str(self._full_state_path(trainer))
+                return
             if self._last_ranked == (trainer.global_step, None):
                 return
             self._last_ranked = (trainer.global_step, None)
             path = self._unique(trainer, self._format(trainer), reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
-            if not self._save(trainer, path):
+            if not self._save(trainer, path, self.save_weights_only):
                 self.best_model_path = previous
                 return
             if self.save_top_k == 1 and previous and previous != path:
@@ -317,7 +384,7 @@ class ModelCheckpoint:
         path = self._unique(trainer, self._format(trainer), reuse=dropped)
         self.best_k_models[path] = score
         self._rank()
-        if not self._save(trainer, path):  # the top-k is as before; nothing is removed
+        if not self._save(trainer, path, self.save_weights_only):  # the top-k is as before
             (self.best_k_models, self.best_model_path, self.best_model_score,
              self.kth_best_model_path, self.kth_value) = ranking
             return
@@ -326,12 +393,12 @@ class ModelCheckpoint:
         if dropped is not None and dropped != path:
             self._remove(trainer, dropped)
 
-    def _save(self, trainer, path: str | Path) -> bool:
+    def _save(self, trainer, path: str | Path, weights_only: bool = False) -> bool:
         """Write a checkpoint to ``path``; ``False`` when the system refused the write and
         ``on_write_error`` is ``warn`` (said on stderr), else the refusal is raised. Under
         several processes every rank learns of a refusal on any (a barrier after the write)."""
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=weights_only)
         except CheckpointWriteError as exc:
             if self.on_write_error == "stop":
                 raise CheckpointWriteError(
@@ -383,7 +450,8 @@ class ModelCheckpoint:
         ``reuse``) or ``last.ckpt`` gets ``-v1``, ``-v2``... Decided from this callback's state
         alone, so every rank picks the same name."""
         folder = self._folder(trainer)
-        taken = set(self.best_k_models) | {str(folder / LAST)}
+        taken = set(self.best_k_models) | {str(folder / LAST)} | {
+            str(folder / name) for name in self._taken_on_disk}
         if self.monitor is None and self.save_top_k == -1 and self.best_model_path:
             taken.add(self.best_model_path)
         candidate, version = str(folder / f"{stem}.ckpt"), 0
@@ -427,19 +495,22 @@ class ModelCheckpoint:
 
     @hookimpl
     def resolve_ckpt_path(self, trainer, ckpt_path: str) -> str | None:
+        if ckpt_path == "last":
+            return self._resolve_last()
         if ckpt_path != "best":
             return None
-        if self.monitor is not None and self.best_model_path:  # trained in this process
-            if Path(self.best_model_path).exists():
-                return self.best_model_path
+        if self.best_model_path and Path(self.best_model_path).exists():  # trained here
+            return self.best_model_path
         from ptrain.trainer import run_folders
 
         root = Path(trainer.default_root_dir)
-        folders = run_folders(root)
+        folders = [run / "checkpoints" for run in run_folders(root)]
         if trainer.log_dir is not None:  # this trainer's own last run first (workers held state)
-            folders.insert(0, Path(trainer.log_dir))
-        for run in folders:
-            record_path = run / "checkpoints" / RECORD
+            folders.insert(0, Path(trainer.log_dir) / "checkpoints")
+        if self._given_dirpath is not None:
+            folders.insert(0, Path(self._given_dirpath))
+        for folder in folders:
+            record_path = folder / RECORD
             if not record_path.is_file():
                 continue
             record = json.loads(record_path.read_text(encoding="utf-8"))
@@ -455,6 +526,17 @@ class ModelCheckpoint:
             f"checkpoints/{RECORD}, which the checkpoint callback writes only when it monitors a "
             f"metric. Train with --checkpoint-monitor (e.g. val_loss), or give a checkpoint's "
             f"path or 'last'.")
+
+    def _resolve_last(self) -> str | None:
+        """With a ``dirpath``: the ``last.ckpt`` this callback wrote, else the newest
+        ``last*.ckpt`` in ``dirpath``; ``None`` (the run folders' ``last.ckpt``) without one."""
+        if self._given_dirpath is None:
+            return None
+        if self.last_model_path and Path(self.last_model_path).exists():
+            return self.last_model_path
+        candidates = sorted(Path(self._given_dirpath).glob("last*.ckpt"),
+                            key=lambda p: p.stat().st_mtime)
+        return str(candidates[-1]) if candidates else None
 
     # -- state -----------------------------------------------------------------------------------
 

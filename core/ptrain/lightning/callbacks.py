@@ -16,8 +16,10 @@ from ptrain.lightning._common import from_distribution, refuse, refuse_unless
 
 class ModelCheckpoint(_Checkpoint):
     """Lightning's ``ModelCheckpoint``, as ptrain's ``checkpoint`` callback (it replaces the
-    default one). Files go to ``<run folder>/checkpoints`` like Lightning's default ``dirpath``;
-    ``save_last=None`` (Lightning's default) writes no ``last.ckpt``."""
+    default one). Files go to ``dirpath``, by default ``<run folder>/checkpoints`` like
+    Lightning's; ``save_last=None`` (Lightning's default) writes no ``last.ckpt``. With
+    ``save_weights_only=True`` the top-k files hold the weights only, as Lightning writes them,
+    and the full state for an exact resume is kept in a ``last.ckpt`` (said once, with where)."""
 
     def __init__(self, dirpath: Any = None, filename: str | None = None,
                  monitor: str | None = None, verbose: bool = False,
@@ -28,12 +30,8 @@ class ModelCheckpoint(_Checkpoint):
                  every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
                  enable_version_counter: bool = True):
         refuse_unless("ModelCheckpoint", locals(), {
-            "dirpath": (None, "checkpoints go to <run folder>/checkpoints; choose the run folder "
-                              "with Trainer(default_root_dir=...)"),
             "save_on_exception": (False, "a checkpoint is not written after an error; resume "
                                          "from the last one written"),
-            "save_weights_only": (False, "ptrain checkpoints always hold the full training "
-                                         "state; export weights with `ptrain export`"),
             "enable_version_counter": (True, "ptrain never overwrites a kept checkpoint "
                                              "file"),
         })
@@ -47,7 +45,8 @@ class ModelCheckpoint(_Checkpoint):
                          else every_n_epochs, every_n_train_steps=every_n_train_steps or 0,
                          train_time_interval=train_time_interval,
                          save_on_train_epoch_end=save_on_train_epoch_end,
-                         auto_insert_metric_name=auto_insert_metric_name)
+                         auto_insert_metric_name=auto_insert_metric_name, dirpath=dirpath,
+                         save_weights_only=save_weights_only)
         self.verbose = verbose
 
 

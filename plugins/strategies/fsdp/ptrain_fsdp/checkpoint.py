@@ -67,12 +67,13 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
     if refused[0] is not None:
         raise CheckpointWriteError(refused[0])
     meta = dict(checkpoint)
-    with optimizer_state_ready(trainer.optimizers):
+    optimizers = [] if checkpoint.get("weights_only") else trainer.optimizers
+    with optimizer_state_ready(optimizers):
         shards = {"model": meta.pop("model"),
                   "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                                 for opt in trainer.optimizers]}
+                                 for opt in optimizers]}
     meta.pop("optimizers")
-    meta["num_optimizers"] = len(trainer.optimizers)
+    meta["num_optimizers"] = len(optimizers)
     try:
         dcp.save(shards, checkpoint_id=tmp)
         # each rank sums the files it wrote; rank 0 keeps them all in meta.pt (itself checked)
@@ -156,18 +157,20 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
             f"single-file checkpoint with --strategy ddp or single-device.")
     meta = safe_load(path / META)
     _verify_files(path, meta.pop(CHECKSUMS, None))
-    if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers:
+    if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers \
+            and not meta.get("weights_only"):  # the core refuses to resume from weights only
         raise CheckpointError(f"checkpoint {str(path)!r} holds {meta.get('num_optimizers')} "
                               f"optimizer states; the model configures {len(trainer.optimizers)}.")
-    with optimizer_state_ready(trainer.optimizers):
+    optimizers = [] if meta.get("weights_only") else trainer.optimizers
+    with optimizer_state_ready(optimizers):
         shards = {"model": trainer.module.state_dict(),
                   "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                                 for opt in trainer.optimizers]}
+                                 for opt in optimizers]}
         dcp.load(shards, checkpoint_id=path)
-        for optimizer, state in zip(trainer.optimizers, shards["optimizers"]):
+        for optimizer, state in zip(optimizers, shards["optimizers"]):
             set_optimizer_state_dict(trainer.module, optimizer, state)
     meta["model"] = shards["model"]
-    meta["optimizers"] = [opt.state_dict() for opt in trainer.optimizers]
+    meta["optimizers"] = [opt.state_dict() for opt in optimizers]
     return meta
 
 
