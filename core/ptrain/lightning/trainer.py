@@ -12,6 +12,10 @@ from ptrain.lightning._common import refuse
 from ptrain.module import DataModule
 from ptrain.trainer import Trainer as _Trainer
 
+#: Lightning's submodules of this one (``trainer.states``, ``trainer.trainer``) are in
+#: ``_trainer/``: a module with a ``__path__`` has submodules, as a package does
+__path__ = [str(Path(__file__).with_name("_trainer"))]
+
 #: Lightning's strategy names -> ptrain's
 _STRATEGIES = {"ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_notebook": "ddp",
                "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",

@@ -1,0 +1,161 @@
+"""``ModelSummary(model, max_depth)``: the table of a module's layers and parameter counts that
+ptrain's ``model-summary`` callback prints, as an object a program can read and print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ptrain.builtins.model_summary import Counts, format_summary, summarize as _rows
+from ptrain.data import move_to_device
+
+UNKNOWN_SIZE = "?"
+_PREFIXES = ("", "K", "M", "B", "T")
+
+
+def get_human_readable_count(number: int | float) -> str:
+    """``123`` -> ``"123  "``, ``1234`` -> ``"1.2 K"``, ``2e6`` -> ``"2.0 M"``, ``4e14`` ->
+    ``"400 T"``, ``5e15`` -> ``"5,000 T"`` (Lightning's format)."""
+    if number < 0:
+        raise ValueError(f"get_human_readable_count: {number} is negative.")
+    place = 0
+    while number >= 1000 and place < len(_PREFIXES) - 1:
+        number /= 1000
+        place += 1
+    if place == 0:
+        return f"{int(number):,d}  "
+    if number < 100:
+        return f"{number:,.1f} {_PREFIXES[place]}"
+    return f"{int(number):,d} {_PREFIXES[place]}"
+
+
+def get_formatted_model_size(total_model_size: float) -> str:
+    return f"{total_model_size:,.3f}"
+
+
+def parse_batch_shape(batch: Any) -> str | list:
+    """The shape of a tensor as a list, of a list/tuple of tensors as a list of those, else
+    ``"?"``."""
+    if hasattr(batch, "shape"):
+        return list(batch.shape)
+    if isinstance(batch, (list, tuple)):
+        return [parse_batch_shape(item) for item in batch]
+    return UNKNOWN_SIZE
+
+
+class ModelSummary:
+    """The summary of ``model`` down to ``max_depth`` levels of submodules (``-1``: every level,
+    ``0``: the totals only). ``str(summary)`` is the table ptrain's ``model-summary`` callback
+    prints (trainable and non-trainable columns per row; Lightning's mode and FLOPs columns are
+    not there). ``in_sizes``/``out_sizes`` come from one forward pass on the module's
+    ``example_input_array`` when it has one (``"?"`` otherwise)."""
+
+    def __init__(self, model: nn.Module, max_depth: int = 1) -> None:
+        if not isinstance(max_depth, int) or max_depth < -1:
+            raise ValueError(f"`max_depth` can be -1, 0 or > 0, got {max_depth}.")
+        self._model, self._max_depth = model, max_depth
+        self._rows, self._totals = _rows(model, max_depth)
+        modules = dict(model.named_modules())
+        self._layers = [modules[row.name] for row in self._rows]
+        self._in: dict[str, Any] = {}
+        self._out: dict[str, Any] = {}
+        if getattr(model, "example_input_array", None) is not None and self._layers:
+            self._forward_example_input()
+
+    def _forward_example_input(self) -> None:
+        def recorder(name: str):
+            def hook(_module: nn.Module, inputs: Any, output: Any) -> None:
+                self._in[name] = parse_batch_shape(inputs[0] if len(inputs) == 1 else inputs)
+                self._out[name] = parse_batch_shape(output)
+            return hook
+
+        handles = [layer.register_forward_hook(recorder(row.name))
+                   for row, layer in zip(self._rows, self._layers)]
+        example = self._model.example_input_array
+        device = next((p.device for p in self._model.parameters()), torch.device("cpu"))
+        example = move_to_device(example, device)
+        training = self._model.training
+        self._model.eval()
+        try:
+            with torch.no_grad():
+                if isinstance(example, dict):
+                    self._model(**example)
+                elif isinstance(example, (list, tuple)):
+                    self._model(*example)
+                else:
+                    self._model(example)
+        finally:
+            self._model.train(training)
+            for handle in handles:
+                handle.remove()
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    @property
+    def named_modules(self) -> list[tuple[str, nn.Module]]:
+        return [(row.name, layer) for row, layer in zip(self._rows, self._layers)]
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [row.name for row in self._rows]
+
+    @property
+    def layer_types(self) -> list[str]:
+        return [row.type for row in self._rows]
+
+    @property
+    def in_sizes(self) -> list:
+        return [self._in.get(row.name, UNKNOWN_SIZE) for row in self._rows]
+
+    @property
+    def out_sizes(self) -> list:
+        return [self._out.get(row.name, UNKNOWN_SIZE) for row in self._rows]
+
+    @property
+    def param_nums(self) -> list[int]:
+        return [row.counts.total for row in self._rows]
+
+    @property
+    def training_modes(self) -> list[bool]:
+        return [layer.training for layer in self._layers]
+
+    @property
+    def total_training_modes(self) -> dict[str, int]:
+        modes = [layer.training for _, layer in self._model.named_modules() if _]
+        return {"train": sum(modes), "eval": len(modes) - sum(modes)}
+
+    @property
+    def total_parameters(self) -> int:
+        return self._totals.total
+
+    @property
+    def trainable_parameters(self) -> int:
+        return self._totals.trainable
+
+    @property
+    def total_layer_params(self) -> int:
+        return sum(self.param_nums)
+
+    @property
+    def model_size(self) -> float:
+        """The parameters' size in MB (10^6 bytes)."""
+        return self._totals.bytes / 1e6
+
+    def __str__(self) -> str:
+        return format_summary(self._rows, self._totals)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def summarize(lightning_module: nn.Module, max_depth: int = 1) -> ModelSummary:
+    """``ModelSummary(lightning_module, max_depth)``."""
+    return ModelSummary(lightning_module, max_depth=max_depth)
+
+
+__all__ = ["Counts", "ModelSummary", "get_formatted_model_size", "get_human_readable_count",
+           "parse_batch_shape", "summarize"]
