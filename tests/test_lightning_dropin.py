@@ -200,3 +200,14 @@ def test_checkpoint_files_in_dirpath_weights_only_and_best_without_a_monitor(tmp
         lightning["plain_files"]
     assert ptrain["plain_best"] == lightning["plain_best"]
     _close(lightning["plain_test"], ptrain["plain_test"], rel=1e-6)
+
+
+def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
+    lightning = run_program("optimizer_hooks", tmp_path, "lightning")
+    ptrain = run_program("optimizer_hooks", tmp_path, "ptrain")
+    for model in ("WarmUp", "PerIteration", "CustomStep"):
+        assert ptrain[model]["weights"] == lightning[model]["weights"], model
+        assert ptrain[model]["lrs"] == lightning[model]["lrs"], model
+        assert ptrain[model]["global_step"] == lightning[model]["global_step"], model
+        assert ptrain[model]["val_loss"] == pytest.approx(lightning[model]["val_loss"],
+                                                          rel=1e-6), model

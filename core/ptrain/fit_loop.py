@@ -146,7 +146,11 @@ class FitLoop:
             )
         self.val_interval = self._val_interval()
         self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
-        self.epoch_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "epoch"]
+        epoch = [s for s in trainer.lr_schedulers if s["interval"] == "epoch"]
+        # as Lightning: an epoch scheduler steps right after the epoch's last optimizer step
+        # (before that batch's validation); one that monitors a metric at the epoch's end
+        self.last_batch_schedulers = [s for s in epoch if s["monitor"] is None]
+        self.epoch_end_schedulers = [s for s in epoch if s["monitor"] is not None]
         self.last_published = 0
         trainer.loss_window = []
         self.resume_rng: dict[str, Any] | None = None
@@ -250,6 +254,8 @@ class FitLoop:
             loss = self.train_batch(batch, batch_idx)
             pending_grads = self.automatic and not t.sync_gradients
             state["batch"] = batch_idx + 1
+            if state["batch"] == self.num_batches and self.last_batch_schedulers:
+                self._step_epoch_schedulers(self.last_batch_schedulers)
             ran_check = False
             if t.global_step // t.log_every_n_steps > self.last_published // t.log_every_n_steps:
                 self.last_published = t.global_step
@@ -281,6 +287,7 @@ class FitLoop:
         if ran_dry:
             if pending_grads:
                 self._step_optimizers()
+            self._step_epoch_schedulers(self.last_batch_schedulers)
             if validate_this_epoch and not validated_last:
                 run_validation(t)
                 self.agree_on_stop()
@@ -290,9 +297,7 @@ class FitLoop:
         t.metrics.publish_step()
         t.metrics.publish_epoch("train")
         if not stopped_early:
-            for entry in self.epoch_schedulers:
-                if (t.current_epoch + 1) % entry["frequency"] == 0:
-                    step_scheduler(entry, t.callback_metrics)
+            self._step_epoch_schedulers(self.epoch_end_schedulers)
             state.update(epoch=t.current_epoch + 1, batch=0, epoch_rng=None)
         hook.on_epoch_end(trainer=t)
         self.agree_on_stop()
@@ -355,6 +360,12 @@ class FitLoop:
             optimizer.zero_grad(set_to_none=True)
         for entry in self.step_schedulers:
             if t.global_step % entry["frequency"] == 0:
+                step_scheduler(entry, t.callback_metrics)
+
+    def _step_epoch_schedulers(self, entries: list[dict[str, Any]]) -> None:
+        t = self.trainer
+        for entry in entries:
+            if (t.current_epoch + 1) % entry["frequency"] == 0:
                 step_scheduler(entry, t.callback_metrics)
 
     # -- stopping -----------------------------------------------------------------------------

@@ -73,6 +73,7 @@ METHOD_HOOKS: dict[str, str] = {
     **{m: m for m in STEP_METHODS},
     "on_save_checkpoint": "state_dict", "on_load_checkpoint": "load_state_dict",
     "configure_gradient_clipping": "clip_gradients",
+    "optimizer_step": "optimizer_step",
 }
 #: methods only a callback object has (a module's setup/teardown are called by the trainer)
 CALLBACK_ONLY = {"setup": "setup", "teardown": "teardown", "on_exception": "teardown",
@@ -81,6 +82,7 @@ CALLBACK_METHODS = {**METHOD_HOOKS, **CALLBACK_ONLY}
 MODULE_METHODS = {m: h for m, h in METHOD_HOOKS.items() if m != "on_sanity_check_start"
                   and m != "on_sanity_check_end"}
 CALLBACK_METHODS.pop("configure_gradient_clipping")  # a module's only
+CALLBACK_METHODS.pop("optimizer_step")
 
 #: Lightning module hooks ptrain does not call, with what to do instead: a module overriding one
 #: is refused at the start of the run rather than silently not called.
@@ -93,11 +95,8 @@ UNSUPPORTED_MODULE_METHODS = {
     "on_test_model_eval": "change modes in on_test_start", "on_test_model_train":
     "change modes in on_test_end", "on_predict_model_eval": "change modes in on_predict_start",
     "configure_sharded_model": "create the layers in configure_model",
-    "optimizer_step": "write a plugin implementing the optimizer_step hook",
     "optimizer_zero_grad": "gradients are set to None right after each step; use "
                            "on_before_zero_grad to act before",
-    "lr_scheduler_step": "return the scheduler in configure_optimizers with interval, "
-                         "frequency and monitor",
     "backward": "write a plugin implementing the backward hook",
     "transfer_batch_to_device": "write a plugin implementing the transfer_batch hook",
     "on_before_batch_transfer": "transform the batch in the dataset or collate_fn",
@@ -191,6 +190,7 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
         dispatch.call("teardown", trainer, stage)
 
     inside_clip: list[bool] = []
+    inside_step: list[bool] = []
 
     def clip_gradients(trainer, optimizer):
         if inside_clip:  # the module's own clip_gradients call: the next implementation clips
@@ -203,6 +203,27 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
             inside_clip.clear()
         return True
 
+    def optimizer_step(trainer, optimizer):
+        # the module's optimizer.step() inside its override, or manual optimization (where
+        # Lightning does not call the module's optimizer_step): the next implementation steps
+        if inside_step or not trainer.module.automatic_optimization:
+            return None
+        inside_step.append(True)
+        closure = StepClosure(trainer)
+        try:
+            dispatch.call("optimizer_step", trainer, trainer.current_epoch, trainer.batch_idx,
+                          StepOptimizer(trainer, optimizer), closure)
+        finally:
+            inside_step.clear()
+        if not closure.called:
+            raise ModelError(
+                f"{type(trainer.module).__qualname__}.optimizer_step returned without calling "
+                f"optimizer_closure() or optimizer.step(closure=optimizer_closure); the closure "
+                f"stands for the batch's training step and backward, which Lightning runs "
+                f"inside it. Call optimizer.step(closure=optimizer_closure) (skip the step "
+                f"after calling optimizer_closure() to leave the weights as they are).")
+        return True
+
     def state_dict(trainer):
         return states(trainer)
 
@@ -213,11 +234,13 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
         on_loop_start, on_loop_end, on_epoch_start, on_epoch_metrics, on_batch_start,
         on_train_batch_end, on_evaluation_batch_end, on_before_backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
-        load_state_dict, clip_gradients)}
+        load_state_dict, clip_gradients, optimizer_step)}
     namespace = {hook: staticmethod(mark(functions[hook])) for hook in hooks}
     if "clip_gradients" in hooks:  # it decides on every step, before any other clipping
         namespace["clip_gradients"] = staticmethod(_hookimpl(tryfirst=True)(clip_gradients))
         namespace["clips_every_step"] = True
+    if "optimizer_step" in hooks:  # the module's method decides; its optimizer.step() steps
+        namespace["optimizer_step"] = staticmethod(_hookimpl(tryfirst=True)(optimizer_step))
     namespace["name"] = name
     return type("HookMethods", (), namespace)()
 
@@ -358,6 +381,46 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     return _plugin_class(name, hooks, dispatch, trylast=False, states=states, load=load)
 
 
+class StepClosure:
+    """The ``optimizer_closure`` a module's ``optimizer_step`` override receives. In ptrain the
+    batch's training step and backward have run when the override is called; calling the
+    closure returns that batch's loss (detached), as Lightning's returns the loss it
+    computes."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.called = False
+
+    def __call__(self) -> Any:
+        self.called = True
+        window = self.trainer.loss_window
+        return window[-1][3] if window else None
+
+
+class StepOptimizer:
+    """The optimizer a module's ``optimizer_step`` override receives (Lightning's
+    ``LightningOptimizer``): ``step(closure=None)`` calls the closure, then steps through the
+    run's ``optimizer_step`` hook (the precision's scaler, the strategy); everything else is the
+    optimizer's own (``param_groups``, ``state``, ``zero_grad``; ``.optimizer`` is the
+    optimizer itself)."""
+
+    def __init__(self, trainer: Trainer, optimizer: Any):
+        self.trainer = trainer
+        self.optimizer = optimizer
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        if kwargs:
+            raise ModelError(f"optimizer.step({', '.join(kwargs)}=...) inside optimizer_step: "
+                             f"ptrain steps through the run's optimizer_step hook, which takes "
+                             f"no arguments; pass only closure=optimizer_closure.")
+        loss = closure() if closure is not None else None
+        self.trainer.step_hooks.optimizer_step(trainer=self.trainer, optimizer=self.optimizer)
+        return loss
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
 def _defines(callback: Any, name: str) -> bool:
     return bool(overridden(callback, {name: ""}, _callback_base(callback)))
 
@@ -425,6 +488,25 @@ class ModuleHookMethods:
         ``gradient_clip_val``/``gradient_clip_algorithm`` on every step once overridden. The
         default clips with them (``self.clip_gradients``); an override decides itself."""
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Callable[[], Any] | None = None) -> None:
+        """Step ``optimizer`` at the end of each accumulation window (automatic optimization
+        only). Override it to act around the step (a learning-rate warm-up, say); call
+        ``optimizer.step(closure=optimizer_closure)``, which steps through the run's
+        precision and strategy plugins. When it is called, the batch's training step and
+        backward have run and its gradients are clipped (in Lightning they run inside the
+        closure); ``optimizer_closure()`` returns the batch's loss."""
+        optimizer.step(closure=optimizer_closure)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step ``scheduler`` at its interval; ``metric`` is its monitored value (a tensor), or
+        ``None`` without a monitor. Override it for a scheduler whose ``step`` takes other
+        arguments (``scheduler.step(epoch=self.current_epoch)``)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     def configure_callbacks(self) -> Any:
         """Callbacks this model needs (one or a list; plugin objects or Lightning-style

@@ -12,10 +12,13 @@ import torch
 from ptrain.errors import ModelError
 
 _FORMS = (
-    "an optimizer; {'optimizer': opt, 'lr_scheduler': sched}; ([optimizers], [schedulers]); or a "
-    "list of such dicts. A scheduler may be a dict {'scheduler': s, 'interval': 'step' | 'epoch', "
-    "'frequency': n, 'monitor': metric name, 'strict': bool}"
+    "an optimizer; {'optimizer': opt, 'lr_scheduler': sched, 'monitor': metric name}; "
+    "([optimizers], [schedulers]); or a list of such dicts. A scheduler may be a dict "
+    "{'scheduler': s, 'interval': 'step' | 'epoch', 'frequency': n, 'monitor': metric name, "
+    "'strict': bool}"
 )
+#: the keys of the dict form of one optimizer's setup
+_SETUP_KEYS = {"optimizer", "lr_scheduler", "monitor"}
 
 
 @dataclass
@@ -25,19 +28,24 @@ class OptimizerSetup:
     lr_schedulers: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _scheduler_entry(value: Any) -> dict[str, Any]:
+def _scheduler_entry(value: Any, monitor: str | None = None) -> dict[str, Any]:
+    """One scheduler's entry; ``monitor`` is the one given beside the optimizer (Lightning's
+    top-level ``"monitor"``), used when the scheduler's own dict names none."""
     entry = dict(value) if isinstance(value, dict) else {"scheduler": value}
-    unknown = set(entry) - {"scheduler", "interval", "frequency", "name", "monitor", "strict"}
+    unknown = set(entry) - {"scheduler", "interval", "frequency", "name", "monitor", "strict",
+                            "reduce_on_plateau"}
     if "scheduler" not in entry or unknown:
         raise ModelError(f"a scheduler dict needs 'scheduler' and may have 'interval', "
-                         f"'frequency', 'monitor', 'strict' and 'name'; got keys "
-                         f"{sorted(entry)}.")
+                         f"'frequency', 'monitor', 'strict', 'reduce_on_plateau' and 'name'; "
+                         f"got keys {sorted(entry)}.")
     entry.setdefault("interval", "epoch")
     entry.setdefault("frequency", 1)
-    entry.setdefault("monitor", None)
+    if entry.get("monitor") is None:
+        entry["monitor"] = monitor
     entry.setdefault("strict", True)
-    if (isinstance(entry["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau)
-            and entry["monitor"] is None):
+    on_plateau = entry.pop("reduce_on_plateau", None) or isinstance(
+        entry["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau)
+    if on_plateau and entry["monitor"] is None:
         raise ModelError(
             "ReduceLROnPlateau steps on a metric: return it as {'optimizer': opt, "
             "'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}} with the name of a "
@@ -47,6 +55,7 @@ def _scheduler_entry(value: Any) -> dict[str, Any]:
                          f"{entry['interval']!r}.")
     if not hasattr(entry["scheduler"], "step") or not hasattr(entry["scheduler"], "optimizer"):
         raise ModelError(f"{type(entry['scheduler']).__qualname__} is not an LR scheduler.")
+    entry["step"] = None  # or the module's lr_scheduler_step (see configure_optimizers)
     return entry
 
 
@@ -57,7 +66,10 @@ def step_scheduler(entry: dict[str, Any], metrics: dict[str, Any]) -> None:
     and no step."""
     monitor = entry["monitor"]
     if monitor is None:
-        entry["scheduler"].step()
+        if entry["step"] is not None:
+            entry["step"](entry["scheduler"], None)
+        else:
+            entry["scheduler"].step()
         return
     value = metrics.get(monitor)
     if value is None:
@@ -68,11 +80,16 @@ def step_scheduler(entry: dict[str, Any], metrics: dict[str, Any]) -> None:
             raise ModelError(message + " (or set 'strict': False to skip the step).")
         warnings.warn(message + "; the scheduler was not stepped.", stacklevel=2)
         return
-    entry["scheduler"].step(float(value))
+    if entry["step"] is not None:
+        entry["step"](entry["scheduler"], value)
+    else:
+        entry["scheduler"].step(float(value))
 
 
-def configure_optimizers(module: Any) -> OptimizerSetup:
-    """Call ``module.configure_optimizers()`` and normalise its result."""
+def configure_optimizers(module: Any, base: type | None = None) -> OptimizerSetup:
+    """Call ``module.configure_optimizers()`` and normalise its result. When ``module``
+    overrides ``lr_scheduler_step`` (the method ``base``, its base class, defines), every
+    scheduler is stepped through it."""
     result = module.configure_optimizers()
     setup = OptimizerSetup()
 
@@ -80,9 +97,15 @@ def configure_optimizers(module: Any) -> OptimizerSetup:
         if isinstance(item, torch.optim.Optimizer):
             setup.optimizers.append(item)
         elif isinstance(item, dict) and isinstance(item.get("optimizer"), torch.optim.Optimizer):
+            unknown = set(item) - _SETUP_KEYS
+            if unknown:
+                raise ModelError(f"configure_optimizers returned a dict with keys "
+                                 f"{sorted(unknown)}, which ptrain does not know; expected "
+                                 f"{_FORMS}.")
             setup.optimizers.append(item["optimizer"])
             if item.get("lr_scheduler") is not None:
-                setup.lr_schedulers.append(_scheduler_entry(item["lr_scheduler"]))
+                setup.lr_schedulers.append(_scheduler_entry(item["lr_scheduler"],
+                                                            item.get("monitor")))
         else:
             raise ModelError(f"configure_optimizers returned {type(item).__qualname__}; expected "
                              f"{_FORMS}.")
@@ -99,6 +122,9 @@ def configure_optimizers(module: Any) -> OptimizerSetup:
         add(result)
     if not setup.optimizers:
         raise ModelError(f"configure_optimizers returned no optimizer; expected {_FORMS}.")
+    if base is not None and type(module).lr_scheduler_step is not base.lr_scheduler_step:
+        for entry in setup.lr_schedulers:
+            entry["step"] = module.lr_scheduler_step
     return setup
 
 

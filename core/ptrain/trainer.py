@@ -541,7 +541,7 @@ class Trainer:
             self._configure_model(empty_init=None)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
             if stage == "fit":
-                setup = configure_optimizers(module)
+                setup = configure_optimizers(module, TrainModule)
                 _check_optimized_parameters(module, setup)
                 self._wrap_optimizers(setup)
             for loader_stage in _STAGE_LOADERS[stage]:
