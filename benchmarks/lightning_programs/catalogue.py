@@ -1,0 +1,188 @@
+"""The public Lightning programs ``benchmarks/lightning_programs.py`` runs: where each one is
+(repository, commit, path), what it needs (data, packages, environment), how it is run as its
+authors meant (``argv``, a notebook's ``cells``) and the recipe for the harness-built settings
+(``build``: Python given ``P``, the program's module, and ``L``, the framework's package; it sets
+``model``, ``trainer``, ``fit`` and ``test``, see ``drive.py``). None of the programs' code is kept
+here; the recipes name their classes and repeat the Trainer settings each program uses, made
+short with ``limit_*_batches``.
+
+Keys: ``name``, ``source`` (a short label), ``repository`` (owner/name), ``mirror``
+(``OWNER+NAME``, the snapshot's folder under ``--mirrors``), ``commit``, ``path`` (the file run),
+``tree`` (files or folders ending in ``/`` to copy, default ``[path]``), ``kind`` (``script``,
+``jupytext``, ``ipynb``), ``cells`` (a notebook's cells run as the program, 0-based code cells;
+default all), ``defs_cells`` (cells that make the module the recipe imports), ``venv`` (``tv``:
+needs torchvision, run with ``--tv-python``), ``cwd`` (run folder, relative to the program's
+root; default the file's folder), ``data`` (kind -> folder it is linked into), ``packages``,
+``argv``, ``hydra`` (the template's own overrides for each setting), ``env``, ``timeout``.
+"""
+
+LIGHTNING = dict(repository="Lightning-AI/pytorch-lightning", mirror="Lightning-AI+pytorch-lightning",
+                 commit="be98784a1a03581b7051a355ae1084fd352d7cea")  # tag 2.6.5
+TUTORIALS = dict(repository="Lightning-AI/tutorials", mirror="Lightning-AI+tutorials",
+                 commit="15817658a2d63afa338b9e1cd8454fb98d746fac")
+UVADLC = dict(repository="phlippe/uvadlc_notebooks", mirror="phlippe+uvadlc_notebooks",
+              commit="0da8037c7abc32f478ff6142acceb72dbcf088ee")
+HYDRA = dict(repository="ashleve/lightning-hydra-template",
+             mirror="ashleve+lightning-hydra-template",
+             commit="bddbc24b82ab6ccfa6243e815a49dc5bfe8d4144")
+WANDB = dict(repository="wandb/examples", mirror="wandb+examples",
+             commit="5cab88702fc51edfb4afc79a1de89e9acf6cb605")
+
+#: the harness-built runs: two short epochs
+SHORT = "limit_train_batches=40, limit_val_batches=10, limit_test_batches=10, max_epochs=2"
+
+PROGRAMS = [
+    dict(LIGHTNING, name="pl-bug-report", source="Lightning examples",
+         path="examples/pytorch/bug_report/bug_report_model.py", packages=[],
+         build="""
+from torch.utils.data import DataLoader
+model = P.BoringModel()
+trainer = dict(limit_train_batches=1, limit_val_batches=1, limit_test_batches=1,
+               num_sanity_val_steps=0, max_epochs=2, enable_model_summary=False)
+fit = dict(train_dataloaders=DataLoader(P.RandomDataset(32, 64), batch_size=2),
+           val_dataloaders=DataLoader(P.RandomDataset(32, 64), batch_size=2))
+test = dict(dataloaders=DataLoader(P.RandomDataset(32, 64), batch_size=2))
+"""),
+    dict(LIGHTNING, name="pl-autoencoder", source="Lightning examples",
+         path="examples/pytorch/basics/autoencoder.py", venv="tv",
+         packages=["torchvision", "jsonargparse[signatures]"], data={"mnist": "examples/Datasets"},
+         argv=["--trainer.max_epochs=2", "--trainer.limit_train_batches=100",
+               "--trainer.limit_val_batches=20", "--trainer.limit_test_batches=20",
+               "--trainer.limit_predict_batches=2"],
+         build=f"""
+model = P.LitAutoEncoder()
+dm = P.MyDataModule(batch_size=32)
+trainer = dict(callbacks=P.ImageSampler(), {SHORT})
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(LIGHTNING, name="pl-backbone-classifier", source="Lightning examples",
+         path="examples/pytorch/basics/backbone_image_classifier.py", venv="tv",
+         packages=["torchvision", "jsonargparse[signatures]"], data={"mnist": "examples/Datasets"},
+         argv=["--trainer.max_epochs=2", "--trainer.limit_train_batches=100",
+               "--trainer.limit_val_batches=20", "--trainer.limit_test_batches=20",
+               "--trainer.limit_predict_batches=2"],
+         build=f"""
+model = P.LitClassifier()
+dm = P.MyDataModule(batch_size=32)
+trainer = dict({SHORT})
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(LIGHTNING, name="pl-transformer", source="Lightning examples",
+         path="examples/pytorch/basics/transformer.py", packages=[],
+         data={"wikitext2": "examples/pytorch/basics/data"},
+         build=f"""
+from torch.utils.data import DataLoader, random_split
+L.seed_everything(42)
+dataset = P.WikiText2()
+n = len(dataset)
+train, val, test_ = random_split(dataset, [n - 4000, 2000, 2000])
+model = P.LanguageModel(vocab_size=dataset.vocab_size)
+trainer = dict(gradient_clip_val=0.25, {SHORT})
+fit = dict(train_dataloaders=DataLoader(train, batch_size=20, shuffle=True),
+           val_dataloaders=DataLoader(val, batch_size=20))
+test = dict(dataloaders=DataLoader(test_, batch_size=20))
+"""),
+    dict(TUTORIALS, name="tut-mnist-hello-world", source="Lightning tutorials",
+         path="lightning_examples/mnist-hello-world/hello-world.py", kind="jupytext",
+         venv="tv", packages=["torchvision", "torchmetrics", "pandas", "seaborn", "ipython"],
+         data={"mnist": "lightning_examples/mnist-hello-world"}, defs_cells=[0, 1, 3],
+         build=f"""
+model = P.LitMNIST()
+trainer = dict(accelerator="cpu", devices=1, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir=P.config.save_dir))
+fit = dict()
+test = dict()
+"""),
+    dict(TUTORIALS, name="tut-basic-gan", source="Lightning tutorials",
+         path="lightning_examples/basic-gan/gan.py", kind="jupytext", venv="tv",
+         packages=["torchvision", "tensorboard"],
+         data={"mnist": "lightning_examples/basic-gan"}, defs_cells=[0, 1, 2, 3, 4],
+         build=f"""
+dm = P.MNISTDataModule()
+model = P.GAN(*dm.dims)
+trainer = dict(accelerator="cpu", devices=1, {SHORT})
+fit = dict(datamodule=dm)
+test = None
+"""),
+    dict(TUTORIALS, name="tut-datamodules", source="Lightning tutorials",
+         path="lightning_examples/datamodules/datamodules.py", kind="jupytext", venv="tv",
+         packages=["torchvision", "torchmetrics"],
+         data={"mnist": "lightning_examples/datamodules",
+               "cifar10": "lightning_examples/datamodules"},
+         defs_cells=[0, 1, 3, 4, 6],
+         build=f"""
+dm = P.CIFAR10DataModule()
+model = P.LitModel(*dm.dims, dm.num_classes, hidden_size=256)
+trainer = dict(accelerator="cpu", devices=1, {SHORT})
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(TUTORIALS, name="tut-cifar10-baseline", source="Lightning tutorials",
+         path="lightning_examples/cifar10-baseline/baseline.py", kind="jupytext", venv="tv",
+         packages=["torchvision", "torchmetrics", "pandas", "seaborn", "ipython"],
+         data={"cifar10-small": "lightning_examples/cifar10-baseline"},
+         defs_cells=[1, 2, 3, 4],
+         build=f"""
+model = P.LitResnet(lr=0.05)
+trainer = dict(accelerator="cpu", devices=1, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir="logs/"),
+               callbacks=[M("callbacks").LearningRateMonitor(logging_interval="step")])
+fit = dict(train_dataloaders=P.train_dataloader, val_dataloaders=P.val_dataloader)
+test = dict(dataloaders=P.test_dataloader)
+"""),
+    dict(TUTORIALS, name="tut-augmentation-kornia", source="Lightning tutorials",
+         path="lightning_examples/augmentation_kornia/augmentation.py", kind="jupytext",
+         venv="tv", packages=["torchvision", "kornia", "torchmetrics", "pandas", "seaborn",
+                              "matplotlib", "ipython"],
+         data={"cifar10-small": "lightning_examples/augmentation_kornia"},
+         defs_cells=[0, 1, 2, 3],
+         build=f"""
+model = P.CoolSystem()
+trainer = dict(accelerator="cpu", devices=1, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir="logs/"))
+fit = dict()
+test = None
+"""),
+    dict(UVADLC, name="uva-transformers-reverse", source="UvA DL course",
+         path="docs/tutorial_notebooks/tutorial6/Transformers_and_MHAttention.ipynb",
+         kind="ipynb", venv="tv", cells=list(range(25)), defs_cells=list(range(19)),
+         packages=["torchvision", "matplotlib", "seaborn", "ipython", "tqdm"],
+         env={},
+         build=f"""
+model = P.ReversePredictor(max_iters=2 * 40, input_dim=10, model_dim=32, num_heads=1,
+                           num_classes=10, num_layers=1, dropout=0.0, lr=5e-4, warmup=50)
+trainer = dict(default_root_dir="reverse", gradient_clip_val=5, {SHORT},
+               callbacks=[M("callbacks").ModelCheckpoint(save_weights_only=True, mode="max",
+                                                      monitor="val_acc")])
+fit = dict(train_dataloaders=P.train_loader, val_dataloaders=P.val_loader)
+test = dict(dataloaders=P.test_loader, verbose=False)
+"""),
+    dict(HYDRA, name="hydra-template", source="lightning-hydra-template",
+         path="src/train.py", tree=["src/", "configs/", ".project-root"], cwd=".", venv="tv",
+         packages=["torchvision", "hydra-core==1.3.2", "hydra-colorlog", "rootutils", "rich",
+                   "torchmetrics"],
+         data={"mnist": "data"},
+         argv=["seed=12345", "trainer.max_epochs=2", "+trainer.limit_train_batches=100",
+               "+trainer.limit_val_batches=20", "+trainer.limit_test_batches=20"],
+         hydra={"single": [], "ddp": ["trainer=ddp_sim"],
+                "bf16": ["+trainer.precision=bf16-mixed"],
+                "resume1": ["trainer.max_epochs=1", "test=False"],
+                "resume2": []}),
+    dict(WANDB, name="wandb-image-classification", source="W&B examples",
+         path="colabs/pytorch-lightning/Image_Classification_using_PyTorch_Lightning.ipynb",
+         kind="ipynb", venv="tv", defs_cells=[1, 3, 4, 5, 6],
+         packages=["torchvision", "wandb", "torchmetrics"],
+         data={"cifar10": "colabs/pytorch-lightning"},
+         build=f"""
+model = P.LitModel((3, 32, 32), P.dm.num_classes)
+trainer = dict({SHORT},
+               logger=M("loggers").WandbLogger(project="wandb-lightning", job_type="train"),
+               callbacks=[M("callbacks").EarlyStopping(monitor="val_loss"),
+                          P.ImagePredictionLogger(P.val_samples),
+                          M("callbacks").ModelCheckpoint()])
+fit = dict(datamodule=P.dm)
+test = dict(dataloaders=P.dm.test_dataloader())
+"""),
+]

@@ -1,0 +1,58 @@
+"""Runs one catalogued program's own LightningModule/DataModule under a Trainer the harness
+builds, for the comparison settings a program has no option for (ddp on 2 CPU processes,
+bf16-mixed, resume from a mid-run checkpoint).
+
+    python drive.py FRAMEWORK PROGRAM_DIR MODULE BUILD_FILE CONFIG [CKPT]
+
+``FRAMEWORK`` is ``lightning`` (``lightning.pytorch``) or ``ptrain`` (``ptrain.lightning``);
+``MODULE`` is the program's file (its import lines already rewritten for ptrain), imported from
+``PROGRAM_DIR`` as a module, so its ``__main__`` block does not run. ``BUILD_FILE`` holds the
+catalogue's recipe: Python that, given ``P`` (the program's module) and ``L`` (the framework's
+package; ``M(name)`` imports its submodule ``name``), sets ``model``, ``trainer`` (Trainer keyword arguments: the program's own settings,
+kept short), ``fit`` (keyword arguments of ``fit`` after the model) and ``test`` (those of
+``test``, or None). ``CONFIG`` adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
+``bf16`` (precision bf16-mixed), ``resume1`` (one epoch, then ``save_checkpoint(CKPT)``),
+``resume2`` (the full run from ``CKPT``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+SETTINGS = {
+    "ddp": {"strategy": "ddp", "accelerator": "cpu", "devices": 2},
+    "bf16": {"precision": "bf16-mixed"},
+    "resume1": {"max_epochs": 1},
+    "resume2": {},
+}
+
+
+def main(framework: str, program_dir: str, module: str, build_file: str, config: str,
+         ckpt: str | None = None) -> None:
+    L = importlib.import_module("lightning.pytorch" if framework == "lightning"
+                                else "ptrain.lightning")
+    sys.path.insert(0, program_dir)
+    os.chdir(program_dir)
+    P = importlib.import_module(module)
+    space = {"P": P, "L": L,
+             "M": lambda name: importlib.import_module(f"{L.__name__}.{name}")}
+    with open(build_file) as f:
+        exec(compile(f.read(), build_file, "exec"), space)  # noqa: S102 - the catalogue's recipe
+    kwargs = {**space["trainer"], **SETTINGS[config]}
+    trainer = L.Trainer(**kwargs)
+    model = space["model"]
+    if config == "resume2":
+        trainer.fit(model, ckpt_path=ckpt, **space["fit"])
+    else:
+        trainer.fit(model, **space["fit"])
+    if config == "resume1":
+        trainer.save_checkpoint(ckpt)
+        return
+    if space.get("test") is not None:
+        trainer.test(model, **space["test"])
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
