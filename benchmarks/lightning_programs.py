@@ -7,7 +7,8 @@ snapshot of its public repository under ``--mirrors`` (default ``/work/.mirror``
 folder per repository, ``OWNER+NAME/repo``) at the commit the catalogue names, copied into a
 fresh folder, and there its import lines are rewritten (``lightning.pytorch``,
 ``pytorch_lightning`` and ``lightning`` where it names the trainer's package ->
-``ptrain.lightning``; a Hydra config's ``_target_: lightning.pytorch...`` -> ``ptrain.lightning...``).
+``ptrain.lightning``; a Hydra config's ``_target_: lightning.pytorch...`` ->
+``ptrain.lightning...``).
 A notebook (``.ipynb``, or a jupytext ``# %%`` script) becomes a script of its code cells in
 order, IPython's ``!``/``%`` lines left out (they install packages or time cells).
 
@@ -160,8 +161,6 @@ def lay_out(program: dict, framework: str, folder: Path, mirrors: Path, cache: P
         text = (folder / program["path"]).read_text()
         where = (folder / program["path"]).parent
         stem = program["name"].replace("-", "_")
-        if framework == "ptrain":
-            text = text if kind == "jupytext" else text  # cells are rewritten below
         script = notebook_script(text, kind, program.get("cells"))
         defs = notebook_script(text, kind, program.get("defs_cells", []))
         if framework == "ptrain":
@@ -169,7 +168,7 @@ def lay_out(program: dict, framework: str, folder: Path, mirrors: Path, cache: P
         (where / f"{stem}_run.py").write_text(script)
         (where / f"{stem}_defs.py").write_text(defs)
     data = _load("data")
-    for kind_, link in program.get("data", {}).items():
+    for kind_, link in program.get("data", []):
         made = data.prepare(kind_, cache)
         target = folder / link
         target.mkdir(parents=True, exist_ok=True)

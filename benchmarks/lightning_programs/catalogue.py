@@ -12,11 +12,12 @@ Keys: ``name``, ``source`` (a short label), ``repository`` (owner/name), ``mirro
 ``jupytext``, ``ipynb``), ``cells`` (a notebook's cells run as the program, 0-based code cells;
 default all), ``defs_cells`` (cells that make the module the recipe imports), ``venv`` (``tv``:
 needs torchvision, run with ``--tv-python``), ``cwd`` (run folder, relative to the program's
-root; default the file's folder), ``data`` (kind -> folder it is linked into), ``packages``,
+root; default the file's folder), ``data`` ((kind, folder it is linked into) pairs), ``packages``,
 ``argv``, ``hydra`` (the template's own overrides for each setting), ``env``, ``timeout``.
 """
 
-LIGHTNING = dict(repository="Lightning-AI/pytorch-lightning", mirror="Lightning-AI+pytorch-lightning",
+LIGHTNING = dict(repository="Lightning-AI/pytorch-lightning",
+                 mirror="Lightning-AI+pytorch-lightning",
                  commit="be98784a1a03581b7051a355ae1084fd352d7cea")  # tag 2.6.5
 TUTORIALS = dict(repository="Lightning-AI/tutorials", mirror="Lightning-AI+tutorials",
                  commit="15817658a2d63afa338b9e1cd8454fb98d746fac")
@@ -45,7 +46,8 @@ test = dict(dataloaders=DataLoader(P.RandomDataset(32, 64), batch_size=2))
 """),
     dict(LIGHTNING, name="pl-autoencoder", source="Lightning examples",
          path="examples/pytorch/basics/autoencoder.py", venv="tv",
-         packages=["torchvision", "jsonargparse[signatures]"], data={"mnist": "examples/Datasets"},
+         packages=["torchvision", "jsonargparse[signatures]"],
+         data=[("mnist", "examples/Datasets"), ("mnist", "examples/pytorch/basics/data")],
          argv=["--trainer.max_epochs=2", "--trainer.limit_train_batches=100",
                "--trainer.limit_val_batches=20", "--trainer.limit_test_batches=20",
                "--trainer.limit_predict_batches=2"],
@@ -58,7 +60,8 @@ test = dict(datamodule=dm)
 """),
     dict(LIGHTNING, name="pl-backbone-classifier", source="Lightning examples",
          path="examples/pytorch/basics/backbone_image_classifier.py", venv="tv",
-         packages=["torchvision", "jsonargparse[signatures]"], data={"mnist": "examples/Datasets"},
+         packages=["torchvision", "jsonargparse[signatures]"],
+         data=[("mnist", "examples/Datasets"), ("mnist", "examples/pytorch/basics/data")],
          argv=["--trainer.max_epochs=2", "--trainer.limit_train_batches=100",
                "--trainer.limit_val_batches=20", "--trainer.limit_test_batches=20",
                "--trainer.limit_predict_batches=2"],
@@ -71,7 +74,7 @@ test = dict(datamodule=dm)
 """),
     dict(LIGHTNING, name="pl-transformer", source="Lightning examples",
          path="examples/pytorch/basics/transformer.py", packages=[],
-         data={"wikitext2": "examples/pytorch/basics/data"},
+         data=[("wikitext2", "examples/pytorch/basics/data")],
          build=f"""
 from torch.utils.data import DataLoader, random_split
 L.seed_everything(42)
@@ -87,7 +90,7 @@ test = dict(dataloaders=DataLoader(test_, batch_size=20))
     dict(TUTORIALS, name="tut-mnist-hello-world", source="Lightning tutorials",
          path="lightning_examples/mnist-hello-world/hello-world.py", kind="jupytext",
          venv="tv", packages=["torchvision", "torchmetrics", "pandas", "seaborn", "ipython"],
-         data={"mnist": "lightning_examples/mnist-hello-world"}, defs_cells=[0, 1, 3],
+         data=[("mnist", "lightning_examples/mnist-hello-world")], defs_cells=[0, 1, 3],
          build=f"""
 model = P.LitMNIST()
 trainer = dict(accelerator="cpu", devices=1, {SHORT},
@@ -98,7 +101,7 @@ test = dict()
     dict(TUTORIALS, name="tut-basic-gan", source="Lightning tutorials",
          path="lightning_examples/basic-gan/gan.py", kind="jupytext", venv="tv",
          packages=["torchvision", "tensorboard"],
-         data={"mnist": "lightning_examples/basic-gan"}, defs_cells=[0, 1, 2, 3, 4],
+         data=[("mnist", "lightning_examples/basic-gan")], defs_cells=[0, 1, 2, 3, 4],
          build=f"""
 dm = P.MNISTDataModule()
 model = P.GAN(*dm.dims)
@@ -109,8 +112,8 @@ test = None
     dict(TUTORIALS, name="tut-datamodules", source="Lightning tutorials",
          path="lightning_examples/datamodules/datamodules.py", kind="jupytext", venv="tv",
          packages=["torchvision", "torchmetrics"],
-         data={"mnist": "lightning_examples/datamodules",
-               "cifar10": "lightning_examples/datamodules"},
+         data=[("mnist", "lightning_examples/datamodules"),
+               ("cifar10", "lightning_examples/datamodules")],
          defs_cells=[0, 1, 3, 4, 6],
          build=f"""
 dm = P.CIFAR10DataModule()
@@ -122,7 +125,7 @@ test = dict(datamodule=dm)
     dict(TUTORIALS, name="tut-cifar10-baseline", source="Lightning tutorials",
          path="lightning_examples/cifar10-baseline/baseline.py", kind="jupytext", venv="tv",
          packages=["torchvision", "torchmetrics", "pandas", "seaborn", "ipython"],
-         data={"cifar10-small": "lightning_examples/cifar10-baseline"},
+         data=[("cifar10-small", "lightning_examples/cifar10-baseline")],
          defs_cells=[1, 2, 3, 4],
          build=f"""
 model = P.LitResnet(lr=0.05)
@@ -136,7 +139,7 @@ test = dict(dataloaders=P.test_dataloader)
          path="lightning_examples/augmentation_kornia/augmentation.py", kind="jupytext",
          venv="tv", packages=["torchvision", "kornia", "torchmetrics", "pandas", "seaborn",
                               "matplotlib", "ipython"],
-         data={"cifar10-small": "lightning_examples/augmentation_kornia"},
+         data=[("cifar10-small", "lightning_examples/augmentation_kornia")],
          defs_cells=[0, 1, 2, 3],
          build=f"""
 model = P.CoolSystem()
@@ -163,7 +166,7 @@ test = dict(dataloaders=P.test_loader, verbose=False)
          path="src/train.py", tree=["src/", "configs/", ".project-root"], cwd=".", venv="tv",
          packages=["torchvision", "hydra-core==1.3.2", "hydra-colorlog", "rootutils", "rich",
                    "torchmetrics"],
-         data={"mnist": "data"},
+         data=[("mnist", "data")],
          argv=["seed=12345", "trainer.max_epochs=2", "+trainer.limit_train_batches=100",
                "+trainer.limit_val_batches=20", "+trainer.limit_test_batches=20"],
          hydra={"single": [], "ddp": ["trainer=ddp_sim"],
@@ -174,7 +177,7 @@ test = dict(dataloaders=P.test_loader, verbose=False)
          path="colabs/pytorch-lightning/Image_Classification_using_PyTorch_Lightning.ipynb",
          kind="ipynb", venv="tv", defs_cells=[1, 3, 4, 5, 6],
          packages=["torchvision", "wandb", "torchmetrics"],
-         data={"cifar10": "colabs/pytorch-lightning"},
+         data=[("cifar10", "colabs/pytorch-lightning")],
          build=f"""
 model = P.LitModel((3, 32, 32), P.dm.num_classes)
 trainer = dict({SHORT},

@@ -7,10 +7,11 @@ bf16-mixed, resume from a mid-run checkpoint).
 ``FRAMEWORK`` is ``lightning`` (``lightning.pytorch``) or ``ptrain`` (``ptrain.lightning``);
 ``MODULE`` is the program's file (its import lines already rewritten for ptrain), imported from
 ``PROGRAM_DIR`` as a module, so its ``__main__`` block does not run. ``BUILD_FILE`` holds the
-catalogue's recipe: Python that, given ``P`` (the program's module) and ``L`` (the framework's
-package; ``M(name)`` imports its submodule ``name``), sets ``model``, ``trainer`` (Trainer keyword arguments: the program's own settings,
-kept short), ``fit`` (keyword arguments of ``fit`` after the model) and ``test`` (those of
-``test``, or None). ``CONFIG`` adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
+catalogue's recipe: Python that, given ``P`` (the program's module), ``L`` (the framework's
+package) and ``M(name)`` (imports ``L``'s submodule ``name``), sets ``model``, ``trainer``
+(Trainer keyword arguments: the program's own settings, kept short), ``fit`` (keyword
+arguments of ``fit`` after the model) and ``test`` (those of ``test``, or None). ``CONFIG``
+adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
 ``bf16`` (precision bf16-mixed), ``resume1`` (one epoch, then ``save_checkpoint(CKPT)``),
 ``resume2`` (the full run from ``CKPT``).
 """
