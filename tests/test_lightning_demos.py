@@ -305,10 +305,7 @@ def _fit_weights(framework, classes, name, root, epochs=2):
 @pytest.mark.parametrize("name, epochs", [
     ("DemoModel", 2),
     ("ManualOptimBoringModel", 1),
-    pytest.param("ManualOptimBoringModel", 2, marks=pytest.mark.xfail(
-        strict=True, raises=AssertionError,
-        reason="core gap: under automatic_optimization=False ptrain steps the LR schedulers "
-               "at epoch end; Lightning leaves them to the module")),
+    ("ManualOptimBoringModel", 2),  # the module steps its schedulers itself
 ])
 def test_the_other_boring_models_fit_to_lightnings_weights(tmp_path, name, epochs):
     theirs = _fit_weights(pl, l_boring, name, tmp_path / "lightning", epochs)
@@ -318,9 +315,6 @@ def test_the_other_boring_models_fit_to_lightnings_weights(tmp_path, name, epoch
         assert torch.equal(ours[0][key], theirs[0][key]), key
 
 
-@pytest.mark.xfail(strict=True, raises=ptrain.ModelError,
-                   reason="core gap: TrainModule has no default predict_step (Lightning's runs "
-                          "forward on the batch)")
 def test_predict_on_a_boring_model_returns_lightnings_outputs(tmp_path):
     outputs = []
     for framework, classes in ((pl, l_boring), (ppl, p_boring)):

@@ -119,7 +119,7 @@ def test_predict_limits_and_return_predictions_false(tmp_path):
 
 
 def test_predict_usage_errors(tmp_path):
-    with pytest.raises(ptrain.ModelError, match="has no predict_step"):
+    with pytest.raises(ptrain.ModelError, match="has neither predict_step.* nor forward"):
         trainer(tmp_path).predict(NoPredictStep())
     with pytest.raises(ptrain.ModelError, match="self.log\\('oops', ...\\) was called in predict"):
         trainer(tmp_path).predict(LogsInPredict())
@@ -297,7 +297,7 @@ def test_cli_test_and_predict_rebuild_the_model_from_the_checkpoint(tmp_path):
 def test_cli_usage_errors_of_the_stages(tmp_path):
     assert_usage_error(run_cli("predict", "--model", "tests._stage_models:NoPredictStep",
                                "--accelerator", "cpu", "--default-root-dir", str(tmp_path)),
-                       "has no predict_step")
+                       "has neither predict_step", "nor forward")
     assert_usage_error(run_cli("test", "--accelerator", "cpu"), "no model given",
                        "--ckpt-path")
     assert_ok(run_cli("test", "--help"))

@@ -146,7 +146,9 @@ class FitLoop:
             )
         self.val_interval = self._val_interval()
         self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
-        epoch = [s for s in trainer.lr_schedulers if s["interval"] == "epoch"]
+        # under manual optimization the module steps its schedulers itself, as in Lightning
+        epoch = [s for s in trainer.lr_schedulers
+                 if s["interval"] == "epoch" and self.automatic]
         # as Lightning: an epoch scheduler steps right after the epoch's last optimizer step
         # (before that batch's validation); one that monitors a metric at the epoch's end
         self.last_batch_schedulers = [s for s in epoch if s["monitor"] is None]

@@ -232,11 +232,11 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         them averaged over the test set."""
         raise NotImplementedError(f"{type(self).__name__} must implement test_step")
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int = 0) -> Any:
         """One prediction batch: return the predictions (under several processes, a tensor or
         a dict/list/tuple of tensors whose first dimension is the batch, so they can be
-        gathered in dataset order)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement predict_step")
+        gathered in dataset order). The default returns ``self(batch)``, as Lightning's does."""
+        return self(batch)
 
     def configure_model(self) -> None:
         """Create the layers here rather than in ``__init__`` when the model may be too large

@@ -877,11 +877,15 @@ def _check_stage_methods(stage: str, module: TrainModule) -> None:
         raise ModelError(f"{type(module).__qualname__} has no training_step(self, batch, "
                          f"batch_idx), which fit runs on every batch; implement it (it returns "
                          f"the loss, see TrainModule.training_step's docstring).")
-    if method in ("test_step", "predict_step") and \
-            getattr(type(module), method) is getattr(TrainModule, method):
-        raise ModelError(f"{type(module).__qualname__} has no {method}(self, batch, batch_idx), "
-                         f"which {stage} runs on every batch; implement it (see TrainModule."
-                         f"{method}'s docstring for what it returns).")
+    if method == "test_step" and type(module).test_step is TrainModule.test_step:
+        raise ModelError(f"{type(module).__qualname__} has no test_step(self, batch, batch_idx), "
+                         f"which test runs on every batch; implement it (see TrainModule."
+                         f"test_step's docstring for what it returns).")
+    if method == "predict_step" and type(module).predict_step is TrainModule.predict_step \
+            and type(module).forward is torch.nn.Module.forward:
+        raise ModelError(f"{type(module).__qualname__} has neither predict_step(self, batch, "
+                         f"batch_idx) nor forward, so predict has nothing to run; implement "
+                         f"predict_step (the default returns self(batch)).")
 
 
 @contextlib.contextmanager
