@@ -3,6 +3,10 @@ refused, and that a checkpoint rebuilds the module without its arguments."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -60,21 +64,74 @@ def test_names_dict_and_ignore():
     assert dict(Ignoring().hparams) == {"hidden": 4}
 
 
-def test_a_module_argument_is_left_out_with_a_warning_and_objects_are_refused():
+def test_a_module_argument_is_left_out_with_a_warning():
     class WithBackbone(TinyRegressor):
         def __init__(self, backbone: nn.Module, lr: float = 0.1):
             super().__init__(lr=lr)
             self.save_hyperparameters()
 
-    class WithObject(TinyRegressor):
-        def __init__(self, opener=open):
-            super().__init__()
-            self.save_hyperparameters()
-
     with pytest.warns(UserWarning, match="left out 'backbone'.*ignore=\\['backbone'\\]"):
         assert dict(WithBackbone(nn.Linear(1, 1)).hparams) == {"lr": 0.1}
-    with pytest.raises(ptrain.ModelError, match="can't keep 'opener'.*ignore=\\['opener'\\]"):
-        WithObject()
+
+
+@dataclasses.dataclass
+class Schedule:
+    warmup: int = 3
+    decay: float = 0.5
+
+
+class WithObjects(TinyRegressor):
+    """Init arguments as Hydra and LightningCLI programs pass them: a class, a partial of one
+    (Hydra's ``_partial_: true``), a dataclass, and one object no checkpoint can hold."""
+
+    def __init__(self, optimizer=functools.partial(torch.optim.SGD, lr=0.3, momentum=0.5),
+                 activation=nn.Tanh, schedule=Schedule(), opener=lambda path: path,
+                 lr: float = 0.1):
+        super().__init__(lr=lr)
+        self.save_hyperparameters(logger=False)
+
+
+def test_classes_partials_and_dataclasses_travel_in_checkpoints_other_objects_are_said(tmp_path):
+    with pytest.warns(UserWarning, match="keeps 'opener'.*checkpoints can't hold it.*"
+                                         "load_from_checkpoint\\(path, opener=...\\)"):
+        module = WithObjects()
+    assert module.hparams.activation is nn.Tanh and callable(module.hparams.opener)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"], seed=0)
+    trainer.fit(module)
+    saved = torch.load(trainer.last_checkpoint_path, weights_only=True)["hyper_parameters"]
+    assert set(saved) == {"optimizer", "activation", "schedule", "lr"}
+    # logger=False: nothing for the loggers (nor hparams.toml), but the checkpoint has them
+    assert not (trainer.log_dir / "hparams.toml").exists()
+    rebuilt = WithObjects.load_from_checkpoint(str(trainer.last_checkpoint_path),
+                                               opener=str.upper)
+    assert rebuilt.hparams.activation is nn.Tanh and rebuilt.hparams.schedule == Schedule()
+    assert rebuilt.hparams.opener is str.upper
+    optimizer = rebuilt.hparams.optimizer(rebuilt.parameters())
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert optimizer.defaults["lr"] == 0.3 and optimizer.defaults["momentum"] == 0.5
+
+
+def test_loggers_receive_every_value_as_text_where_it_is_not_plain():
+    from ptrain.hyperparameters import logged_hyperparameters
+
+    logged = logged_hyperparameters({"cls": nn.Tanh, "n": 3, "nested": {"a": [1, 2]},
+                                     "opt": functools.partial(torch.optim.SGD, lr=0.1)})
+    assert logged == {"cls": "torch.nn.modules.activation.Tanh", "n": 3,
+                      "nested": {"a": [1, 2]},
+                      "opt": "partial(torch.optim.sgd.SGD, lr=0.1)"}
+
+
+def test_one_namespace_or_dict_gives_its_entries_and_hparams_initial_keeps_them():
+    class FromNamespace(TinyRegressor):
+        def __init__(self, args):
+            super().__init__()
+            self.save_hyperparameters(args)
+
+    module = FromNamespace(argparse.Namespace(lr=0.2, layers=3))
+    assert dict(module.hparams) == {"lr": 0.2, "layers": 3}
+    module.hparams.lr = 0.5
+    assert module.hparams_initial.lr == 0.2
 
 
 def test_unknown_names_and_calls_outside_init_are_errors():

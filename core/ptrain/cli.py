@@ -424,6 +424,7 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
     CLI's own, or the classes and saved hyperparameters of a run from Python. ``model`` may hold
     init arguments given on the command line: they override the saved ones."""
     from ptrain.checkpoint_io import safe_load
+    from ptrain.hyperparameters import restored_hyperparameters
 
     if Path(path).is_dir():
         raise ModelError(f"{path!r} is a sharded checkpoint folder, which does not say how to "
@@ -433,7 +434,7 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
     saved = checkpoint.get("config", {}).get("model") or {}
     if not saved.get("class_path") and checkpoint.get("module_class"):
         saved = {"class_path": checkpoint["module_class"],
-                 "init_args": dict(checkpoint.get("hyper_parameters") or {})}
+                 "init_args": restored_hyperparameters(checkpoint.get("hyper_parameters"))}
     if not saved.get("class_path"):
         raise ModelError(f"checkpoint {path!r} does not say how to build its model (it was "
                          f"written by an older ptrain); pass --model MODULE:CLASS and its init "
@@ -444,7 +445,8 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
         data = checkpoint.get("config", {}).get("data") or {}
         if not data.get("class_path") and checkpoint.get("datamodule_class"):
             data = {"class_path": checkpoint["datamodule_class"],
-                    "init_args": dict(checkpoint.get("datamodule_hyper_parameters") or {})}
+                    "init_args": restored_hyperparameters(
+                        checkpoint.get("datamodule_hyper_parameters"))}
     return model, data
 
 

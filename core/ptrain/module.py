@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,119 +15,12 @@ from torch import nn
 
 from ptrain.errors import ModelError
 from ptrain.hook_methods import ModuleHookMethods
+from ptrain.hyperparameters import HyperParametersMixin, restored_hyperparameters
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from ptrain.trainer import Trainer
-
-
-#: Types a hyperparameter may have: they travel in checkpoints (safe loading) and to loggers.
-_PLAIN = (type(None), bool, int, float, str)
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
-
-
-class HyperParameters(dict):
-    """``self.hparams``: a dict whose keys also read as attributes (``self.hparams.lr``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"no hyperparameter {name!r}; saved: "
-                                 f"{', '.join(self) or '(none)'}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
-
-
-class HyperParametersMixin:
-    """``save_hyperparameters()`` and ``hparams``, shared by :class:`TrainModule` and
-    :class:`DataModule`."""
-
-    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None) -> None:
-        """Record the ``__init__`` arguments as ``self.hparams``: they go into every checkpoint
-        (so ``ptrain test --ckpt-path PATH`` and ``load_from_checkpoint`` rebuild the module
-        without its arguments), into the run folder's ``hparams.toml`` and to the loggers.
-
-        Call it in ``__init__``. With no arguments every init argument is kept; with names only
-        those; with one dict, that dict. ``ignore`` leaves names out. Values must be plain
-        (None, bool, int, float, str, and lists/tuples/dicts of them): an ``nn.Module`` argument
-        is left out with a warning (its weights are in the checkpoint already); any other object
-        is a :class:`ModelError` naming it, since a checkpoint could not hold it safely.
-        """
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and isinstance(args[0], dict):
-            values = dict(args[0])
-        else:
-            values = self._init_arguments(inspect.currentframe().f_back)
-            unknown = [a for a in args if a not in values]
-            if unknown or any(not isinstance(a, str) for a in args):
-                raise ModelError(
-                    f"save_hyperparameters({', '.join(map(repr, args))}) names no init argument "
-                    f"of {type(self).__qualname__} for {unknown}; its init arguments: "
-                    f"{', '.join(values) or '(none)'}. Pass names of __init__ arguments, or one "
-                    f"dict.")
-            if args:
-                values = {k: values[k] for k in args}
-        kept = {}
-        for key, value in values.items():
-            if key in ignored:
-                continue
-            if isinstance(value, nn.Module):
-                warnings.warn(
-                    f"{type(self).__qualname__}.save_hyperparameters left out {key!r}: it is an "
-                    f"nn.Module, whose weights are in the checkpoint already; pass "
-                    f"ignore=[{key!r}] to say so and silence this.", stacklevel=2)
-                continue
-            if not _plain(value):
-                raise ModelError(
-                    f"{type(self).__qualname__}.save_hyperparameters can't keep {key!r}: a "
-                    f"{type(value).__qualname__} is not a plain value (None, bool, int, float, "
-                    f"str, or lists/dicts of them), so no checkpoint could hold it safely. Pass "
-                    f"ignore=[{key!r}] and rebuild it from plain arguments.")
-            kept[key] = value
-        self.__dict__["_hparams"] = HyperParameters(kept)
-
-    def _init_arguments(self, frame: Any) -> dict[str, Any]:
-        """The arguments of the ``__init__`` call on the stack (``frame`` and its callers) that
-        is constructing ``self``; a subclass's ``__init__`` calling ``super().__init__`` counts
-        as the outermost one."""
-        found: dict[str, Any] = {}
-        while frame is not None:
-            code = frame.f_code
-            if code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                names = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
-                local = frame.f_locals
-                values = {n: local[n] for n in names if n in local}
-                if code.co_flags & inspect.CO_VARKEYWORDS:
-                    values.update(local.get(code.co_varnames[code.co_argcount
-                                                             + code.co_kwonlyargcount
-                                                             + bool(code.co_flags
-                                                                    & inspect.CO_VARARGS)], {}))
-                found = {**found, **values}  # the outermost __init__ decides a shared name
-            frame = frame.f_back
-        if not found:
-            raise ModelError(f"{type(self).__qualname__}.save_hyperparameters() must be called "
-                             f"inside __init__ (it reads the init arguments); elsewhere pass a "
-                             f"dict.")
-        return found
-
-    @property
-    def hparams(self) -> HyperParameters:
-        """The hyperparameters :meth:`save_hyperparameters` recorded (empty before)."""
-        if "_hparams" not in self.__dict__:
-            self.__dict__["_hparams"] = HyperParameters()
-        return self.__dict__["_hparams"]
 
 
 def class_path(obj: Any) -> str:
@@ -280,7 +172,8 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         from ptrain.checkpoint_io import safe_load
 
         checkpoint = safe_load(checkpoint_path)
-        arguments = {**(checkpoint.get("hyper_parameters") or {}), **overrides}
+        arguments = {**restored_hyperparameters(checkpoint.get("hyper_parameters")),
+                     **overrides}
         params = inspect.signature(cls).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             # hyperparameters recorded by a base class's __init__ that this class does not take

@@ -29,6 +29,7 @@ from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
                                  is_hook_method_callback, module_plugins)
+from ptrain.hyperparameters import logged_hyperparameters, saved_hyperparameters
 from ptrain.loading import (IMPL_MARK, call_impl, call_per_plugin, create_plugin_manager,
                             instantiate, register)
 from ptrain.metrics import MetricStore
@@ -341,7 +342,8 @@ class Trainer:
         state = self.full_state_dict()
         if state is not None:
             write_weights(state, path, {"module_class": class_path(self.module),
-                                        "hyper_parameters": dict(self.module.hparams),
+                                        "hyper_parameters": saved_hyperparameters(
+                                            self.module.hparams),
                                         "ptrain_version": __version__})
 
     def _rank_zero_value(self, value: Any) -> Any:
@@ -370,11 +372,12 @@ class Trainer:
             "ptrain_version": __version__,
             "model": self.module.state_dict(),
             "module_class": class_path(self.module),
-            "hyper_parameters": dict(self.module.hparams),
+            "hyper_parameters": saved_hyperparameters(self.module.hparams),
         }
         if self.datamodule is not None:
             checkpoint["datamodule_class"] = class_path(self.datamodule)
-            checkpoint["datamodule_hyper_parameters"] = dict(self.datamodule.hparams)
+            checkpoint["datamodule_hyper_parameters"] = saved_hyperparameters(
+                self.datamodule.hparams)
         if weights_only:
             checkpoint.update(weights_only=True, optimizers=[], plugins={}, loop={
                 "global_step": self.global_step, "epoch": self.current_epoch})
@@ -555,8 +558,10 @@ class Trainer:
             checkpoint = self._restore(checkpoint_file, stage) if checkpoint_file else None
             self.step_hooks = StepHooks(self.pm, self)
             self.hook.setup(trainer=self, stage=stage)
-            self.hook.log_hyperparams(trainer=self, hyperparameters={
-                **(self.datamodule.hparams if self.datamodule else {}), **module.hparams})
+            self.hook.log_hyperparams(trainer=self, hyperparameters=logged_hyperparameters({
+                **(self.datamodule.hparams if self.datamodule and
+                   self.datamodule.logs_hyperparameters else {}),
+                **(module.hparams if module.logs_hyperparameters else {})}))
             # restores the previous mode on leaving; check_nan: a backward that makes a NaN
             # raises, naming the forward operation that led to it
             with torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=True), \

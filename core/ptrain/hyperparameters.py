@@ -1,0 +1,297 @@
+"""``save_hyperparameters()``/``hparams``: what a module or datamodule records of its init
+arguments, how it travels in checkpoints and to the loggers, and how it comes back.
+
+``self.hparams`` holds the values as given, whatever they are. Checkpoints are read with
+torch's weights-only loader, so they hold a *saved form* made of plain values (None, bool, int,
+float, str, and lists/dicts of them):
+
+- a plain value as it is; an OmegaConf container or an ``argparse.Namespace`` as the plain
+  dict it holds;
+- a class or function importable by its name, as ``{"__ptrain_reference__": "module:qualname"}``;
+- a ``functools.partial`` of one, with saveable arguments (what Hydra's ``_partial_: true``
+  makes), as ``{"__ptrain_partial__": reference, "args": [...], "kwargs": {...}}``;
+- a dataclass instance with saveable fields, as ``{"__ptrain_dataclass__": reference,
+  "fields": {...}}``.
+
+:func:`restored_hyperparameters` turns the saved form back into those objects, so
+``load_from_checkpoint`` rebuilds the module with them. Any other object (a model passed in, an
+open file) stays in ``self.hparams`` but is left out of checkpoints, with a warning when it is
+recorded: ``load_from_checkpoint`` then needs it passed again. The loggers receive every value,
+a non-plain one as readable text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import inspect
+import warnings
+from typing import Any, Mapping
+
+from torch import nn
+
+from ptrain.errors import ModelError
+
+#: Types a saved hyperparameter may have: they travel in checkpoints (safe loading) and to loggers.
+PLAIN = (type(None), bool, int, float, str)
+REFERENCE, PARTIAL, DATACLASS = "__ptrain_reference__", "__ptrain_partial__", \
+    "__ptrain_dataclass__"
+
+
+class Unsaveable(Exception):
+    """A value has no saved form (see the module docstring)."""
+
+
+def is_plain(value: Any) -> bool:
+    if isinstance(value, PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain(v) for k, v in value.items())
+    return False
+
+
+def _reference(value: Any) -> str:
+    """``module:qualname`` of an importable class or function, else :class:`Unsaveable`."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if module is None or "<" in qualname:  # a lambda or a class made inside a function
+        raise Unsaveable(value)
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        raise Unsaveable(value) from None
+    if found is not value:
+        raise Unsaveable(value)
+    return f"{module}:{qualname}"
+
+
+def saved_form(value: Any) -> Any:
+    """The plain form of ``value`` a checkpoint holds, or :class:`Unsaveable`."""
+    if is_plain(value):
+        return value
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value) or any(
+                k in (REFERENCE, PARTIAL, DATACLASS) for k in value):
+            raise Unsaveable(value)
+        return {k: saved_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [saved_form(v) for v in value]
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return {REFERENCE: _reference(value)}
+    if isinstance(value, functools.partial):
+        return {PARTIAL: _reference(value.func), "args": [saved_form(a) for a in value.args],
+                "kwargs": {k: saved_form(v) for k, v in value.keywords.items()}}
+    if dataclasses.is_dataclass(value) and not inspect.isclass(value):
+        fields = {f.name: saved_form(getattr(value, f.name))
+                  for f in dataclasses.fields(value) if f.init}
+        return {DATACLASS: _reference(type(value)), "fields": fields}
+    raise Unsaveable(value)
+
+
+def _resolve(reference: str) -> Any:
+    module, _, qualname = reference.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def restored(value: Any) -> Any:
+    """The object a saved form stands for (the inverse of :func:`saved_form`)."""
+    if isinstance(value, list):
+        return [restored(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if REFERENCE in value:
+        return _resolve(value[REFERENCE])
+    if PARTIAL in value:
+        return functools.partial(_resolve(value[PARTIAL]), *restored(value["args"]),
+                                 **restored(value["kwargs"]))
+    if DATACLASS in value:
+        return _resolve(value[DATACLASS])(**restored(value["fields"]))
+    return {k: restored(v) for k, v in value.items()}
+
+
+def saved_hyperparameters(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """``hparams`` in the saved form, the values without one left out."""
+    saved = {}
+    for key, value in hparams.items():
+        try:
+            saved[key] = saved_form(value)
+        except Unsaveable:
+            continue
+    return saved
+
+
+def restored_hyperparameters(saved: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a checkpoint's saved hyperparameters stand for (classes, partials... rebuilt)."""
+    return {k: restored(v) for k, v in (saved or {}).items()}
+
+
+def logged_hyperparameters(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """``hparams`` for the loggers: plain values (and containers of them) as they are, any
+    other as readable text."""
+    logged = {}
+    for key, value in hparams.items():
+        try:
+            form = saved_form(value)
+        except Unsaveable:
+            logged[key] = _text(value)
+            continue
+        logged[key] = _text(value) if _tagged(form) else form
+    return logged
+
+
+def _tagged(form: Any) -> bool:
+    """Whether a saved form stands for an object (it holds one of the tags)."""
+    if isinstance(form, list):
+        return any(_tagged(v) for v in form)
+    if isinstance(form, dict):
+        return any(k in (REFERENCE, PARTIAL, DATACLASS) for k in form) or any(
+            _tagged(v) for v in form.values())
+    return False
+
+
+def _text(value: Any) -> str:
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    if isinstance(value, functools.partial):
+        arguments = [repr(a) for a in value.args] + [f"{k}={v!r}"
+                                                     for k, v in value.keywords.items()]
+        return f"partial({_text(value.func)}{''.join(', ' + a for a in arguments)})"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class HyperParameters(dict):
+    """``self.hparams``: a dict whose keys also read as attributes (``self.hparams.lr``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter {name!r}; saved: "
+                                 f"{', '.join(self) or '(none)'}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+class HyperParametersMixin:
+    """``save_hyperparameters()``, ``hparams`` and ``hparams_initial``, shared by
+    :class:`~ptrain.TrainModule` and :class:`~ptrain.DataModule`."""
+
+    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None,
+                             frame: Any = None, logger: bool = True) -> None:
+        """Record the ``__init__`` arguments as ``self.hparams``: they go into every checkpoint
+        (so ``ptrain test --ckpt-path PATH`` and ``load_from_checkpoint`` rebuild the module
+        without its arguments), into the run folder's ``hparams.toml`` and to the loggers.
+
+        Call it in ``__init__`` (or pass ``frame``, the frame of the ``__init__`` to read).
+        With no arguments every init argument is kept; with names only those; with one dict
+        (or ``argparse.Namespace``, or OmegaConf container), its entries. ``ignore`` leaves
+        names out. ``logger=False`` keeps them from the loggers and ``hparams.toml`` (they
+        still go into checkpoints). An ``nn.Module`` argument is left out with a warning (its
+        weights are in the checkpoint already); a value without a saved form (see
+        :mod:`ptrain.hyperparameters`) stays in ``hparams`` but not in checkpoints, with a
+        warning.
+        """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if len(args) == 1 and not isinstance(args[0], str):
+            given = args[0]
+            if isinstance(given, argparse.Namespace):
+                given = vars(given)
+            if not isinstance(given, Mapping):
+                raise ModelError(
+                    f"save_hyperparameters({type(given).__qualname__}) takes names of __init__ "
+                    f"arguments, or one dict (or argparse.Namespace) of values.")
+            values = dict(given)
+        else:
+            values = self._init_arguments(frame or inspect.currentframe().f_back)
+            unknown = [a for a in args if a not in values]
+            if unknown or any(not isinstance(a, str) for a in args):
+                raise ModelError(
+                    f"save_hyperparameters({', '.join(map(repr, args))}) names no init argument "
+                    f"of {type(self).__qualname__} for {unknown}; its init arguments: "
+                    f"{', '.join(values) or '(none)'}. Pass names of __init__ arguments, or one "
+                    f"dict.")
+            if args:
+                values = {k: values[k] for k in args}
+        kept = {}
+        for key, value in values.items():
+            if key in ignored:
+                continue
+            if isinstance(value, nn.Module):
+                warnings.warn(
+                    f"{type(self).__qualname__}.save_hyperparameters left out {key!r}: it is an "
+                    f"nn.Module, whose weights are in the checkpoint already; pass "
+                    f"ignore=[{key!r}] to say so and silence this.", stacklevel=2)
+                continue
+            try:
+                saved_form(value)
+            except Unsaveable:
+                warnings.warn(
+                    f"{type(self).__qualname__}.save_hyperparameters keeps {key!r} (a "
+                    f"{type(value).__qualname__}) in self.hparams, but checkpoints can't hold it: "
+                    f"they keep plain values, importable classes and functions, partials and "
+                    f"dataclasses of those, so that they load safely. load_from_checkpoint needs "
+                    f"it passed again ({type(self).__qualname__}.load_from_checkpoint(path, "
+                    f"{key}=...)); pass ignore=[{key!r}] to say so and silence this.",
+                    stacklevel=2)
+            kept[key] = value
+        self.__dict__["_hparams"] = HyperParameters(kept)
+        self.__dict__["_hparams_initial"] = HyperParameters(kept)
+        self.__dict__["_log_hyperparams"] = logger
+
+    def _init_arguments(self, frame: Any) -> dict[str, Any]:
+        """The arguments of the ``__init__`` call on the stack (``frame`` and its callers) that
+        is constructing ``self``; a subclass's ``__init__`` calling ``super().__init__`` counts
+        as the outermost one."""
+        found: dict[str, Any] = {}
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "__init__" and frame.f_locals.get("self") is self:
+                names = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+                local = frame.f_locals
+                values = {n: local[n] for n in names if n in local}
+                if code.co_flags & inspect.CO_VARKEYWORDS:
+                    values.update(local.get(code.co_varnames[code.co_argcount
+                                                             + code.co_kwonlyargcount
+                                                             + bool(code.co_flags
+                                                                    & inspect.CO_VARARGS)], {}))
+                found = {**found, **values}  # the outermost __init__ decides a shared name
+            frame = frame.f_back
+        if not found:
+            raise ModelError(f"{type(self).__qualname__}.save_hyperparameters() must be called "
+                             f"inside __init__ (it reads the init arguments); elsewhere pass a "
+                             f"dict.")
+        return found
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters :meth:`save_hyperparameters` recorded (empty before)."""
+        if "_hparams" not in self.__dict__:
+            self.__dict__["_hparams"] = HyperParameters()
+        return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> HyperParameters:
+        """The hyperparameters as :meth:`save_hyperparameters` recorded them (later changes to
+        :attr:`hparams` are not seen here)."""
+        return HyperParameters(self.__dict__.get("_hparams_initial", {}))
+
+    @property
+    def logs_hyperparameters(self) -> bool:
+        """Whether the hyperparameters go to the loggers (``save_hyperparameters(logger=...)``)."""
+        return self.__dict__.get("_log_hyperparams", True)
