@@ -28,7 +28,7 @@ def test_the_namespace_is_the_native_api():
 @pytest.mark.parametrize("argument, value", [
     ("plugins", ["something"]), ("use_distributed_sampler", False), ("sync_batchnorm", True),
     ("reload_dataloaders_every_n_epochs", 1), ("enable_autolog_hparams", False),
-    ("model_registry", "hub"), ("profiler", "simple"),
+    ("model_registry", "hub"), ("profiler", "nvtx"),
 ])
 def test_a_lightning_argument_ptrain_cannot_honour_is_refused_by_name(argument, value):
     with pytest.raises(ptrain.ConfigError, match=f"Trainer\\({argument}=.*is not supported"):

@@ -220,3 +220,200 @@ def test_trainer_states_are_lightnings_values():
             (lightning_stage.evaluating, lightning_stage.dataloader_prefix)
     state = ours.TrainerState(ours.TrainerStatus.INTERRUPTED, ours.TrainerFn.FITTING)
     assert state.stopped and not state.finished and state.fn == "fit"
+
+
+# -- accelerators, strategies, plugins: a Lightning program under both -------------------------
+
+#: A Lightning program built from Lightning's objects (not names), run under Lightning 2.6.6
+#: and, its import lines rewritten, under ptrain.lightning. ``python PROGRAM OUT single`` runs
+#: single-process fits with precision objects; ``OUT ddp`` trains on two processes with a
+#: DDPStrategy object and uses the strategy's collectives (TorchSyncBatchNorm can't take part:
+#: torch's DistributedDataParallel accepts SyncBatchNorm layers on GPUs only).
+PROGRAM = '''
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning.pytorch as pl
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.plugins import DoublePrecision, HalfPrecision, MixedPrecision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import is_shared_filesystem
+
+
+class Net(pl.LightningModule):
+    def __init__(self, norm=False):
+        super().__init__()
+        self.net = nn.Sequential(nn.BatchNorm1d(8) if norm else nn.Identity(), nn.Linear(8, 16),
+                                 nn.Tanh(), nn.Linear(16, 1))
+        self.seen = {}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def on_train_end(self):
+        strategy = self.trainer.strategy
+        rank = strategy.global_rank
+        strategy.barrier()
+        self.seen = {
+            "rank": rank, "world_size": strategy.world_size,
+            "is_global_zero": strategy.is_global_zero,
+            "root_device": str(strategy.root_device),
+            "sum": strategy.reduce(torch.tensor(float(rank + 1)), reduce_op="sum").item(),
+            "mean": strategy.reduce(torch.tensor(float(rank + 1))).item(),
+            "gathered": strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist(),
+            "broadcast": strategy.broadcast({"from": rank}),
+            "all": strategy.reduce_boolean_decision(rank == 0, all=True),
+            "any": strategy.reduce_boolean_decision(rank == 0, all=False),
+            "shared": is_shared_filesystem(strategy, Path.cwd()),
+        }
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 8, generator=g)
+        # shuffled: Lightning's sampler for several processes shuffles the training data even
+        # when the loader does not (ptrain keeps the loader's order)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=8,
+                          shuffle=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+def weights(module):
+    return {k: v.double().flatten().tolist() for k, v in module.state_dict().items()}
+
+
+def fit(out, **options):
+    pl.seed_everything(0)
+    module = Net(norm=options.pop("norm", False))
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=out, **options)
+    trainer.fit(module)
+    return trainer, module
+
+
+out, variant = sys.argv[1], sys.argv[2]
+if variant == "single":
+    plugins = {
+        "bf16-mixed": MixedPrecision("bf16-mixed", "cpu"),
+        "16-mixed-scaler": MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
+            "cpu", init_scale=2.0 ** 8, growth_interval=3)),
+        "64-true": DoublePrecision(),
+        "bf16-true": HalfPrecision("bf16-true"),
+    }
+    result = {name: weights(fit(out, accelerator=CPUAccelerator(), plugins=[plugin])[1])
+              for name, plugin in plugins.items()}
+    Path(out, "result.json").write_text(json.dumps(result))
+else:
+    strategy = DDPStrategy(find_unused_parameters=False, timeout=datetime.timedelta(minutes=2))
+    trainer, module = fit(out, accelerator=CPUAccelerator(), strategy=strategy, devices=2,
+                          norm=True)
+    Path(out, f"seen-{module.seen['rank']}.json").write_text(json.dumps(module.seen))
+    if trainer.is_global_zero:
+        Path(out, "result.json").write_text(json.dumps({"weights": weights(module)}))
+'''
+
+
+def _run_program(where, framework: str, variant: str) -> tuple[dict, list[dict]]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_lightning_dropin import ported
+
+    folder = where / framework
+    folder.mkdir()
+    script = folder / "program.py"
+    script.write_text(PROGRAM if framework == "lightning" else ported(PROGRAM))
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    env.pop("PTRAIN_TRACE", None)
+    done = subprocess.run([sys.executable, str(script), str(folder), variant], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{framework}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    seen = [json.loads(p.read_text()) for p in sorted(folder.glob("seen-*.json"))]
+    return json.loads((folder / "result.json").read_text()), seen
+
+
+@pytest.mark.slow
+def test_precision_objects_train_as_lightnings_and_as_the_precision_by_name(tmp_path):
+    lightning, _ = _run_program(tmp_path, "lightning", "single")
+    ours, _ = _run_program(tmp_path, "ptrain", "single")
+    for name in ("bf16-mixed", "64-true", "bf16-true", "16-mixed-scaler"):
+        assert ours[name] == lightning[name], name
+    # the object selects the precision plugin the name selects: the same arithmetic
+    from lightning_names._components import QUIET
+
+    import ptrain.lightning as pl
+
+    for name, extra in (("bf16-mixed", {}),
+                        ("16-mixed", {"16-mixed": {"init_scale": 2.0 ** 8,
+                                                   "growth_interval": 3}})):
+        weights = []
+        for options in ({"precision": name, "plugin_options": extra},
+                        {"plugins": [_precision_object(name)]}):
+            pl.seed_everything(0)
+            module = _program_module()
+            pl.Trainer(max_epochs=2, accelerator="cpu", default_root_dir=str(tmp_path), **QUIET,
+                       **options).fit(module)
+            weights.append({k: v.tolist() for k, v in module.state_dict().items()})
+        assert weights[0] == weights[1], name
+
+
+def _precision_object(name):
+    from ptrain.lightning.plugins import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=3) \
+        if name == "16-mixed" else None
+    return MixedPrecision(name, "cpu", scaler=scaler)
+
+
+def _program_module():
+    namespace: dict = {}
+    source = PROGRAM.split("\ndef weights")[0].replace("lightning.pytorch", "ptrain.lightning")
+    exec(compile(source, "program", "exec"), namespace)
+    return namespace["Net"]()
+
+
+@pytest.mark.slow
+def test_a_ddp_strategy_object_trains_on_two_processes_as_lightnings(tmp_path):
+    lightning, lightning_seen = _run_program(tmp_path, "lightning", "ddp")
+    ours, seen = _run_program(tmp_path, "ptrain", "ddp")
+    assert ours["weights"].keys() == lightning["weights"].keys()
+    for key, values in lightning["weights"].items():  # the all-reduce may add in another order
+        assert ours["weights"][key] == pytest.approx(values, rel=1e-5, abs=1e-6), key
+    assert seen == lightning_seen
+    assert [s["sum"] for s in seen] == [3.0, 3.0] and [s["gathered"] for s in seen] == \
+        [[[0, 0], [1, 10]]] * 2
+
+
+def test_sync_batchnorm_on_several_cpu_processes_is_refused_before_ddp_fails(tmp_path):
+    # what the ddp strategy's wrap_model would meet on two CPU processes: torch's DDP refuses
+    # SyncBatchNorm layers off GPUs, so the plugin says so first, with what to do
+    import types
+
+    import ptrain
+    from ptrain.lightning.plugins import TorchSyncBatchNorm
+
+    plugin = TorchSyncBatchNorm()
+    trainer = types.SimpleNamespace(world_size=2, device=torch.device("cpu"))
+    wrapper = plugin.wrap_model(trainer, nn.Sequential(nn.BatchNorm1d(2)))
+    with pytest.raises(ptrain.ConfigError, match="GPUs only"):
+        next(wrapper)
+    one_process = types.SimpleNamespace(world_size=1, device=torch.device("cpu"))
+    model = nn.Sequential(nn.BatchNorm1d(2))
+    wrapper = plugin.wrap_model(one_process, model)
+    next(wrapper)
+    with pytest.raises(StopIteration):
+        wrapper.send(model)
+    assert isinstance(model[0], nn.BatchNorm1d) and not isinstance(model[0], nn.SyncBatchNorm)

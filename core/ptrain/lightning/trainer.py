@@ -9,19 +9,13 @@ import torch
 
 from ptrain.errors import ConfigError
 from ptrain.lightning._common import refuse
+from ptrain.lightning._selection import select
 from ptrain.module import DataModule
 from ptrain.trainer import Trainer as _Trainer
 
 #: Lightning's submodules of this one (``trainer.states``, ``trainer.trainer``) are in
 #: ``_trainer/``: a module with a ``__path__`` has submodules, as a package does
 __path__ = [str(Path(__file__).with_name("_trainer"))]
-
-#: Lightning's strategy names -> ptrain's
-_STRATEGIES = {"ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_notebook": "ddp",
-               "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
-               "deepspeed_stage_3": "zero3", "single_device": "single-device"}
-#: Lightning's strategy names that start new processes per stage: ptrain's spawn launcher
-_SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
 class Trainer(_Trainer):
@@ -33,7 +27,8 @@ class Trainer(_Trainer):
 
     Also Lightning's attribute names: ``lightning_module``, ``logger``,
     ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
-    ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``.
+    ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``, and
+    Lightning's objects for the run's ``accelerator``, ``strategy`` and ``profiler``.
     """
 
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
@@ -63,11 +58,11 @@ class Trainer(_Trainer):
                  plugin_options: dict[str, dict[str, Any]] | None = None,
                  seed: int | None = None):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        options, loggers, strategy_options = _translate(given)
-        if strategy_options:
+        options, loggers, implied_options = _translate(given)
+        if implied_options:  # what Lightning's objects and names imply, per plugin
             plugin_options = dict(plugin_options or {})
-            plugin_options[options["strategy"]] = {**strategy_options,
-                                                   **plugin_options.get(options["strategy"], {})}
+            for name, implied in implied_options.items():
+                plugin_options[name] = {**implied, **plugin_options.get(name, {})}
         super().__init__(plugin_options=plugin_options, **options)
         self._init_kwargs = given  # a worker rebuilds this trainer from Lightning's arguments
         self._given_loggers = loggers
@@ -162,14 +157,54 @@ class Trainer(_Trainer):
     def predicting(self) -> bool:
         return self.stage == "predict"
 
+    # Lightning's objects for the run's plugins (ptrain's option values stay in self.options)
 
-def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+    @property
+    def accelerator(self) -> Any:
+        """The run's accelerator as Lightning's :class:`~ptrain.lightning.accelerators.
+        Accelerator` (``CPUAccelerator``, ...)."""
+        from ptrain.lightning.accelerators import lightning_accelerator
+
+        return lightning_accelerator(self)
+
+    @accelerator.setter
+    def accelerator(self, value: Any) -> None:  # the native Trainer sets its option value
+        pass
+
+    @property
+    def strategy(self) -> Any:
+        """The run's strategy as Lightning's :class:`~ptrain.lightning.strategies.Strategy`,
+        answering for this trainer (``world_size``, ``barrier()``, ``reduce()``, ...)."""
+        if getattr(self, "_lightning_strategy", None) is None:
+            from ptrain.lightning.strategies import bound_strategy
+
+            self._lightning_strategy = bound_strategy(self, self._init_kwargs.get("strategy"))
+        return self._lightning_strategy
+
+    @strategy.setter
+    def strategy(self, value: Any) -> None:  # the native Trainer sets its option value
+        self._lightning_strategy = None
+
+    @property
+    def profiler(self) -> Any:
+        """The run's profiler (``PassThroughProfiler`` without one): ``with
+        trainer.profiler.profile("name"):`` times a block of your code in its report."""
+        profiler = self._init_kwargs.get("profiler")
+        if profiler is None:
+            from ptrain.lightning.profilers import PassThroughProfiler
+
+            profiler = self._init_kwargs["profiler"] = PassThroughProfiler()
+        return profiler
+
+
+def _translate(given: dict[str, Any]
+               ) -> tuple[dict[str, Any], list[Any], dict[str, dict[str, Any]]]:
     """Lightning's arguments -> ptrain's Trainer options, the logger objects, and the options
-    of the strategy plugin a Lightning strategy name implies."""
+    Lightning's objects and names imply for the plugins they select (plugin name -> options;
+    see :mod:`ptrain.lightning._selection` for ``accelerator``, ``strategy``, ``plugins`` and
+    ``profiler``)."""
     g = given
     for argument, accepted, instead in (
-        ("plugins", None, "pass precision/strategy by name; ptrain has no plugin objects of "
-                          "Lightning's kinds"),
         ("use_distributed_sampler", True, "ptrain's multi-process strategies always shard the "
                                           "data; give your own sampler in the dataloader and "
                                           "leave this out"),
@@ -197,36 +232,18 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[s
             getattr(x, "name", None) == "tensorboard" for x in loggers)):
         callbacks.append("no:tensorboard")
     callbacks.extend(loggers)
-    profiler = g["profiler"]
-    if profiler == "pytorch":
-        callbacks.append("profiler")
-    elif profiler is not None:
-        raise refuse("Trainer", "profiler", profiler,
-                      "use profiler='pytorch' (the profiler plugin), or time the run with the "
-                      "progress display's figures")
+    chosen = select(g)
+    callbacks.extend(chosen.callbacks)
     root = g["default_root_dir"]
     if loggers and hasattr(loggers[0], "root_dir"):
         root = loggers[0].root_dir
     else:
         root = str(Path(root if root is not None else ".") / "lightning_logs")
-    strategy = g["strategy"]
-    strategy_options: dict[str, Any] = {}
-    if isinstance(strategy, str) and strategy.startswith("ddp_find_unused_parameters_"):
-        flag = strategy.rsplit("_", 1)[1]
-        if flag not in ("true", "false"):
-            raise refuse("Trainer", "strategy", strategy, "use 'ddp_find_unused_parameters_true' "
-                                                          "or '..._false'")
-        strategy, strategy_options = "ddp", {"find_unused_parameters": flag == "true"}
-    if isinstance(strategy, str):
-        if strategy in _SPAWNING:
-            strategy_options = {"launcher": "spawn"}
-        strategy = _STRATEGIES.get(strategy, strategy)
-        if strategy == "auto":
-            devices = g["devices"]
-            many = (isinstance(devices, int) and (devices > 1 or devices == -1)) or (
-                isinstance(devices, (list, tuple)) and len(devices) > 1)
-            strategy = "ddp" if many else "single-device"
-    devices = g["devices"]
+    strategy, devices = chosen.strategy, chosen.devices
+    if strategy == "auto":
+        many = (isinstance(devices, int) and (devices > 1 or devices == -1)) or (
+            isinstance(devices, (list, tuple)) and len(devices) > 1)
+        strategy = "ddp" if many else "single-device"
     if devices == -1:
         devices = "auto"
     if g["deterministic"] and g["benchmark"]:
@@ -234,16 +251,17 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[s
                           "cuDNN's autotuner picks algorithms that may not be deterministic. "
                           "Choose one.")
     options: dict[str, Any] = {
-        "accelerator": g["accelerator"], "strategy": strategy, "devices": devices,
+        "accelerator": chosen.accelerator, "strategy": strategy, "devices": devices,
         "num_nodes": g["num_nodes"], "callbacks": callbacks, "default_root_dir": root,
         "fast_dev_run": g["fast_dev_run"], "overfit_batches": g["overfit_batches"] or 0,
         "check_val_every_n_epoch": g["check_val_every_n_epoch"] or 1,
         "accumulate_grad_batches": g["accumulate_grad_batches"],
-        "detect_anomaly": g["detect_anomaly"], "deterministic": bool(g["deterministic"])
+        "detect_anomaly": g["detect_anomaly"], "inference_mode": g["inference_mode"], "deterministic": bool(g["deterministic"])
         if g["deterministic"] != "warn" else "warn",
     }
-    if g["precision"] is not None:
-        options["precision"] = g["precision"]
+    if chosen.precision is not None or g["precision"] is not None:
+        options["precision"] = chosen.precision if chosen.precision is not None \
+            else g["precision"]
     for argument in ("max_epochs", "min_epochs", "min_steps", "max_time", "limit_train_batches",
                      "limit_val_batches", "limit_test_batches", "limit_predict_batches",
                      "val_check_interval", "num_sanity_val_steps", "log_every_n_steps",
@@ -260,4 +278,4 @@ def _translate(given: dict[str, Any]) -> tuple[dict[str, Any], list[Any], dict[s
                                + t.get("minutes", 0)) * 60 + t.get("seconds", 0)
     if hasattr(options.get("max_time"), "total_seconds"):
         options["max_time"] = options["max_time"].total_seconds()
-    return options, loggers, strategy_options
+    return options, loggers, chosen.implied
