@@ -1,9 +1,9 @@
 """A LightningCLI program: a small regression model and its data, run from the command line.
 
 Written against ``lightning.pytorch``; tests/test_lightning_cli.py runs it as written and, with
-its import lines rewritten, under ``ptrain.lightning``. ``CLI_MODE`` picks how the CLI is made
-(``plain``, ``subclass``, ``custom``, ``run_false``); with ``RESULT_FILE`` set, what the run
-ended with is written there as JSON.
+its import lines rewritten, under ``ptrain.lightning``. ``CLI_MODE`` picks how the CLI is
+made (``plain``, ``subclass``, ``custom``, ``env``, ``run_false``); with ``RESULT_FILE`` set,
+what the run ended with is written there as JSON.
 """
 
 import json
@@ -97,6 +97,10 @@ class Recorder(pl.Callback):
         self.label = label
         self.events = []
 
+    @property
+    def state_key(self):
+        return f"Recorder[{self.label}]"  # one run may hold several
+
     def on_fit_start(self, trainer, pl_module):
         self.events.append(f"{self.label}:fit_start")
 
@@ -138,6 +142,9 @@ def _make_cli():
     if mode == "custom":
         return RecordingCLI(Regressor, RegressionData, seed_everything_default=7,
                             trainer_defaults={"max_epochs": 1, "enable_progress_bar": False})
+    if mode == "env":
+        return LightningCLI(Regressor, RegressionData, run=False, auto_configure_optimizers=False,
+                            parser_kwargs={"default_env": True})
     if mode == "run_false":
         cli = LightningCLI(Regressor, RegressionData, run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

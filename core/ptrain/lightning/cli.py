@@ -14,6 +14,8 @@ differences from Lightning are listed in docs/from-lightning.md, "LightningCLI".
 """
 
 import contextlib
+import importlib
+import importlib.util
 import inspect
 import sys
 import typing
@@ -54,6 +56,11 @@ except ImportError:  # the cli extra is not installed: the error comes when the 
 else:
     # torch's classes whose __module__ is not where they import from print as torch.X
     jsonargparse.register_unresolvable_import_paths(torch)
+    if importlib.util.find_spec("fsspec") is not None:  # --config s3://..., as Lightning reads
+        if hasattr(jsonargparse, "set_parsing_settings"):
+            jsonargparse.set_parsing_settings(config_read_mode_fsspec_enabled=True)
+        else:
+            jsonargparse.set_config_read_mode(fsspec_enabled=True)
 
 #: what to install for this module
 INSTALL = 'pip install "ptrain-core[cli]"'
@@ -103,8 +110,6 @@ def _exported_classes(module_name: str) -> list[type]:
     """The public classes of ``module_name`` (its ``__all__``, else its names without a
     leading underscore), those of a distribution that is not installed left out, each once: a
     class whose base is already listed is covered by it."""
-    import importlib
-
     module = importlib.import_module(module_name)
     names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
     found: list[type] = []
@@ -144,16 +149,20 @@ def _trainer_argument_types() -> dict[str, Any]:
             "logger": Optional[Union[one_logger, Iterable[one_logger], bool]]}
 
 
-def _trainer_signature(trainer_class: type) -> Callable[..., Any]:
+def _trainer_signature(trainer_class: type) -> Optional[Callable[..., Any]]:
     """A function taking ``trainer_class``'s init arguments, typed as the CLI reads them: the
     annotations evaluated, and Lightning's types where ptrain's are ``Any`` (see
     :func:`_trainer_argument_types`). ``None`` when the init takes ``*args``/``**kwargs``
-    (jsonargparse then follows them through the class itself)."""
+    (jsonargparse then follows them through the class itself) or its annotations can't be
+    evaluated."""
     init = trainer_class.__init__
     parameters = list(inspect.signature(init).parameters.values())[1:]
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
         return None
-    hints = typing.get_type_hints(init)
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # an annotation that can't be evaluated here: jsonargparse reads the class
+        return None
     lightning_types = _trainer_argument_types()
     typed = []
     for p in parameters:
@@ -336,8 +345,11 @@ class SaveConfigCallback(Callback):
                                   stacklevel=2)
         if trainer.is_global_zero:
             folder.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, str(target), skip_none=False, overwrite=self.overwrite,
-                             multifile=self.multifile)
+            # every value, None ones included (the flag's name since jsonargparse 4.49)
+            keep_none = {"skip_unset" if "skip_unset" in inspect.signature(
+                self.parser.save).parameters else "skip_none": False}
+            self.parser.save(self.config, str(target), overwrite=self.overwrite,
+                             multifile=self.multifile, **keep_none)
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Override to save the config somewhere else too (a logger, a tracking service). Runs
@@ -767,8 +779,6 @@ def _with_class_path(class_type: type, init_args: Any) -> dict[str, Any]:
 def instantiate_class(args: Any, init: dict[str, Any]) -> Any:
     """Make ``init["class_path"]`` with ``args`` (one value or a tuple) as its positional
     arguments and ``init["init_args"]`` as its keyword arguments."""
-    import importlib
-
     module_name, _, name = init["class_path"].rpartition(".")
     if not module_name:
         raise ConfigError(f"instantiate_class: class_path {init['class_path']!r} is not an "
