@@ -417,3 +417,101 @@ def test_sync_batchnorm_on_several_cpu_processes_is_refused_before_ddp_fails(tmp
     with pytest.raises(StopIteration):
         wrapper.send(model)
     assert isinstance(model[0], nn.BatchNorm1d) and not isinstance(model[0], nn.SyncBatchNorm)
+
+
+# -- the tuner against Lightning's ----------------------------------------------------------------
+
+
+def _tuned(framework: str, root) -> dict:
+    """Lightning's tuner (``framework="lightning"``) or ptrain's on the same module: the LR
+    test's curve and suggestion, the batch sizes found, and whether the weights came back."""
+    if framework == "lightning":
+        import lightning.pytorch as pl
+        from lightning.pytorch.tuner import Tuner
+    else:
+        import ptrain.lightning as pl
+        from ptrain.lightning.tuner import Tuner
+
+    class Net(pl.LightningModule):
+        def __init__(self, lr=0.01, batch_size=8):
+            super().__init__()
+            self.save_hyperparameters()
+            self.lr, self.batch_size = lr, batch_size
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def train_dataloader(self):
+            x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+            return DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin()),
+                              batch_size=self.batch_size)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    pl.seed_everything(0)
+    module = Net()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", default_root_dir=str(root))
+    tuner = Tuner(trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = tuner.lr_find(module, num_training=60, min_lr=1e-4, max_lr=10)
+        unchanged = all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+        power = tuner.scale_batch_size(module, mode="power", max_trials=4)
+        binsearch = tuner.scale_batch_size(module, mode="binsearch", max_val=100)
+    return {"results": found.results, "suggestion": found.suggestion(skip_begin=5),
+            "module_lr": module.lr, "unchanged": unchanged, "power": power,
+            "binsearch": binsearch, "hparams_batch_size": module.hparams.batch_size,
+            "left_behind": sorted(p.name for p in root.iterdir())}
+
+
+def test_the_tuner_finds_what_lightnings_finds(tmp_path):
+    (tmp_path / "lightning").mkdir()
+    (tmp_path / "ptrain").mkdir()
+    theirs = _tuned("lightning", tmp_path / "lightning")
+    ours = _tuned("ptrain", tmp_path / "ptrain")
+    # the same rates (Lightning's first step runs at min_lr itself, ptrain's one rate higher),
+    # and as many steps: the 32 batches of the trainer's one epoch
+    assert len(ours["results"]["lr"]) == len(theirs["results"]["lr"]) == 32
+    assert ours["results"]["lr"][1:] == pytest.approx(theirs["results"]["lr"][1:], rel=1e-12)
+    # Lightning's smoothing of the losses; the first step's lower rate moves the weights less
+    assert ours["results"]["loss"] == pytest.approx(theirs["results"]["loss"], rel=1e-4)
+    assert ours["module_lr"] == pytest.approx(theirs["module_lr"], rel=1e-12)
+    assert ours["suggestion"] == pytest.approx(theirs["suggestion"], rel=1e-12)
+    for key in ("unchanged", "power", "binsearch", "hparams_batch_size", "left_behind"):
+        assert ours[key] == theirs[key], key
+    assert ours["unchanged"] and ours["left_behind"] == []
+
+
+def test_lr_find_stops_where_lightnings_stops_on_a_diverging_loss():
+    from ptrain.lightning.tuner import _LRFinder, _smooth_as_lightning
+
+    losses = [1.0, 0.9, 0.8, 0.7, 0.8, 2.0, 9.0, 50.0, 80.0]
+    smoothed = _smooth_as_lightning(losses, 4.0)
+    beta, average, expected, best = 0.98, 0.0, [], None
+    for step, loss in enumerate(losses, 1):  # written out as Lightning's callback computes it
+        average = beta * average + (1 - beta) * loss
+        value = average / (1 - beta ** (step + 1))
+        expected.append(value)
+        if step > 1 and value > 4.0 * best:
+            break
+        best = value if best is None or value < best else best
+    assert smoothed == expected and len(smoothed) < len(losses)
+    assert _smooth_as_lightning(losses, None) == pytest.approx(
+        [v for v in _smooth_as_lightning(losses, float("inf"))])
+    from lightning.pytorch.tuner.lr_finder import _LRFinder as LightningResult
+
+    results = {"lr": [10 ** (-3 + i / 3) for i in range(9)],
+               "loss": [5.0, 4.0, 3.5, 1.0, 0.9, float("nan"), 0.8, 2.0, 3.0]}
+    ours, theirs = _LRFinder("exponential", 1e-3, 1.0, 9), LightningResult("exponential", 1e-3,
+                                                                          1.0, 9)
+    ours.results, theirs.results = results, results
+    for skip in ((0, 1), (1, 1), (2, 3), (7, 1)):
+        assert ours.suggestion(*skip) == theirs.suggestion(*skip), skip
+        assert ours._optimal_idx == theirs._optimal_idx, skip
+    assert ours.suggestion(7, 1) is None
