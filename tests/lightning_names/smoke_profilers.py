@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from lightning_names import refuses
-from lightning_names._components import Regressor, fit, trainer
+from lightning_names._components import Regressor, trainer
 from ptrain.lightning import profilers as p
 
 

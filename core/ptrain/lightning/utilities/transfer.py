@@ -39,9 +39,10 @@ def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
                     try:
                         setattr(result, f.name, move(values[f.name]))
                     except dataclasses.FrozenInstanceError:
-                        raise ValueError(f"move_data_to_device: the frozen dataclass "
-                                         f"{type(data).__name__} can't have its fields replaced; "
-                                         f"make it unfrozen or move its tensors yourself.") from None
+                        raise ValueError(
+                            f"move_data_to_device: the frozen dataclass {type(data).__name__} "
+                            f"can't have its fields replaced; make it unfrozen or move its "
+                            f"tensors yourself.") from None
             return result
         if isinstance(data, Mapping):
             items = [(key, move(value)) for key, value in data.items()]
