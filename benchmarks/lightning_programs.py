@@ -15,7 +15,10 @@ order, IPython's ``!``/``%`` lines left out (they install packages or time cells
 Settings, for each program and each framework:
 
 - ``single``: the program as its authors run it (its ``main``, its CLI with small settings, a
-  notebook's cells in order), with its own Trainer settings;
+  notebook's cells in order), with its own Trainer settings, except that each Trainer it makes
+  gets ``limit_train_batches=40`` and ``limit_val/test/predict_batches=10`` where the program
+  sets none (``--limit``; ``--full`` for none): on a shared two-core machine several programs
+  as written take hours (MNIST's 55,000 images a epoch);
 - ``ddp``, ``bf16``, ``resume``: the program's own classes imported unchanged, under a Trainer
   the harness builds (``lightning_programs/drive.py``, the catalogue's recipe), with strategy
   ddp on 2 CPU processes, with precision bf16-mixed, and fitted for one epoch, checkpointed, then
@@ -213,14 +216,19 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     probes.mkdir()
     python = args.tv_python if program.get("venv") == "tv" else sys.executable
     env = {**os.environ, "LP_PROBE_DIR": str(probes), "PYTHONHASHSEED": "0",
-           "MPLBACKEND": "Agg", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-           "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
+           "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
            "PYTHONPATH": str(HERE / "probe"), **program.get("env", {})}
     env.pop("PTRAIN_TRACE", None)
+    if args.shims:
+        env["LP_SHIMS"] = "1"
+    if config == "single" and not args.full:
+        env["LP_LIMIT_BATCHES"] = args.limit
     where = folder / program.get("cwd", str(Path(program["path"]).parent))
     steps = _commands(program, framework, config, folder, where, python)
     started = time.time()
-    out = {"ran": False, "seconds": None}
+    out = {"ran": False, "seconds": None, "shims": bool(args.shims),
+           "limit_batches": env.get("LP_LIMIT_BATCHES")}
     log = []
     for step_no, (command, cwd) in enumerate(steps):
         try:
@@ -341,7 +349,8 @@ def _cell(result: dict) -> str:
         return "-"
     if result.get("skipped"):
         return "skip"
-    return f"{'ran' if result['ran'] else 'FAIL'} {result['seconds']:.0f}s"
+    shim = " (shims)" if result.get("shims") else ""
+    return f"{'ran' if result['ran'] else 'FAIL'} {result['seconds']:.0f}s{shim}"
 
 
 def table(catalogue: list[dict], results: dict) -> str:
@@ -394,8 +403,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for results.json and "
                         "table.md (merged into what is there)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--limit", default="40,10", help="single: limit_train_batches and "
+                        "limit_val/test/predict_batches given to each Trainer the program makes "
+                        "where it sets none (default 40,10; the same under both frameworks)")
+    parser.add_argument("--full", action="store_true", help="single: no limit (hours for "
+                        "several programs on two cores)")
+    parser.add_argument("--shims", action="store_true", help="diagnostic: supply the modules "
+                        "ptrain lacks (probe/sitecustomize.py) to find what breaks after them")
+    parser.add_argument("--merge", nargs="*", type=Path, default=None, help="only combine the "
+                        "results.json of these folders (runs made side by side) into --out")
     args = parser.parse_args(argv)
     catalogue = _load("catalogue").PROGRAMS
+    if args.merge is not None:
+        merged: dict = {}
+        for folder in args.merge:
+            for name, rows in json.loads((folder / "results.json").read_text())["results"].items():
+                merged.setdefault(name, {}).update(rows)
+        if args.out:
+            _save(args.out, catalogue, merged)
+        print(table(catalogue, merged))
+        return 0
     if args.list:
         for p in catalogue:
             print(f"{p['name']:28} {p['repository']}@{p['commit'][:10]} {p['path']}")

@@ -14,6 +14,15 @@ Active only when ``LP_PROBE_DIR`` is set. It then
 - accepts torchvision's CIFAR files that are present, where torchvision compares MD5 sums with
   the real data set's (the harness made the files, see ``data.py``);
 - writes ``probe-<pid>.json`` into ``LP_PROBE_DIR`` when the process exits.
+
+With ``LP_LIMIT_BATCHES=T,E`` it gives every ``Trainer(...)`` the program makes
+``limit_train_batches=T`` and ``limit_val/test/predict_batches=E`` where the program set none
+(the same under both frameworks): the harness's way to run a program as written in minutes on
+a shared two-core machine; ``--full`` turns it off.
+
+With ``LP_SHIMS=1`` (the harness's ``--shims``, a diagnostic to find what breaks *after* a
+missing module) it also supplies ``ptrain.lightning.utilities.imports`` when ptrain has none, with
+Lightning's ``_<PACKAGE>_AVAILABLE`` flags; a run made so is marked in the results.
 """
 
 from __future__ import annotations
@@ -104,6 +113,31 @@ def _wrap_trainer(cls) -> None:
         setattr(cls, stage, wrapper)
 
 
+def _limit_batches(cls) -> None:
+    spec = os.environ.get("LP_LIMIT_BATCHES")
+    original = cls.__init__
+    if not spec or getattr(original, "_lp_probe", False):
+        return
+    train, evaluation = (int(x) for x in spec.split(","))
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("limit_train_batches", train)
+        for stage in ("val", "test", "predict"):
+            kwargs.setdefault(f"limit_{stage}_batches", evaluation)
+        original(self, *args, **kwargs)
+
+    __init__._lp_probe = True
+    __init__.__wrapped__ = original
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__
+
+
+def _watch_trainer(cls, limit: bool) -> None:
+    _wrap_trainer(cls)
+    if limit:
+        _limit_batches(cls)
+
+
 def _accept_present_cifar(module) -> None:
     def _present(self) -> bool:
         folder = os.path.join(self.root, self.base_folder)
@@ -117,12 +151,36 @@ def _accept_present_cifar(module) -> None:
 
 
 _AFTER_IMPORT = {
-    "lightning.pytorch.trainer.trainer": lambda m: _wrap_trainer(m.Trainer),
-    "pytorch_lightning.trainer.trainer": lambda m: _wrap_trainer(m.Trainer),
-    "ptrain.trainer": lambda m: _wrap_trainer(m.Trainer),
-    "ptrain.lightning.trainer": lambda m: _wrap_trainer(m.Trainer),
+    "lightning.pytorch.trainer.trainer": lambda m: _watch_trainer(m.Trainer, True),
+    "pytorch_lightning.trainer.trainer": lambda m: _watch_trainer(m.Trainer, True),
+    "ptrain.trainer": lambda m: _watch_trainer(m.Trainer, False),
+    "ptrain.lightning.trainer": lambda m: _watch_trainer(m.Trainer, True),
     "torchvision.datasets.cifar": _accept_present_cifar,
 }
+
+
+class _Shims(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Supplies modules ptrain lacks, for the ``LP_SHIMS`` diagnostic only."""
+
+    NAMES = ("ptrain.lightning.utilities.imports",)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.NAMES:
+            return None
+        if importlib.machinery.PathFinder.find_spec(name, path) is not None:
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        import importlib.util
+
+        for package in ("torchvision", "torchmetrics", "omegaconf", "hydra", "rich", "wandb",
+                        "mlflow", "tensorboard", "tensorboardX", "jsonargparse"):
+            flag = f"_{package.upper()}_AVAILABLE"
+            setattr(module, flag, importlib.util.find_spec(package) is not None)
 
 
 class _Watch(importlib.abc.MetaPathFinder):
@@ -172,6 +230,8 @@ def _write() -> None:
 
 if _DIR:
     sys.meta_path.insert(0, _Watch())
+    if os.environ.get("LP_SHIMS") == "1":
+        sys.meta_path.append(_Shims())
     _offline()
     atexit.register(_write)
     import random
