@@ -243,7 +243,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision, MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import is_shared_filesystem
+from lightning.pytorch.utilities import CombinedLoader, is_shared_filesystem
 
 
 class Net(pl.LightningModule):
@@ -313,6 +313,37 @@ if variant == "single":
     }
     result = {name: weights(fit(out, accelerator=CPUAccelerator(), plugins=[plugin])[1])
               for name, plugin in plugins.items()}
+    Path(out, "result.json").write_text(json.dumps(result))
+elif variant == "combined":
+    class TwoLoaders(Net):
+        def training_step(self, batch, batch_idx):
+            (x, y), (u, v) = batch["a"], batch["b"]
+            return (nn.functional.mse_loss(self.net(x), y)
+                    + nn.functional.mse_loss(self.net(u), v))
+
+        def train_dataloader(self):
+            g = torch.Generator().manual_seed(1)
+            x, u = torch.randn(40, 8, generator=g), torch.randn(24, 8, generator=g)
+            return {"a": DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()),
+                                    batch_size=8),
+                    "b": DataLoader(TensorDataset(u, u.sum(1, keepdim=True).cos()),
+                                    batch_size=6)}
+
+    pl.seed_everything(0)
+    module = TwoLoaders()
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=out, accelerator="cpu")
+    trainer.fit(module)
+    result = {"dict": weights(module), "steps": trainer.global_step}
+    pl.seed_everything(0)
+    module = TwoLoaders()
+    combined = CombinedLoader(module.train_dataloader(), mode="min_size")
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=out, accelerator="cpu")
+    trainer.fit(module, combined)
+    result.update(min_size=weights(module), min_size_steps=trainer.global_step)
     Path(out, "result.json").write_text(json.dumps(result))
 else:
     strategy = DDPStrategy(find_unused_parameters=False, timeout=datetime.timedelta(minutes=2))
@@ -515,3 +546,14 @@ def test_lr_find_stops_where_lightnings_stops_on_a_diverging_loss():
         assert ours.suggestion(*skip) == theirs.suggestion(*skip), skip
         assert ours._optimal_idx == theirs._optimal_idx, skip
     assert ours.suggestion(7, 1) is None
+
+
+@pytest.mark.slow
+def test_several_training_loaders_train_as_in_lightning(tmp_path):
+    lightning, _ = _run_program(tmp_path, "lightning", "combined")
+    ours, _ = _run_program(tmp_path, "ptrain", "combined")
+    # a dict of loaders from train_dataloader (max_size_cycle: 5 batches an epoch), and a
+    # CombinedLoader given to fit (min_size: 4)
+    assert (ours["steps"], ours["min_size_steps"]) == (lightning["steps"],
+                                                       lightning["min_size_steps"]) == (10, 8)
+    assert ours["dict"] == lightning["dict"] and ours["min_size"] == lightning["min_size"]

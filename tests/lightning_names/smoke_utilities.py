@@ -32,6 +32,21 @@ def _combined_loader():
     batches = [batch for batch, _, _ in combined]
     assert batches[2]["a"].tolist() == [0, 1, 2, 3] and batches[2]["b"].tolist() == [10, 11, 12,
                                                                                       13, 14]
+    from lightning_names._components import Regressor, trainer
+
+    seen = []
+
+    class TwoSources(Regressor):
+        def training_step(self, batch, batch_idx):
+            seen.append(sorted(batch))
+            return super().training_step(batch["a"], batch_idx) + \
+                super().training_step(batch["b"], batch_idx)
+
+    module = TwoSources()
+    run = trainer()
+    run.fit(module, u.CombinedLoader({"a": DataLoader(module.data, batch_size=8),
+                                      "b": DataLoader(module.data, batch_size=16)}, "min_size"))
+    assert seen == [["a", "b"]] * 2 and run.global_step == 2
 
 
 def _epsilons():

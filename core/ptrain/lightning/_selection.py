@@ -25,7 +25,8 @@ _SHARDED = ("fsdp", "zero2", "zero3")
 class Selection:
     """The ptrain choices: ``accelerator``, ``strategy`` and ``precision`` (names or plugin
     objects; ``precision`` ``None`` when the Trainer's own argument decides), ``devices``,
-    ``callbacks`` to add (names or objects) and ``implied`` plugin options (name -> options)."""
+    ``callbacks`` to add (names or objects; always the one that reads several training loaders
+    as Lightning does) and ``implied`` plugin options (name -> options)."""
 
     accelerator: Any
     strategy: Any
@@ -51,8 +52,10 @@ def select(given: dict[str, Any]) -> Selection:
     from ptrain.lightning.plugins import CheckpointIO, LayerSync, MixedPrecision, Precision
     from ptrain.lightning.strategies import lightning_strategy
 
+    from ptrain.lightning.utilities.combined_loader import CombinedTrainingData
+
     chosen = Selection(ptrain_accelerator(given["accelerator"]), given["strategy"],
-                       None, given["devices"])
+                       None, given["devices"], callbacks=[CombinedTrainingData()])
     precisions: list[Precision] = []
     ios: list[CheckpointIO] = []
 

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
+from ptrain.hookspecs import hookimpl
+
 #: mode -> how the combined length follows from the iterables' lengths
 MODES: dict[str, Callable[[list[int]], int]] = {
     "min_size": min, "max_size_cycle": max, "max_size": max, "sequential": sum,
@@ -335,3 +337,58 @@ class CombinedLoader(Iterable):
         if not lengths:
             raise NotImplementedError("All datasets are iterable-style datasets.")
         return MODES[self._mode](lengths)
+
+
+# -- several training loaders in a ptrain run ---------------------------------------------------
+
+
+class TrainingBatches:
+    """A :class:`CombinedLoader` read as ptrain's loop reads a training loader: its batches
+    only (without Lightning's ``batch_idx`` and ``dataloader_idx``), and ``len()`` without a
+    pass under way."""
+
+    def __init__(self, combined: CombinedLoader):
+        self.combined = combined
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch, _, _ in iter(self.combined):
+            yield batch
+
+    def __len__(self) -> int:
+        return len(_ITERATORS[self.combined.mode](self.combined.flattened, self.combined.limits))
+
+
+def _is_loader_collection(value: Any) -> bool:
+    """Whether ``value`` is a dict, list or tuple of DataLoaders (nested), which Lightning
+    reads together as the training data."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(value, (dict, list, tuple)):
+        return False
+    leaves, spec = flatten(value)
+    return spec is not None and all(isinstance(leaf, DataLoader) for leaf in leaves)
+
+
+class CombinedTrainingData:
+    """The ptrain callback (in every ``ptrain.lightning.Trainer`` run) that lets the training
+    data be several loaders, as in Lightning: a :class:`CombinedLoader`, or a dict/list/tuple of
+    DataLoaders (read in ``max_size_cycle`` mode, Lightning's default for training). Each loader
+    in it is prepared as a single training loader is (a distributed sampler under several
+    processes, ...); the loop then reads :class:`TrainingBatches`. The evaluation stages are
+    left as they are."""
+
+    name = "combined-training-data"
+
+    @hookimpl(wrapper=True)
+    def prepare_dataloader(self, trainer: Any, stage: str):
+        prepared = yield
+        if stage != "train":
+            return prepared
+        if _is_loader_collection(prepared):
+            prepared = CombinedLoader(prepared, "max_size_cycle")
+        if not isinstance(prepared, CombinedLoader):
+            return prepared
+        prepared.flattened = [
+            trainer.hook.prepare_dataloader(trainer=trainer, dataloader=loader, stage=stage)
+            for loader in prepared.flattened]
+        return TrainingBatches(prepared)
