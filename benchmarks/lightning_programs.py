@@ -217,8 +217,8 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     python = args.tv_python if program.get("venv") == "tv" else sys.executable
     env = {**os.environ, "LP_PROBE_DIR": str(probes), "PYTHONHASHSEED": "0",
            "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
-           "PYTHONPATH": str(HERE / "probe"), **program.get("env", {})}
+           "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1",
+           "NO_COLOR": "1",           "PYTHONPATH": str(HERE / "probe"), **program.get("env", {})}
     env.pop("PTRAIN_TRACE", None)
     if args.shims:
         env["LP_SHIMS"] = "1"
@@ -228,7 +228,7 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     steps = _commands(program, framework, config, folder, where, python)
     started = time.time()
     out = {"ran": False, "seconds": None, "shims": bool(args.shims),
-           "limit_batches": env.get("LP_LIMIT_BATCHES")}
+           "limit_batches": env.get("LP_LIMIT_BATCHES"), "folder": str(folder)}
     log = []
     for step_no, (command, cwd) in enumerate(steps):
         try:
@@ -258,7 +258,7 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
         out["ran"] = True
     out["seconds"] = round(time.time() - started, 1)
     out["steps"] = log
-    out["metrics"], out["probe_errors"] = _metrics_from_probes(probes, steps)
+    out["metrics"], out["probe_errors"] = _metrics_from_probes(probes, steps[-1][0])
     return out
 
 
@@ -294,24 +294,25 @@ def _commands(program: dict, framework: str, config: str, folder: Path, where: P
     return [([*drive, "resume1", ckpt], where), ([*drive, "resume2", ckpt], where)]
 
 
-def _metrics_from_probes(probes: Path, steps) -> tuple[dict, list[str]]:
-    """The last step's launching process's record: the last fit's callback_metrics and every
-    test's results (falling back to a rank-0 process's record when the launcher has none)."""
+def _metrics_from_probes(probes: Path, last_argv: list[str]) -> tuple[dict, list[str]]:
+    """The launching process's record (falling back to a rank-0 process's when the launcher
+    has none): each ``fit``'s callback_metrics (``fitN/name``) and each ``test``'s results
+    (``testN.D/name``, D the dataloader)."""
     found = []
     for path in probes.glob("probe-*.json"):
         try:
             found.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    last_argv = [str(a) for a in steps[-1][0][1:]]
+    last_argv = [str(a) for a in last_argv]
     main = [p for p in found if p["argv"][1:] == last_argv[1:] and p.get("rank") in (None, "0")]
     main = main or [p for p in found if p.get("rank") in (None, "0") and p["records"]]
     records = max(main, key=lambda p: len(p["records"]))["records"] if main else []
     metrics: dict[str, float] = {}
     fits = [r for r in records if r["stage"] == "fit"]
-    if fits:
-        for key, value in fits[-1].get("callback_metrics", {}).items():
-            metrics[f"fit/{key}"] = value
+    for i, record in enumerate(fits):
+        for key, value in record.get("callback_metrics", {}).items():
+            metrics[f"fit{i}/{key}"] = value
     tests = [r for r in records if r["stage"] == "test"]
     for i, record in enumerate(tests):
         for j, result in enumerate(record.get("result") or [record.get("callback_metrics", {})]):
@@ -319,6 +320,22 @@ def _metrics_from_probes(probes: Path, steps) -> tuple[dict, list[str]]:
                 metrics[f"test{i}.{j}/{key}"] = value
     errors = [r["error"] for r in records if r.get("error")]
     return metrics, errors
+
+
+def rescan(work: Path, results: dict) -> None:
+    """Metrics and comparisons read again from the probe files kept under ``work``."""
+    for name, rows in results.items():
+        for config, row in rows.items():
+            for framework in FRAMEWORKS:
+                entry = row.get(framework)
+                folder = entry.get("folder") if entry else None
+                probes = Path(folder or work / name / config / framework) / "_probe"
+                if entry and entry.get("steps") and probes.is_dir():
+                    argv = ["python", *entry["steps"][-1]["command"]]
+                    entry["metrics"], entry["probe_errors"] = _metrics_from_probes(probes, argv)
+            if row.get("lightning") and row.get("ptrain"):
+                row["compare"] = compare(row["lightning"]["metrics"], row["ptrain"]["metrics"],
+                                         TOLERANCE[config])
 
 
 def compare(a: dict, b: dict, rel: float) -> dict:
@@ -411,14 +428,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shims", action="store_true", help="diagnostic: supply the modules "
                         "ptrain lacks (probe/sitecustomize.py) to find what breaks after them")
     parser.add_argument("--merge", nargs="*", type=Path, default=None, help="only combine the "
-                        "results.json of these folders (runs made side by side) into --out")
+                        "results.json of these folders (runs made side by side) into --out, "
+                        "with --work: metrics read again from the probe files kept there")
     args = parser.parse_args(argv)
     catalogue = _load("catalogue").PROGRAMS
     if args.merge is not None:
         merged: dict = {}
         for folder in args.merge:
             for name, rows in json.loads((folder / "results.json").read_text())["results"].items():
-                merged.setdefault(name, {}).update(rows)
+                for config, row in rows.items():
+                    merged.setdefault(name, {}).setdefault(config, {}).update(row)
+        if args.work:
+            rescan(args.work, merged)
         if args.out:
             _save(args.out, catalogue, merged)
         print(table(catalogue, merged))

@@ -139,15 +139,9 @@ def _watch_trainer(cls, limit: bool) -> None:
 
 
 def _accept_present_cifar(module) -> None:
-    def _present(self) -> bool:
-        folder = os.path.join(self.root, self.base_folder)
-        return all(os.path.isfile(os.path.join(folder, name))
-                   for name, _ in self.train_list + self.test_list)
-
-    for name in ("CIFAR10", "CIFAR100"):
-        cls = getattr(module, name, None)
-        if cls is not None:
-            cls._check_integrity = _present
+    """torchvision's CIFAR classes check each file (and the metadata file) against the real
+    data set's MD5 sums through the module's ``check_integrity``: here, present is enough."""
+    module.check_integrity = lambda fpath, md5=None: os.path.isfile(fpath)
 
 
 _AFTER_IMPORT = {
