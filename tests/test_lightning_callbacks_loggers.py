@@ -347,3 +347,379 @@ def test_the_deeper_logger_module_has_lightnings_names(tmp_path):
         warnings.simplefilter("error")
         trainer = ppl.Trainer(logger=dummy, max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     assert trainer.loggers == [dummy]
+
+
+# -- callbacks ------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import lightning.pytorch.callbacks as l_callbacks  # noqa: E402
+
+import ptrain.lightning.callbacks as p_callbacks  # noqa: E402
+
+CALLBACKS = {pl: l_callbacks, ppl: p_callbacks}
+
+
+def backbone_class(framework, batches: int = 10):
+    """A module with a ``backbone`` and a ``head``, trained by SGD with momentum over the
+    trainable parameters only (as Lightning's finetuning docs ask)."""
+
+    class WithBackbone(framework.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(3, 6), nn.BatchNorm1d(6), nn.Tanh())
+            self.head = nn.Linear(6, 1)
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()),
+                                   lr=0.05, momentum=0.9)
+
+        def train_dataloader(self):
+            return _loader(2 * batches, seed=0)
+
+        def val_dataloader(self):
+            return _loader(4, seed=1)
+
+    return WithBackbone
+
+
+def fit_weights(framework, make_callbacks, root, epochs=3, **options):
+    framework.seed_everything(1)
+    model = backbone_class(framework)()
+    options = {"logger": False, "enable_checkpointing": False, **QUIET, **options}
+    trainer = framework.Trainer(max_epochs=epochs, num_sanity_val_steps=0,
+                                default_root_dir=str(root),
+                                callbacks=make_callbacks(CALLBACKS[framework]), **options)
+    trainer.fit(model)
+    return model.state_dict(), trainer
+
+
+def assert_same_weights(ours, theirs):
+    assert set(ours) == set(theirs)
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.mark.parametrize("scheduling", [{0: 2, 1: 4}, {1: 2}])
+def test_gradient_accumulation_scheduler_trains_lightnings_weights(tmp_path, scheduling):
+    theirs, _ = fit_weights(pl, lambda c: [c.GradientAccumulationScheduler(scheduling)],
+                            tmp_path / "l")
+    ours, trainer = fit_weights(ppl, lambda c: [c.GradientAccumulationScheduler(scheduling)],
+                                tmp_path / "p")
+    assert_same_weights(ours, theirs)  # powers of two: to the bit
+    expected = sum(-(-10 // scheduling.get(max(k for k in [0, *scheduling] if k <= e), 1))
+                   for e in range(3))
+    assert trainer.global_step == expected
+    assert trainer.accumulate_grad_batches == 1  # the Trainer's own again after fit
+
+
+def test_gradient_accumulation_scheduler_refuses_a_second_setting(tmp_path):
+    with pytest.raises(ptrain.ConfigError, match="accumulate_grad_batches"):
+        fit_weights(ppl, lambda c: [c.GradientAccumulationScheduler({0: 2})], tmp_path,
+                    accumulate_grad_batches=2)
+    with pytest.raises(ptrain.ConfigError, match="epoch"):
+        p_callbacks.GradientAccumulationScheduler({-1: 2})
+
+
+def test_backbone_finetuning_trains_lightnings_weights(tmp_path):
+    def make(c):
+        return [c.BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_ratio_lr=0.5,
+                                     lambda_func=lambda epoch: 1.5)]
+
+    theirs, their_trainer = fit_weights(pl, make, tmp_path / "l")
+    ours, trainer = fit_weights(ppl, make, tmp_path / "p")
+    assert_same_weights(ours, theirs)
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == \
+        [g["lr"] for g in their_trainer.optimizers[0].param_groups]
+
+
+def test_a_users_base_finetuning_trains_lightnings_weights(tmp_path):
+    def make(c):
+        class FreezeUnfreeze(c.BaseFinetuning):  # as Lightning's docs write it
+            def __init__(self, unfreeze_at_epoch=1):
+                super().__init__()
+                self._unfreeze_at_epoch = unfreeze_at_epoch
+                self.epochs_seen = []
+
+            def freeze_before_training(self, pl_module):
+                self.freeze(pl_module.backbone, train_bn=False)
+
+            def finetune_function(self, pl_module, current_epoch, optimizer):
+                if current_epoch == self._unfreeze_at_epoch:
+                    self.unfreeze_and_add_param_group(pl_module.backbone, optimizer,
+                                                      train_bn=True)
+
+            def on_train_epoch_end(self, trainer, pl_module):  # a Lightning method of its own
+                self.epochs_seen.append(trainer.current_epoch)
+
+        return [FreezeUnfreeze()]
+
+    theirs, _ = fit_weights(pl, make, tmp_path / "l")
+    ours, trainer = fit_weights(ppl, make, tmp_path / "p")
+    assert_same_weights(ours, theirs)
+    (finetuning,) = [p for p in trainer.plugins.values() if type(p).__name__ == "FreezeUnfreeze"]
+    assert finetuning.epochs_seen == [0, 1, 2]
+
+
+def test_backbone_finetuning_resumes_exactly(tmp_path):
+    def make(c):
+        return [c.BackboneFinetuning(unfreeze_backbone_at_epoch=1)]
+
+    whole, _ = fit_weights(ppl, make, tmp_path / "whole", epochs=3)
+    fit_weights(ppl, make, tmp_path / "parts", epochs=2, enable_checkpointing=True)
+    ppl.seed_everything(1)
+    model = backbone_class(ppl)()
+    trainer = ppl.Trainer(max_epochs=3, logger=False, num_sanity_val_steps=0,
+                          default_root_dir=str(tmp_path / "parts"), callbacks=make(p_callbacks),
+                          **QUIET)
+    trainer.fit(model, ckpt_path="last")  # the backbone's param group comes back first
+    assert_same_weights(model.state_dict(), whole)
+
+
+@pytest.mark.parametrize("name, options", [("EMAWeightAveraging", {"decay": 0.9}),
+                                           ("WeightAveraging", {})])
+def test_weight_averaging_trains_and_validates_as_lightning(tmp_path, name, options):
+    runs = {}
+    for framework in (pl, ppl):
+        weights, trainer = fit_weights(
+            framework, lambda c: [getattr(c, name)(**options)], tmp_path / framework.__name__)
+        runs[framework] = weights, float(trainer.callback_metrics["val_loss"])
+    assert_same_weights(runs[ppl][0], runs[pl][0])  # the module holds the average after fit
+    assert runs[ppl][1] == pytest.approx(runs[pl][1], rel=1e-6)  # validated on the average
+
+
+def test_lambda_callback_is_called_where_lightning_calls_it(tmp_path):
+    def make(calls):
+        def record(name):
+            return lambda trainer, *args: calls.append((name, trainer.current_epoch))
+
+        return lambda c: [c.LambdaCallback(
+            on_fit_start=record("fit_start"), on_train_epoch_start=record("epoch_start"),
+            on_validation_epoch_end=record("val_end"), on_fit_end=record("fit_end")),
+            c.LambdaCallback(on_train_start=record("train_start"))]
+
+    theirs, ours = [], []
+    fit_weights(pl, make(theirs), tmp_path / "l", epochs=2)
+    fit_weights(ppl, make(ours), tmp_path / "p", epochs=2)
+    assert ours == theirs
+
+
+def predictions_written(framework, root):
+    class Writer(CALLBACKS[framework].BasePredictionWriter):
+        def __init__(self):
+            super().__init__(write_interval="batch_and_epoch")
+            self.batches, self.epoch = [], None
+
+        def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch,
+                               batch_idx, dataloader_idx):
+            self.batches.append((batch_idx, list(batch_indices), prediction.clone()))
+
+        def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+            self.epoch = ([p.clone() for p in predictions], batch_indices)
+
+    class Predicting(backbone_class(framework)):
+        def predict_step(self, batch, batch_idx):
+            return self(batch[0])
+
+        def predict_dataloader(self):
+            return _loader(6, seed=2)
+
+    framework.seed_everything(1)
+    writer = Writer()
+    trainer = framework.Trainer(callbacks=[writer], logger=False, default_root_dir=str(root),
+                                **QUIET)
+    assert trainer.predict(Predicting(), return_predictions=False) is None
+    return writer
+
+
+def test_a_users_prediction_writer_writes_what_lightnings_does(tmp_path):
+    theirs = predictions_written(pl, tmp_path / "l")
+    ours = predictions_written(ppl, tmp_path / "p")
+    assert [b[:2] for b in ours.batches] == [b[:2] for b in theirs.batches] == \
+        [(0, [0, 1]), (1, [2, 3]), (2, [4, 5])]
+    for mine, lightning in zip(ours.batches, theirs.batches):
+        assert torch.equal(mine[2], lightning[2])
+    assert ours.epoch[1] == theirs.epoch[1] == [[[0, 1], [2, 3], [4, 5]]]
+    assert all(torch.equal(a, b) for a, b in zip(ours.epoch[0], theirs.epoch[0]))
+    with pytest.raises(ptrain.ConfigError, match="write_interval"):
+        p_callbacks.BasePredictionWriter("sometimes")
+
+
+def test_timer_stops_training_and_times_the_stages(tmp_path):
+    class Slow(backbone_class(ppl)):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.02)
+            return super().training_step(batch, batch_idx)
+
+    timer = p_callbacks.Timer(duration={"seconds": 0.5}, verbose=False)
+    trainer = ppl.Trainer(max_epochs=1000, callbacks=[timer], logger=False, log_every_n_steps=1,
+                          enable_checkpointing=False, default_root_dir=str(tmp_path), **QUIET)
+    trainer.fit(Slow())
+    assert 0.5 <= timer.time_elapsed("train") < 60 and trainer.current_epoch < 1000
+    assert timer.time_remaining() <= 0 and timer.end_time("training") is not None
+    assert timer.time_elapsed("validate") > 0 and trainer.max_time is None  # put back
+    assert p_callbacks.Timer().state_dict()["time_elapsed"]["train"] == 0
+    with pytest.raises(ptrain.ConfigError, match="DD:HH:MM:SS"):
+        p_callbacks.Timer(duration="12 hours")
+
+
+def test_spike_detection_finds_the_spike_lightning_finds(tmp_path):
+    found = {}
+    for framework in (pl, ppl):
+        path = tmp_path / f"{framework.__name__}.json"
+
+        class Spiking(backbone_class(framework)):
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                return loss * 50 if self.global_step == 13 else loss
+
+        framework.seed_everything(1)
+        trainer = framework.Trainer(
+            max_epochs=3, logger=False, enable_checkpointing=False, log_every_n_steps=4,
+            default_root_dir=str(tmp_path),
+            callbacks=[CALLBACKS[framework].SpikeDetection(exclude_batches_path=str(path))],
+            **QUIET)
+        with pytest.raises(Exception, match="Training spike detected in batch") as info:
+            trainer.fit(Spiking())
+        found[framework] = str(info.value), json.loads(path.read_text())
+    assert found[ppl] == found[pl]
+
+
+def test_on_exception_checkpoint_saves_a_failed_run_and_forgets_a_good_one(tmp_path):
+    class Failing(backbone_class(ppl)):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 3:
+                raise RuntimeError("broken at step 3")
+            return super().training_step(batch, batch_idx)
+
+    callback = p_callbacks.OnExceptionCheckpoint(tmp_path / "saved")
+    assert isinstance(callback, p_callbacks.Checkpoint)
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[callback], logger=False,
+                          default_root_dir=str(tmp_path), **QUIET)
+    with pytest.raises(RuntimeError, match="broken at step 3"):
+        trainer.fit(Failing())
+    saved = torch.load(callback.ckpt_path, weights_only=True)
+    assert saved["loop"]["global_step"] == 3
+    ppl.Trainer(max_epochs=1, callbacks=[callback], logger=False, default_root_dir=str(tmp_path),
+                **QUIET).fit(backbone_class(ppl)())
+    assert not Path(callback.ckpt_path).exists()
+
+
+def test_a_lightning_progress_bar_replaces_ptrains_and_shows_its_metrics(tmp_path, capsys):
+    class Quieter(p_callbacks.TQDMProgressBar):
+        def get_metrics(self, trainer, pl_module):
+            shown = super().get_metrics(trainer, pl_module)
+            shown.pop("v_num", None)
+            return {**shown, "shown_by": 7}
+
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[Quieter()], logger=False,
+                          enable_checkpointing=False, enable_model_summary=False,
+                          default_root_dir=str(tmp_path), accelerator="cpu")
+    trainer.fit(backbone_class(ppl)())
+    assert isinstance(trainer.plugins["progress-bar"], Quieter)
+    assert "shown_by=7" in capsys.readouterr().out
+
+    class Counting(p_callbacks.ProgressBar):  # a display of one's own
+        def __init__(self):
+            super().__init__()
+            self.batches = 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.batches += 1
+
+    counting = Counting()
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[counting], logger=False,
+                          enable_checkpointing=False, enable_model_summary=False,
+                          default_root_dir=str(tmp_path), accelerator="cpu")
+    trainer.fit(backbone_class(ppl)())
+    assert counting.batches == 10 and trainer.plugins["progress-bar"] is counting
+    assert "Epoch 1" not in capsys.readouterr().out  # ptrain's own bar is gone
+
+    class Drawing(p_callbacks.RichProgressBar):
+        def configure_columns(self, trainer):
+            return []
+
+    with pytest.raises(ptrain.ConfigError, match="configure_columns"):
+        Drawing()
+    with pytest.raises(ptrain.ConfigError, match="process_position"):
+        p_callbacks.TQDMProgressBar(process_position=1)
+
+
+def test_model_summary_takes_lightnings_depth(tmp_path, capsys):
+    summary = p_callbacks.RichModelSummary(max_depth=2)
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[summary], logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False,
+                          default_root_dir=str(tmp_path), accelerator="cpu")
+    trainer.fit(backbone_class(ppl)())
+    assert trainer.plugins["model-summary"] is summary and "backbone.1" in summary.text
+    with pytest.raises(ptrain.ConfigError, match="mode"):
+        p_callbacks.ModelSummary(mode="train")
+
+
+def test_the_finders_search_then_tell_the_module(tmp_path):
+    class Sized(backbone_class(ppl)):
+        def __init__(self):
+            super().__init__()
+            self.batch_size, self.lr = 2, 0.05
+
+    sizes = p_callbacks.BatchSizeFinder(max_trials=2)
+    rates = p_callbacks.LearningRateFinder(num_training_steps=20)
+    model = Sized()
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[sizes, rates], logger=False,
+                          enable_checkpointing=False, default_root_dir=str(tmp_path), **QUIET)
+    trainer.fit(model)
+    assert sizes.optimal_batch_size == model.batch_size == 8  # 2 x 2**2
+    assert model.lr == rates.optimal_lr.suggestion() == rates.suggestion
+    assert len(rates.optimal_lr.results["lr"]) == len(rates.optimal_lr.results["loss"]) > 0
+    with pytest.raises(ptrain.ConfigError, match="update_attr"):
+        p_callbacks.LearningRateFinder(update_attr=False)
+
+
+def test_throughput_and_device_stats_reach_the_loggers(tmp_path):
+    logger = p_loggers.CSVLogger(tmp_path)
+    monitor = p_callbacks.ThroughputMonitor(batch_size_fn=lambda batch: len(batch[0]))
+    trainer = ppl.Trainer(max_epochs=1, callbacks=[monitor], logger=logger, log_every_n_steps=2,
+                          default_root_dir=str(tmp_path), enable_checkpointing=False, **QUIET)
+    with pytest.warns(UserWarning, match="flops_per_batch"):
+        trainer.fit(backbone_class(ppl)())
+    rows = _csv_rows(Path(logger.log_dir) / "metrics.csv")
+    samples = [float(r["train/samples"]) for r in rows if r["train/samples"]]
+    assert samples == [4.0, 8.0, 12.0, 16.0, 20.0]  # 2 samples a batch, every 2 steps
+    assert all(float(r["train/samples_per_sec"]) > 0 for r in rows if r["train/samples"])
+    assert any(r["validate/batches"] for r in rows)
+    with pytest.raises(ptrain.ConfigError, match="logger"):
+        fit_weights(ppl, lambda c: [c.DeviceStatsMonitor(cpu_stats=False)], tmp_path, epochs=1)
+    fit_weights(ppl, lambda c: [c.DeviceStatsMonitor(cpu_stats=False)], tmp_path, epochs=1,
+                logger=p_loggers.CSVLogger(tmp_path))  # on the CPU, asked to log nothing
+
+
+def test_callbacks_ptrain_cannot_honour_are_refused_when_made():
+    with pytest.raises(ptrain.ConfigError, match="SWALR"):
+        p_callbacks.StochasticWeightAveraging(swa_lrs=0.01)
+    with pytest.raises(ptrain.ConfigError, match="weight_mask"):
+        p_callbacks.ModelPruning("l1_unstructured")
+
+
+def test_the_deeper_callback_modules_have_lightnings_names():
+    from lightning_names import public_names
+
+    import ptrain.lightning.callbacks.progress as progress
+
+    assert set(public_names("callbacks.progress")) <= set(dir(progress))
+    assert issubclass(progress.TQDMProgressBar, progress.ProgressBar)
+    assert isinstance(ppl.callbacks.ModelCheckpoint(), p_callbacks.Checkpoint)
+    assert isinstance(BuiltinCheckpoint(), p_callbacks.Checkpoint)

@@ -33,11 +33,14 @@ class SelectedPlugin:
 
 
 def object_name(plugin: Any) -> str:
-    """The name a plugin object given from Python is registered under: its ``name`` attribute,
-    else its class name in kebab case (``EarlyStopping`` -> ``early-stopping``)."""
-    name = getattr(plugin, "name", None)
-    if isinstance(name, str) and name:
-        return name
+    """The name a plugin object given from Python is registered under: its ``plugin_name``
+    attribute (for a class whose ``name`` means something else, as a Lightning logger's
+    experiment name), else its ``name`` attribute, else its class name in kebab case
+    (``EarlyStopping`` -> ``early-stopping``)."""
+    for attribute in ("plugin_name", "name"):
+        name = getattr(plugin, attribute, None)
+        if isinstance(name, str) and name:
+            return name
     cls = plugin if inspect.isclass(plugin) else type(plugin)
     return re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
 
@@ -149,7 +152,8 @@ def select_plugins(
         if plugin.name in seen:
             raise PluginError(
                 f"two plugins of this run are both named {plugin.name!r} (a {seen[plugin.name].kind}"
-                f" and a {plugin.kind}); give one of them a distinct `name` attribute."
+                f" and a {plugin.kind}); give one of them a distinct `name` (or "
+                f"`plugin_name`) attribute."
             )
         seen[plugin.name] = plugin
     return selected

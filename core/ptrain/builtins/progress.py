@@ -60,7 +60,7 @@ class ProgressBar:
         self.last_draw = now
         total = trainer.num_eval_batches
         total = None if total == float("inf") else int(total)
-        metrics = _format(trainer.metrics.progress_values())
+        metrics = _format(self.shown_metrics(trainer))
         label = _ACTIVE[stage]
         if not self.terminal:
             of = f"/{total}" if total is not None else ""
@@ -90,6 +90,11 @@ class ProgressBar:
                 self.live.start()
             self.task = self.live.add_task(self._epoch_label(trainer), total=self.total,
                                            completed=self.start_batch, rate="", metrics="")
+
+    def shown_metrics(self, trainer) -> dict[str, float]:
+        """The metrics the bar shows: those logged with ``prog_bar=True`` (a subclass may show
+        others: Lightning's ``get_metrics``)."""
+        return trainer.metrics.progress_values()
 
     @staticmethod
     def _new_progress():
@@ -122,7 +127,7 @@ class ProgressBar:
         self._draw(trainer, batch_idx + 1)
 
     def _draw(self, trainer, done: int, final: bool = False) -> None:
-        metrics = _format(trainer.metrics.progress_values())
+        metrics = _format(self.shown_metrics(trainer))
         rate = self._rate(done)
         if self.terminal and not final:
             self.live.update(self.task, completed=done, rate=rate, metrics=metrics)

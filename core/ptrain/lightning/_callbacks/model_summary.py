@@ -1,0 +1,33 @@
+"""``lightning.pytorch.callbacks.model_summary``: ``ModelSummary``, ptrain's ``model-summary``
+callback with Lightning's arguments (``RichModelSummary`` is in ``rich_model_summary``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptrain.builtins.model_summary import ModelSummary as _Summary
+from ptrain.errors import ConfigError
+from ptrain.lightning._common import refuse
+
+
+class ModelSummary(_Summary):
+    """Lightning's ``ModelSummary``: ptrain's ``model-summary`` (it replaces the default one),
+    the table of the module's layers to ``max_depth`` when ``fit`` starts, with trainable and
+    non-trainable columns instead of Lightning's mode and FLOPs columns. Lightning's
+    ``summarize_kwargs`` are refused, and so is a subclass overriding ``summarize`` (ptrain
+    prints its own table)."""
+
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
+        if summarize_kwargs:
+            argument = next(iter(summarize_kwargs))
+            raise refuse(type(self).__name__, argument, summarize_kwargs[argument],
+                         "ptrain's summary takes max_depth only")
+        if callable(getattr(type(self), "summarize", None)):
+            raise ConfigError(f"{type(self).__name__}.summarize overrides how Lightning's "
+                              f"ModelSummary prints; ptrain's model-summary prints its own "
+                              f"table and would not call it. Print your summary from a "
+                              f"Callback's on_fit_start instead.")
+        super().__init__(max_depth=max_depth)
+
+
+__all__ = ["ModelSummary"]
