@@ -219,6 +219,10 @@ def core_options() -> OptionGroup:
     g.add("detect_anomaly", to_bool, default=False,
           help="debugging: name the forward operation whose backward produced a NaN/Inf "
                "(torch.autograd anomaly mode; slower: see \"Configuration\" in the docs)")
+    g.add("inference_mode", to_bool, default=True,
+          help="run validation, test and predict under torch.inference_mode (false: "
+               "torch.no_grad, for a step that turns gradients on or keeps its tensors for "
+               "training)")
     return g
 
 

@@ -1,8 +1,9 @@
 """The loops that run the model without training it: validation, test, prediction, and the
 sanity check of a few validation batches before ``fit`` trains.
 
-Each runs the module in eval mode under ``torch.no_grad`` with the per-step ``transfer_batch``
-and ``model_step`` hooks, like a training batch minus backward and optimizer step.
+Each runs the module in eval mode under ``torch.inference_mode`` (``torch.no_grad`` with the
+trainer's ``inference_mode=False``) with the per-step ``transfer_batch`` and ``model_step``
+hooks, like a training batch minus backward and optimizer step.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def stage_batches(trainer: Trainer, stage: str, loader: Any) -> float:
 
 
 class _EvalMode:
-    """Eval mode and no autograd for the whole model, with ``trainer.stage`` set; restores every
-    submodule's own mode (a frozen part may be in eval mode on purpose) on leaving."""
+    """Eval mode and no autograd (inference mode, or ``no_grad`` with
+    ``trainer.inference_mode`` off) for the whole model, with ``trainer.stage`` set; restores
+    every submodule's own mode (a frozen part may be in eval mode on purpose) on leaving."""
 
     def __init__(self, trainer: Trainer, stage: str):
         self.trainer, self.stage = trainer, stage
@@ -55,7 +57,7 @@ class _EvalMode:
         self.previous_stage, t.stage = t.stage, self.stage
         self.modes = [(m, m.training) for m in t.model.modules()]
         t.model.eval()
-        self.no_grad = torch.no_grad()
+        self.no_grad = torch.inference_mode() if t.inference_mode else torch.no_grad()
         self.no_grad.__enter__()
 
     def __exit__(self, *exc: Any) -> None:

@@ -92,6 +92,7 @@ class Trainer:
         default_root_dir: str = "runs",
         seed: int | None = None,
         detect_anomaly: bool = False,
+        inference_mode: bool = True,
         plugin_options: dict[str, dict[str, Any]] | None = None,
         catalog: Catalog | None = None,
         **unknown: Any,

@@ -256,7 +256,8 @@ def _translate(given: dict[str, Any]
         "fast_dev_run": g["fast_dev_run"], "overfit_batches": g["overfit_batches"] or 0,
         "check_val_every_n_epoch": g["check_val_every_n_epoch"] or 1,
         "accumulate_grad_batches": g["accumulate_grad_batches"],
-        "detect_anomaly": g["detect_anomaly"], "inference_mode": g["inference_mode"], "deterministic": bool(g["deterministic"])
+        "detect_anomaly": g["detect_anomaly"], "inference_mode": g["inference_mode"],
+        "deterministic": bool(g["deterministic"])
         if g["deterministic"] != "warn" else "warn",
     }
     if chosen.precision is not None or g["precision"] is not None:
