@@ -269,3 +269,31 @@ def test_configure_gradient_clipping_runs_every_step_and_decides_itself(tmp_path
     clipped, free = module.changes[0::2], module.changes[1::2]
     assert all(c <= 1e-3 + 1e-7 for c in clipped)  # lr 1: a step moves by the clipped gradient
     assert all(f > 1e-3 for f in free)
+
+
+class GradientInValidation(TinyRegressor):
+    """A validation step that takes a gradient (as input-gradient methods do) and records
+    whether its batch arrived as an inference tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def validation_step(self, batch, batch_idx):
+        x, _ = batch
+        self.seen.append(torch.is_inference(x))
+        if not torch.is_inference(x):
+            with torch.enable_grad():
+                x = x.clone().requires_grad_(True)
+                (grad,) = torch.autograd.grad(self.net(x).sum(), x)
+            self.log("grad_norm", grad.norm())
+
+
+@pytest.mark.parametrize("inference_mode", [True, False])
+def test_inference_mode_decides_how_evaluation_runs(tmp_path, inference_mode):
+    module = GradientInValidation()
+    trainer = pl.Trainer(inference_mode=inference_mode, logger=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path), **QUIET)
+    [metrics] = trainer.validate(module)
+    assert set(module.seen) == {inference_mode}
+    assert ("grad_norm" in metrics) is (not inference_mode)
