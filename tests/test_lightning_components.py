@@ -557,3 +557,17 @@ def test_several_training_loaders_train_as_in_lightning(tmp_path):
     assert (ours["steps"], ours["min_size_steps"]) == (lightning["steps"],
                                                        lightning["min_size_steps"]) == (10, 8)
     assert ours["dict"] == lightning["dict"] and ours["min_size"] == lightning["min_size"]
+
+
+def test_pytorch_profiler_traces_the_loop_and_each_modules_forward(tmp_path):
+    import json
+
+    from lightning_names._components import fit
+    from ptrain.lightning.profilers import PyTorchProfiler
+
+    schedule = torch.profiler.schedule(skip_first=1, wait=0, warmup=1, active=2, repeat=1)
+    fit(profiler=PyTorchProfiler(dirpath=tmp_path, row_limit=3, schedule=schedule))
+    (trace,) = tmp_path.glob("*.pt.trace.json")
+    names = [e.get("name") for e in json.loads(trace.read_text())["traceEvents"]]
+    assert names.count("[module] Linear: net.1") == 2 and "ptrain.forward" in names
+    assert names.count("ProfilerStep#2") == 1 and "ProfilerStep#1" not in names  # warm-up

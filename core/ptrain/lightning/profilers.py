@@ -368,10 +368,11 @@ class PyTorchProfiler(Profiler):
     ``<run folder>/profiler``), and the table of the most expensive operators printed when
     ``fit`` ends. ``row_limit``, ``sort_by_key``, and ``torch.profiler.profile``'s
     ``activities``, ``schedule``, ``record_shapes``, ``profile_memory``, ``with_stack`` become
-    its options. Differences: ptrain profiles the training steps of ``fit`` (Lightning: every
-    stage's steps); it labels the loop's parts (``ptrain.forward``, ``ptrain.backward``,
-    ``ptrain.optimizer_step``...) rather than each module's forward (``record_module_names``);
-    it names its trace files itself (``filename`` is refused). ``profile(name)`` labels a block
+    its options, and ``record_module_names`` (on by default, as in Lightning) labels each
+    submodule's forward (``[module] Linear: net.0``) besides the loop's parts
+    (``ptrain.forward``, ``ptrain.backward``...). Differences: ptrain profiles the training
+    steps of ``fit`` (Lightning: every stage's steps); it names its trace files itself
+    (``filename`` is refused). ``profile(name)`` labels a block
     as a ``torch.profiler.record_function`` region."""
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None,
@@ -398,7 +399,8 @@ class PyTorchProfiler(Profiler):
             if value != default:
                 raise refuse(owner, argument, value, instead)
         self.record_module_names = record_module_names
-        self.options: dict[str, Any] = {"row_limit": row_limit}
+        self.options: dict[str, Any] = {"row_limit": row_limit,
+                                        "record_module_names": bool(record_module_names)}
         if dirpath is not None:
             self.options["dir"] = str(dirpath)
         if sort_by_key is not None:

@@ -184,6 +184,22 @@ def test_without_the_options_no_shapes_memory_or_stacks_are_recorded(make_traine
     assert not any(e.get("cat") == "python_function" for e in events)
 
 
+def test_module_names_label_each_submodules_forward_within_the_step_and_cost_nothing_after(
+        make_trainer):
+    profiler = Profiler(skip_first=0, wait=0, warmup=1, active=1, record_module_names=True)
+    module = ProfiledRegressor()
+    trainer = fit(make_trainer, profiler, module=module, max_epochs=1)
+    (path,) = trace_files(trainer.log_dir / "profiler")
+    events = read_trace(path)
+    linear = named(events, "[module] Linear: net.1")
+    assert linear and named(events, "[module] Dropout: net.0")
+    assert all(any(within(e, f) for f in named(events, FORWARD)) for e in linear)
+    # recorded steps only (the warm-up step is discarded), and no hook left once the schedule
+    # has ended
+    assert len(linear) == 1
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 

@@ -103,7 +103,8 @@ class Profiler:
     def __init__(self, skip_first: int = 5, wait: int = 1, warmup: int = 1, active: int = 3,
                  repeat: int = 1, activities: str = "auto", record_shapes: bool = False,
                  profile_memory: bool = False, with_stack: bool = False, dir: str | None = None,
-                 gzip: bool = False, row_limit: int = 15, sort_by: str = "auto"):
+                 gzip: bool = False, row_limit: int = 15, sort_by: str = "auto",
+                 record_module_names: bool = False):
         for name, value, minimum, meaning in (
                 ("skip_first", skip_first, 0, "steps ignored before the schedule starts"),
                 ("wait", wait, 0, "steps not recorded at the start of each cycle"),
@@ -134,6 +135,9 @@ class Profiler:
         self.activities, self.sort_by = activities, sort_key
         self.record_shapes, self.profile_memory = record_shapes, profile_memory
         self.with_stack, self.dir, self.gzip, self.row_limit = with_stack, dir, gzip, row_limit
+        self.record_module_names = record_module_names
+        self._module_hooks: list[Any] = []  # the forward hooks that label each module's call
+        self._module_regions: dict[int, list[Any]] = {}  # id(module) -> its open regions
         self._prof = None
         self._active = False  # the current step is profiled (warmup or recorded)
         self._region = None  # the open DATA_LOADING region, if any
@@ -169,6 +173,10 @@ class Profiler:
         options.add("sort_by", to_sort_key, default="auto", choices=SORT_KEYS,
                     help="sort key of the operator table; auto: self_device_time_total when "
                          "cuda is recorded, else self_cpu_time_total")
+        options.add("record_module_names", to_bool, default=False,
+                    help="label each submodule's forward in the traces ('[module] Linear: "
+                         "net.0'); forward hooks on every submodule, which cost a little on "
+                         "every forward until the schedule ends")
 
     # -- start and stop --------------------------------------------------------------------------
 
@@ -222,6 +230,38 @@ class Profiler:
         self._prof.start()
         self._action = self._schedule(0)
         self._active = self._action in self._profiled_actions
+        if self.record_module_names:
+            self._label_modules(trainer.module)
+
+    def _label_modules(self, root) -> None:
+        """Forward hooks on each submodule of ``root``: while a step is profiled, its call is a
+        ``record_function`` region named ``[module] <class>: <name>``."""
+        def enter(module, args):
+            if self._active:
+                region = self._record_function(f"[module] {type(module).__qualname__}: "
+                                               f"{names[id(module)]}")
+                region.__enter__()
+                self._module_regions.setdefault(id(module), []).append(region)
+
+        def leave(module, args, output):
+            regions = self._module_regions.get(id(module))
+            if regions:
+                regions.pop().__exit__(None, None, None)
+
+        names = {id(m): name for name, m in root.named_modules() if name}
+        for name, module in root.named_modules():
+            if name:
+                self._module_hooks.append(module.register_forward_pre_hook(enter))
+                self._module_hooks.append(module.register_forward_hook(leave))
+
+    def _unlabel_modules(self) -> None:
+        for handle in self._module_hooks:
+            handle.remove()
+        self._module_hooks = []
+        for regions in self._module_regions.values():  # a forward that raised
+            while regions:
+                regions.pop().__exit__(None, None, None)
+        self._module_regions = {}
 
     def _trace_ready(self, prof) -> None:
         """Called by torch at the end of each recorded cycle (and by ``stop`` mid-cycle)."""
@@ -240,6 +280,7 @@ class Profiler:
         normal end, print the summary and the operator table."""
         prof, self._prof = self._prof, None
         self._close_data()
+        self._unlabel_modules()
         self._active = False
         if prof is None:
             return
@@ -334,6 +375,7 @@ class Profiler:
                     or _last_batch(trainer, batch_idx):
                 prof.stop()
                 self._finished_at = self._step + 1
+                self._unlabel_modules()  # no cost once nothing more is recorded
             else:
                 prof.step()
         self._step += 1
