@@ -5,8 +5,9 @@ as the oracle) running the same program, where that is the natural check."""
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import statistics
+import time
 import warnings
 from pathlib import Path
 
@@ -16,11 +17,13 @@ from torch import nn
 
 pl = pytest.importorskip("lightning.pytorch", reason="the oracle: pip install lightning==2.6.6")
 
+import lightning.pytorch.callbacks as l_callbacks  # noqa: E402
 import lightning.pytorch.loggers as l_loggers  # noqa: E402
 import lightning.pytorch.loggers.logger as l_logger  # noqa: E402
 
 import ptrain  # noqa: E402
 import ptrain.lightning as ppl  # noqa: E402
+import ptrain.lightning.callbacks as p_callbacks  # noqa: E402
 import ptrain.lightning.loggers as p_loggers  # noqa: E402
 import ptrain.lightning.loggers.logger as p_logger  # noqa: E402
 from ptrain.builtins.checkpoint import ModelCheckpoint as BuiltinCheckpoint  # noqa: E402
@@ -149,7 +152,7 @@ def test_a_users_logger_receives_what_lightning_gives_it(tmp_path):
     for (_, mine, _), (_, lightning, _) in zip(our_metrics, their_metrics):
         assert mine == pytest.approx(lightning, rel=1e-5)
     saved = kind(ours, "after_save_checkpoint")
-    assert saved and all(isinstance(c[1], BuiltinCheckpoint) for c in saved)
+    assert saved and all(isinstance(c[1], p_callbacks.Checkpoint) for c in saved)
     assert kind(ours, "log_hyperparams")[0] is ours[0]  # first, as in Lightning
 
 
@@ -350,13 +353,6 @@ def test_the_deeper_logger_module_has_lightnings_names(tmp_path):
 
 
 # -- callbacks ------------------------------------------------------------------------------------
-
-import json  # noqa: E402
-import time  # noqa: E402
-
-import lightning.pytorch.callbacks as l_callbacks  # noqa: E402
-
-import ptrain.lightning.callbacks as p_callbacks  # noqa: E402
 
 CALLBACKS = {pl: l_callbacks, ppl: p_callbacks}
 

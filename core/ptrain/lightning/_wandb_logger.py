@@ -60,7 +60,8 @@ class WandbLogger(Logger):
         self._early_params: dict[str, Any] = {}
         self._early_metrics: list[tuple[dict[str, Any], int | None]] = []
         self._watch: tuple[Any, dict[str, Any]] | None = None
-        self._early_calls: list[tuple[tuple[str, ...], tuple, dict]] = []  # made on `experiment` before
+        # calls made on `experiment` before the first stage
+        self._early_calls: list[tuple[tuple[str, ...], tuple, dict]] = []
         self._finished: Any = None  # the run of the last stage, finished
 
     # -- Lightning's attributes --------------------------------------------------------------

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Callable, Iterator
 
-import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 

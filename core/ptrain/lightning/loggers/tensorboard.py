@@ -12,7 +12,6 @@ import torch
 
 from ptrain.builtins.tensorboard import TensorBoardLogger as _TensorBoard
 from ptrain.builtins.tensorboard import flat_hparams, session_start
-from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
 from ptrain.lightning._common import refuse, refuse_unless
 from ptrain.lightning.loggers._run_folder import RunFolder
@@ -52,7 +51,8 @@ class TensorBoardLogger(RunFolder, Logger, _TensorBoard):
         self.default_hp_metric = default_hp_metric
         self.hparams: dict[str, Any] = {}  # what log_hyperparams was given, as Lightning's
         self._early: list[tuple[dict[str, float], int | None]] = []  # before the writer opened
-        self._early_calls: list[tuple[tuple[str, ...], tuple, dict]] = []  # made on `experiment` then
+        # calls made on `experiment` before the writer opened
+        self._early_calls: list[tuple[tuple[str, ...], tuple, dict]] = []
         self._graph_warned = False
         self._late_writer = False  # the writer was opened after a stage, by `experiment`
 
