@@ -228,7 +228,8 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     steps = _commands(program, framework, config, folder, where, python)
     started = time.time()
     out = {"ran": False, "seconds": None, "shims": bool(args.shims),
-           "limit_batches": env.get("LP_LIMIT_BATCHES"), "folder": str(folder)}
+           "limit_batches": env.get("LP_LIMIT_BATCHES"), "folder": str(folder),
+           "ptrain_commit": _head(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     log = []
     for step_no, (command, cwd) in enumerate(steps):
         try:
@@ -262,6 +263,15 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     return out
 
 
+def _head() -> str:
+    """ptrain's commit (``+`` when the working tree differs from it): the code a run used."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "core",
+                            "plugins"], capture_output=True, text=True).stdout.strip()
+    return head + ("+" if dirty else "")
+
+
 def _commands(program: dict, framework: str, config: str, folder: Path, where: Path,
               python: str) -> list[tuple[list[str], Path]]:
     kind = program.get("kind", "script")
@@ -287,7 +297,8 @@ def _commands(program: dict, framework: str, config: str, folder: Path, where: P
     module = f"{stem}_defs" if kind in ("ipynb", "jupytext") else Path(program["path"]).stem
     build = folder / "_build.py"
     build.write_text(program["build"])
-    drive = [python, str(HERE / "drive.py"), framework, str(where), module, str(build)]
+    package = "ptrain" if framework == "ptrain" else program.get("package", "lightning.pytorch")
+    drive = [python, str(HERE / "drive.py"), package, str(where), module, str(build)]
     if config != "resume":
         return [([*drive, config], where)]
     ckpt = str(folder / "_mid.ckpt")
@@ -435,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge is not None:
         merged: dict = {}
         for folder in args.merge:
+            if not (folder / "results.json").exists():
+                continue
             for name, rows in json.loads((folder / "results.json").read_text())["results"].items():
                 for config, row in rows.items():
                     merged.setdefault(name, {}).setdefault(config, {}).update(row)

@@ -4,7 +4,8 @@ bf16-mixed, resume from a mid-run checkpoint).
 
     python drive.py FRAMEWORK PROGRAM_DIR MODULE BUILD_FILE CONFIG [CKPT]
 
-``FRAMEWORK`` is ``lightning`` (``lightning.pytorch``) or ``ptrain`` (``ptrain.lightning``);
+``FRAMEWORK`` is the Lightning package the program imports (``lightning.pytorch`` or
+``pytorch_lightning``) or ``ptrain`` (``ptrain.lightning``);
 ``MODULE`` is the program's file (its import lines already rewritten for ptrain), imported from
 ``PROGRAM_DIR`` as a module, so its ``__main__`` block does not run. ``BUILD_FILE`` holds the
 catalogue's recipe: Python that, given ``P`` (the program's module), ``L`` (the framework's
@@ -32,8 +33,7 @@ SETTINGS = {
 
 def main(framework: str, program_dir: str, module: str, build_file: str, config: str,
          ckpt: str | None = None) -> None:
-    L = importlib.import_module("lightning.pytorch" if framework == "lightning"
-                                else "ptrain.lightning")
+    L = importlib.import_module("ptrain.lightning" if framework == "ptrain" else framework)
     sys.path.insert(0, program_dir)
     os.chdir(program_dir)
     P = importlib.import_module(module)

@@ -20,9 +20,12 @@ With ``LP_LIMIT_BATCHES=T,E`` it gives every ``Trainer(...)`` the program makes
 (the same under both frameworks): the harness's way to run a program as written in minutes on
 a shared two-core machine; ``--full`` turns it off.
 
-With ``LP_SHIMS=1`` (the harness's ``--shims``, a diagnostic to find what breaks *after* a
-missing module) it also supplies ``ptrain.lightning.utilities.imports`` when ptrain has none, with
-Lightning's ``_<PACKAGE>_AVAILABLE`` flags; a run made so is marked in the results.
+With ``LP_SHIMS=1`` (the harness's ``--shims``, a diagnostic to find what breaks *after* the
+first failures found) it also supplies what ptrain lacked when measured: the module
+``ptrain.lightning.utilities.imports`` with Lightning's ``_<PACKAGE>_AVAILABLE`` flags, the
+submodules ``callbacks``/``loggers``/``utilities`` as attributes of ``ptrain.lightning`` once it is
+imported, and ``lightning_utilities``' ``rank_zero_only.rank`` (Lightning sets it on import).
+A run made so is marked in the results.
 """
 
 from __future__ import annotations
@@ -138,6 +141,25 @@ def _watch_trainer(cls, limit: bool) -> None:
         _limit_batches(cls)
 
 
+def _shim_package(module) -> None:
+    if os.environ.get("LP_SHIMS") != "1":
+        return
+    import importlib
+
+    for name in ("callbacks", "loggers", "utilities"):
+        try:
+            importlib.import_module(f"{module.__name__}.{name}")
+        except ImportError:
+            pass
+    try:
+        from lightning_utilities.core.rank_zero import rank_zero_only
+
+        if not hasattr(rank_zero_only, "rank"):
+            rank_zero_only.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+    except ImportError:
+        pass
+
+
 def _accept_present_cifar(module) -> None:
     """torchvision's CIFAR classes check each file (and the metadata file) against the real
     data set's MD5 sums through the module's ``check_integrity``: here, present is enough."""
@@ -149,6 +171,7 @@ _AFTER_IMPORT = {
     "pytorch_lightning.trainer.trainer": lambda m: _watch_trainer(m.Trainer, True),
     "ptrain.trainer": lambda m: _watch_trainer(m.Trainer, False),
     "ptrain.lightning.trainer": lambda m: _watch_trainer(m.Trainer, True),
+    "ptrain.lightning": _shim_package,
     "torchvision.datasets.cifar": _accept_present_cifar,
 }
 
