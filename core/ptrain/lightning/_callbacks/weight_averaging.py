@@ -107,9 +107,21 @@ class EMAWeightAveraging(WeightAveraging):
                  update_starting_at_epoch: int | None = None, **kwargs: Any) -> None:
         super().__init__(device=device, use_buffers=use_buffers, **kwargs,
                          avg_fn=get_ema_avg_fn(decay=decay))
+        self.decay = decay
         self.update_every_n_steps = update_every_n_steps
         self.update_starting_at_step = update_starting_at_step
         self.update_starting_at_epoch = update_starting_at_epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's EMA function is a closure: made again from the decay when unpickled (a
+        # spawned worker receives the callback pickled)
+        state = dict(self.__dict__)
+        state["_kwargs"] = {k: v for k, v in self._kwargs.items() if k != "avg_fn"}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._kwargs["avg_fn"] = get_ema_avg_fn(decay=self.decay)
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         if step_idx is not None:
