@@ -571,3 +571,80 @@ def test_pytorch_profiler_traces_the_loop_and_each_modules_forward(tmp_path):
     names = [e.get("name") for e in json.loads(trace.read_text())["traceEvents"]]
     assert names.count("[module] Linear: net.1") == 2 and "ptrain.forward" in names
     assert names.count("ProfilerStep#2") == 1 and "ProfilerStep#1" not in names  # warm-up
+
+
+def test_is_overridden_answers_as_lightnings():
+    import functools
+
+    import lightning.pytorch as lightning
+
+    import ptrain.lightning as pl
+    from ptrain.lightning.utilities.model_helpers import is_overridden
+
+    def decorated(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            return function(*args, **kwargs)
+        return wrapper
+
+    from lightning.pytorch.utilities.model_helpers import is_overridden as lightnings
+
+    for framework, check in ((lightning, lightnings), (pl, is_overridden)):
+        class Module(framework.LightningModule):
+            def training_step(self, batch, batch_idx):
+                return None
+
+            @decorated
+            def validation_step(self, batch, batch_idx):
+                return None
+
+        class Hooks(framework.Callback):
+            def on_train_start(self, trainer, pl_module):
+                pass
+
+        answers = [check(name, Module()) for name in ("training_step", "validation_step",
+                                                      "test_step", "configure_optimizers")]
+        answers += [check(name, Hooks()) for name in ("on_train_start", "on_train_end")]
+        answers.append(check("training_step", None))
+        if framework is lightning:
+            expected = answers
+        else:
+            assert answers == expected == [True, True, False, False, True, False, False]
+    with pytest.raises(ValueError, match="Expected a parent"):
+        is_overridden("forward", nn.Linear(1, 1))
+
+
+@pytest.mark.parametrize("variables", [
+    {},
+    {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+     "MASTER_ADDR": "node1", "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "job"},
+    {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "2",
+     "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77",
+     "SLURM_NODELIST": "gpu[03-05]"},
+])
+def test_cluster_environments_read_what_lightnings_read(monkeypatch, variables):
+    import lightning.pytorch.plugins.environments as theirs
+
+    import ptrain.lightning.plugins.environments as ours
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK",
+                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in __import__("os").environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    pairs = [(ours.TorchElasticEnvironment, theirs.TorchElasticEnvironment)]
+    if "SLURM_NTASKS" in variables:
+        pairs.append((ours.SLURMEnvironment, theirs.SLURMEnvironment))
+    for mine, lightnings in pairs:
+        assert mine.detect() == lightnings.detect(), mine
+        if not lightnings.detect():
+            continue
+        a, b = mine(), lightnings()
+        for method in ("world_size", "global_rank", "local_rank", "node_rank"):
+            assert getattr(a, method)() == getattr(b, method)(), (mine, method)
+        assert a.creates_processes_externally == b.creates_processes_externally
+        if mine is ours.SLURMEnvironment:
+            assert a.main_address == b.main_address == "gpu03"
+            assert (a.job_id(), a.job_name()) == (b.job_id(), b.job_name())

@@ -50,6 +50,7 @@ def select(given: dict[str, Any]) -> Selection:
     object the run reports with."""
     from ptrain.lightning.accelerators import ptrain_accelerator
     from ptrain.lightning.plugins import CheckpointIO, LayerSync, MixedPrecision, Precision
+    from ptrain.lightning.plugins.environments import ClusterEnvironment
     from ptrain.lightning.strategies import lightning_strategy
 
     from ptrain.lightning.utilities.combined_loader import CombinedTrainingData
@@ -103,12 +104,15 @@ def select(given: dict[str, Any]) -> Selection:
             ios.append(entry)
         elif isinstance(entry, LayerSync):
             chosen.callbacks.append(entry)
+        elif isinstance(entry, ClusterEnvironment):
+            for name, options in entry.ptrain_options.items():
+                implied(name, options)
         else:
             raise refuse("Trainer", "plugins", given["plugins"],
                          f"{entry!r} is not one of Lightning's plugin objects ptrain takes: a "
                          f"precision (ptrain.lightning.plugins.MixedPrecision, ...), a "
-                         f"checkpoint IO or a layer sync (TorchSyncBatchNorm); ptrain reads the "
-                         f"cluster from the environment itself")
+                         f"checkpoint IO, a layer sync (TorchSyncBatchNorm) or a cluster "
+                         f"environment (ptrain.lightning.plugins.environments)")
     if len(precisions) > 1:
         raise refuse("Trainer", "plugins", given["plugins"],
                      "give one precision plugin (to the Trainer's plugins or the strategy)")

@@ -33,7 +33,8 @@ __all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStr
            "ParallelStrategy", "SingleDeviceStrategy", "Strategy", "StrategyRegistry"]
 
 _NO_ENVIRONMENT = ("ptrain reads the cluster from the environment itself (torchrun's RANK/"
-                   "WORLD_SIZE, SLURM); leave cluster_environment out")
+                   "WORLD_SIZE, SLURM); give one of ptrain.lightning.plugins.environments' "
+                   "objects or leave cluster_environment out")
 _NO_PARALLEL_DEVICES = "leave parallel_devices out and pass Trainer(devices=...) instead"
 
 
@@ -76,6 +77,8 @@ class Strategy:
         self._precision_plugin = precision_plugin
         self._trainer: Any = None
         self._options: dict[str, Any] = {}
+        self._callbacks: list[Any] = []  # callback plugins the object adds, and their options
+        self._callback_options: dict[str, dict[str, Any]] = {}
 
     def ptrain_choice(self) -> StrategyChoice:
         """What this object selects in ptrain (see :class:`StrategyChoice`)."""
@@ -88,7 +91,9 @@ class Strategy:
                 f"write your strategy as a ptrain plugin (docs/plugins.md, `ptrain new-plugin`). "
                 f"See \"Coming from Lightning\" in ptrain's documentation.")
         return StrategyChoice(self.ptrain_name, dict(self._options), self._accelerator,
-                              self._precision_plugin, self._checkpoint_io)
+                              self._precision_plugin, self._checkpoint_io,
+                              callbacks=list(self._callbacks),
+                              callback_options=dict(self._callback_options))
 
     # -- Lightning's view of the running stage ------------------------------------------------
 
@@ -216,8 +221,12 @@ class ParallelStrategy(Strategy):
             raise refuse(type(self).__name__, "parallel_devices", parallel_devices,
                          _NO_PARALLEL_DEVICES)
         if cluster_environment is not None:
-            raise refuse(type(self).__name__, "cluster_environment", cluster_environment,
-                         _NO_ENVIRONMENT)
+            from ptrain.lightning.plugins.environments import ClusterEnvironment
+
+            if not isinstance(cluster_environment, ClusterEnvironment):
+                raise refuse(type(self).__name__, "cluster_environment", cluster_environment,
+                             _NO_ENVIRONMENT)
+            self._callback_options.update(cluster_environment.ptrain_options)
 
     def _process_group_options(self, process_group_backend: Any, timeout: Any) -> None:
         if process_group_backend is not None:
@@ -340,8 +349,6 @@ class FSDPStrategy(ParallelStrategy):
                          precision_plugin)
         owner = type(self).__name__
         self._process_group_options(process_group_backend, timeout)
-        self._callbacks: list[Any] = []
-        self._callback_options: dict[str, dict[str, Any]] = {}
         if cpu_offload is not None:
             offload = getattr(cpu_offload, "offload_params", cpu_offload)
             if not isinstance(offload, bool):
@@ -360,7 +367,7 @@ class FSDPStrategy(ParallelStrategy):
             if policy is not None:
                 classes = _wrap_classes(policy, owner, argument, "to checkpoint")
                 self._callbacks = ["activation-checkpointing"]
-                self._callback_options = {"activation-checkpointing": {"classes": classes}}
+                self._callback_options["activation-checkpointing"] = {"classes": classes}
         name = str(getattr(sharding_strategy, "name", sharding_strategy)).upper()
         if name not in _SHARDING:
             raise refuse(owner, "sharding_strategy", sharding_strategy,
@@ -381,12 +388,6 @@ class FSDPStrategy(ParallelStrategy):
             raise refuse(owner, argument, value,
                          "ptrain's fsdp is FSDP2 (torch's fully_shard), which does not take "
                          "this FSDP1 argument; leave it out")
-
-    def ptrain_choice(self) -> StrategyChoice:
-        choice = super().ptrain_choice()
-        choice.callbacks = list(self._callbacks)
-        choice.callback_options = dict(self._callback_options)
-        return choice
 
 
 #: DeepSpeedStrategy's arguments that only tune DeepSpeed's own engine, with their defaults
