@@ -297,3 +297,34 @@ def test_inference_mode_decides_how_evaluation_runs(tmp_path, inference_mode):
     [metrics] = trainer.validate(module)
     assert set(module.seen) == {inference_mode}
     assert ("grad_norm" in metrics) is (not inference_mode)
+
+
+def test_a_second_fit_on_a_finished_trainer_trains_nothing_and_says_so(tmp_path):
+    module = TinyRegressor()
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path), **QUIET)
+    trainer.fit(module)
+    steps, weights = trainer.global_step, [p.clone() for p in module.parameters()]
+    with pytest.warns(UserWarning, match="already reached its limits.*max_epochs"):
+        trainer.fit(module)
+    assert trainer.global_step == steps and trainer.current_epoch == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights, module.parameters()))
+    # raising the limit goes on from where the first fit ended
+    trainer.max_epochs = 3
+    trainer.fit(module)
+    assert trainer.current_epoch == 3 and trainer.global_step == steps * 3 // 2
+
+
+def test_a_datamodule_sees_its_trainer():
+    seen = []
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self):
+            seen.append(self.trainer)
+            return TinyRegressor().train_dataloader()
+
+    data = Data()
+    assert data.trainer is None
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, **QUIET)
+    trainer.fit(TinyRegressor(), datamodule=data)
+    assert seen == [trainer] and data.trainer is trainer

@@ -168,6 +168,9 @@ class FitLoop:
                          epoch_rng=loop["epoch_rng"], elapsed_before=loop["elapsed"])
             trainer.global_step = self.last_published = loop["global_step"]
             self.resume_rng = checkpoint["rng"]
+        elif trainer.fit_progress is not None:  # this trainer fitted before: its counters go on
+            state["epoch"] = trainer.fit_progress["epoch"]
+            trainer.global_step = self.last_published = trainer.fit_progress["global_step"]
         trainer.loop_state = state
 
     def _val_interval(self) -> float:
@@ -190,13 +193,23 @@ class FitLoop:
         t.hook.on_loop_start(trainer=t, loop="fit")
         if not self._limits_reached():
             run_sanity_check(t)
+        elif t.fit_progress is not None and t.is_global_zero:
+            warnings.warn(
+                f"fit: this trainer's earlier fit already reached its limits (epoch "
+                f"{t.loop_state['epoch']}, step {t.global_step}; max_epochs={t.max_epochs}, "
+                f"max_steps={t.max_steps}), so nothing is trained, as in Lightning. Raise "
+                f"trainer.max_epochs or trainer.max_steps to train further, or fit with a new "
+                f"Trainer to start again.", stacklevel=2)
         t.hook.on_loop_start(trainer=t, loop="train")
-        while not self._limits_reached():
-            stopped_early = self.run_epoch()
-            if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
-                break
-        # Lightning's meaning after fit: the epochs run, one stopped part-way included
-        t.current_epoch = t.loop_state["epoch"] + (1 if t.loop_state["batch"] else 0)
+        try:
+            while not self._limits_reached():
+                stopped_early = self.run_epoch()
+                if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
+                    break
+        finally:
+            # Lightning's meaning after fit: the epochs run, one stopped part-way included
+            t.current_epoch = t.loop_state["epoch"] + (1 if t.loop_state["batch"] else 0)
+            t.fit_progress = {"epoch": t.current_epoch, "global_step": t.global_step}
         t.hook.on_loop_end(trainer=t, loop="train")
         t.hook.on_loop_end(trainer=t, loop="fit")
 

@@ -349,6 +349,20 @@ class DataModule(HyperParametersMixin):
     empty) is saved in every checkpoint and handed to ``load_state_dict`` on resume.
     """
 
+    @property
+    def trainer(self) -> Trainer | None:
+        """The trainer running a stage with this datamodule (the last one, after it), else
+        ``None``, as in Lightning."""
+        return self.__dict__.get("_trainer")
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self.__dict__["_trainer"] = trainer
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled for a worker process: the trainer it was last attached to stays behind
+        return {k: v for k, v in self.__dict__.items() if k != "_trainer"}
+
     def prepare_data(self) -> None:
         pass
 

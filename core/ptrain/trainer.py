@@ -54,7 +54,9 @@ class Trainer:
     State any plugin may read: ``current_epoch``, ``global_step``, ``callback_metrics``,
     ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
     ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
-    ``optimizers``, ``lr_schedulers``, ``default_root_dir``, ``log_dir`` (this run's folder),
+    ``optimizers``, ``lr_schedulers``, ``fit_progress`` (where this trainer's last ``fit``
+    ended, ``{"epoch", "global_step"}``: a later ``fit`` without a checkpoint goes on from
+    there, as in Lightning), ``default_root_dir``, ``log_dir`` (this run's folder),
     ``stage``, ``ckpt_path`` (the checkpoint the stage resumed or evaluated, resolved from what
     was given: ``"last"`` becomes its path; ``None`` without one), ``sync_gradients`` (whether the next backward's gradients are synchronised
     across processes; see the ``backward`` hook), ``precision_policy``, ``options`` (the core's
@@ -182,6 +184,9 @@ class Trainer:
         self.exception: BaseException | None = None
         self.metrics = MetricStore(self)
         self.loop_state: dict[str, Any] = {}
+        # where this trainer's last fit ended ({"epoch", "global_step"}): a later fit without a
+        # checkpoint goes on from there, as in Lightning (limits reached: nothing to train)
+        self.fit_progress: dict[str, int] | None = None
         self.loss_window: list[tuple[int, int, int, torch.Tensor]] = []  # checked at check points
 
     def _apply_fast_dev_run(self) -> None:
@@ -509,6 +514,8 @@ class Trainer:
             self.module.load_state_dict(result.model)
         if stage == "fit":  # the counters of training (an evaluation stage leaves them)
             self.global_step, self.current_epoch = result.global_step, result.current_epoch
+            self.fit_progress = {"epoch": result.current_epoch,
+                                 "global_step": result.global_step}
         self.metrics.callback_metrics.clear()
         self.metrics.callback_metrics.update(
             {k: torch.tensor(v) for k, v in result.metrics.items()})
@@ -529,6 +536,8 @@ class Trainer:
         self.metrics.logged_metrics.clear()
         module = self.module
         module._trainer = self
+        if self.datamodule is not None:
+            self.datamodule.__dict__["_trainer"] = self
         self._start_time = time.monotonic()
         replaced = self._register_module_plugins()
         try:
@@ -976,7 +985,7 @@ class StageFunction:
     def __reduce__(self):
         t = self.trainer
         recipe = (type(t), t._init_kwargs, t.config, t.module, t.datamodule,
-                  t.given_dataloaders, t.log_dir)
+                  t.given_dataloaders, t.log_dir, t.fit_progress)
         # the CPU generators as they are in the launching process (seed_everything before the
         # stage seeds every worker alike, as running the script in each process would)
         rng = {k: v for k, v in checkpoint_io.capture_rng_states().items() if k != "cuda"}
@@ -985,9 +994,9 @@ class StageFunction:
 
 def _rebuild_stage_function(recipe: tuple, stage: str, checkpoint_file: Path | None,
                             rng: dict[str, Any]) -> StageFunction:
-    cls, init_kwargs, config, module, datamodule, dataloaders, log_dir = recipe
+    cls, init_kwargs, config, module, datamodule, dataloaders, log_dir, progress = recipe
     trainer = cls(**init_kwargs)
-    trainer.config = config
+    trainer.config, trainer.fit_progress = config, progress
     trainer.module, trainer.datamodule, trainer.log_dir = module, datamodule, log_dir
     trainer.given_dataloaders = dataloaders
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True, launcher_rng=rng)
