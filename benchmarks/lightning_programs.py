@@ -192,8 +192,8 @@ def _first_error(stderr: str, program_dir: Path) -> tuple[str, str]:
     lines = block.splitlines()
     error = ""
     for line in lines[1:]:
-        if line and not line.startswith(" ") and re.match(r"^[\w.]+(Error|Exception|Exit|"
-                                                          r"Interrupt|Warning)?\b", line):
+        if line and not line.startswith(" ") and \
+                re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b", line):
             error = line
     program_line = ""
     frame = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
@@ -344,6 +344,10 @@ def rescan(work: Path, results: dict) -> None:
                 if entry and entry.get("steps") and probes.is_dir():
                     argv = ["python", *entry["steps"][-1]["command"]]
                     entry["metrics"], entry["probe_errors"] = _metrics_from_probes(probes, argv)
+                    errs = sorted(probes.parent.glob("_step*.err"))
+                    if not entry.get("ran") and errs:
+                        entry["error"], entry["program_line"] = _first_error(
+                            errs[-1].read_text(), probes.parent)
             if row.get("lightning") and row.get("ptrain"):
                 row["compare"] = compare(row["lightning"]["metrics"], row["ptrain"]["metrics"],
                                          TOLERANCE[config])

@@ -121,7 +121,7 @@ dm = P.CIFAR10DataModule()
 model = P.LitModel(*dm.dims, dm.num_classes, hidden_size=256)
 trainer = dict(accelerator="cpu", devices=1, {SHORT})
 fit = dict(datamodule=dm)
-test = dict(datamodule=dm)
+test = None  # LitModel has no test_step
 """),
     dict(TUTORIALS, package="pytorch_lightning", name="tut-cifar10-baseline", source="Lightning tutorials",
          path="lightning_examples/cifar10-baseline/baseline.py", kind="jupytext", venv="tv",
