@@ -4,6 +4,8 @@ arguments. The whole programs are compared against Lightning in test_lightning_d
 
 from __future__ import annotations
 
+import collections.abc
+
 import pytest
 import torch
 from torch import nn
@@ -328,3 +330,66 @@ def test_a_datamodule_sees_its_trainer():
     trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, **QUIET)
     trainer.fit(TinyRegressor(), datamodule=data)
     assert seen == [trainer] and data.trainer is trainer
+
+
+class CallbackSequence(collections.abc.Sequence):
+    """A sequence that is neither a list nor a tuple, as Hydra's ListConfig."""
+
+    def __init__(self, *items):
+        self.items = items
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_callbacks_and_loggers_may_come_as_any_sequence(tmp_path):
+    seen = []
+
+    class Recorder(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            seen.append(type(self).__name__)
+
+    class Another(Recorder):
+        pass
+
+    trainer = pl.Trainer(max_steps=1, enable_checkpointing=False,
+                         callbacks=CallbackSequence(Recorder(), Another()),
+                         logger=CallbackSequence(CSVLogger(tmp_path)), **QUIET)
+    trainer.fit(TinyRegressor())
+    # two stateless callbacks share a state_key (their class name is not the issue): both run
+    assert seen == ["Recorder", "Another"]
+    assert (trainer.log_dir / "metrics.csv").exists()
+
+
+def test_stateless_callbacks_of_one_class_may_appear_twice():
+    seen = []
+
+    class Recorder(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            seen.append(self)
+
+    first, second = Recorder(), Recorder()
+    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False,
+               callbacks=[first, second], **QUIET).fit(TinyRegressor())
+    assert seen == [first, second]
+
+
+def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch_as_in_lightning(tmp_path):
+    trainer = pl.Trainer(max_steps=2, logger=False, default_root_dir=str(tmp_path), **QUIET)
+    with pytest.warns(UserWarning, match="found no checkpoint to resume.*from scratch"):
+        trainer.fit(TinyRegressor(), ckpt_path="last")
+    assert trainer.global_step == 2 and trainer.ckpt_path is None
+    # with a dirpath, "last" looks there only
+    folder = tmp_path / "ckpts"
+    again = pl.Trainer(max_steps=2, logger=False, default_root_dir=str(tmp_path),
+                       callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], **QUIET)
+    with pytest.warns(UserWarning, match="no last\\*.ckpt in the checkpoint callback's dirpath"):
+        again.fit(TinyRegressor(), ckpt_path="last")
+    resumed = pl.Trainer(max_steps=4, logger=False, default_root_dir=str(tmp_path),
+                         callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], **QUIET)
+    with pytest.warns(UserWarning, match="weights_only=False.*nothing more to allow"):
+        resumed.fit(TinyRegressor(), ckpt_path="last", weights_only=False)
+    assert resumed.ckpt_path == str(folder / "last.ckpt") and resumed.global_step == 4

@@ -34,10 +34,9 @@ IMPORT_LINE = re.compile(r"^(\s*(?:import|from)\s+)(lightning\.pytorch|pytorch_l
 NAMESPACE = {"lightning": "lightning.pytorch", "ptrain": "ptrain.lightning"}
 
 #: Where the printed config differs by design (docs/from-lightning.md, "LightningCLI"): the
-#: trainer group has ptrain's ``plugin_options`` (each plugin's options, from the config), and
-#: ptrain's Trainer stages take no ``weights_only`` (ptrain checkpoints always load with
-#: torch's weights_only loading). The header comment names the framework.
-BY_DESIGN = {"ptrain": [("trainer", "plugin_options")], "lightning": [("weights_only",)]}
+#: trainer group has ptrain's ``plugin_options`` (each plugin's options, from the config). The
+#: header comment names the framework.
+BY_DESIGN = {"ptrain": [("trainer", "plugin_options")], "lightning": []}
 
 CONFIG = """\
 seed_everything: 42
@@ -107,8 +106,6 @@ def without_by_design(config: dict, framework: str) -> dict:
         part = config
         for key in path[:-1]:
             part = part[key]
-        if path == ("weights_only",) and "ckpt_path" not in part:
-            continue  # a subcommand's argument: not in a run=False config
         assert path[-1] in part, f"{framework}'s config has no {'.'.join(path)}"
         del part[path[-1]]
     return config

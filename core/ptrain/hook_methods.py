@@ -60,6 +60,8 @@ BATCH_END = {stage: f"on_{word}_batch_end" for stage, word in STAGE_WORDS.items(
 STEP_METHODS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step",
                 "on_before_zero_grad")
 CHECKPOINT_METHODS = ("on_save_checkpoint", "on_load_checkpoint")
+#: a callback defining one of these has state saved in checkpoints (under its state_key)
+STATE_METHODS = ("state_dict", "load_state_dict") + CHECKPOINT_METHODS
 
 #: every method name this module calls -> the ptrain hook that calls it
 METHOD_HOOKS: dict[str, str] = {
@@ -340,13 +342,14 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     hooks: set[str] = set()
     keys: dict[str, Any] = {}
     for callback in callbacks:
-        key = state_key(callback)
-        if key in keys:
-            raise PluginError(f"two callbacks of this run save their state under {key!r}; give "
-                              f"one a distinct `state_key` property.")
-        keys[key] = callback
+        if any(_defines(callback, m) for m in STATE_METHODS):  # only state needs a unique key
+            key = state_key(callback)
+            if key in keys:
+                raise PluginError(f"two callbacks of this run save their state under {key!r}; "
+                                  f"give one a distinct `state_key` property.")
+            keys[key] = callback
         for method_name in overridden(callback, CALLBACK_METHODS, _callback_base(callback)):
-            if method_name in ("state_dict", "load_state_dict") + CHECKPOINT_METHODS:
+            if method_name in STATE_METHODS:
                 hooks.add(CALLBACK_ONLY.get(method_name) or METHOD_HOOKS[method_name])
                 continue
             method = getattr(callback, method_name)

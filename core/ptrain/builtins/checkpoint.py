@@ -529,14 +529,20 @@ class ModelCheckpoint:
 
     def _resolve_last(self) -> str | None:
         """With a ``dirpath``: the ``last.ckpt`` this callback wrote, else the newest
-        ``last*.ckpt`` in ``dirpath``; ``None`` (the run folders' ``last.ckpt``) without one."""
+        ``last*.ckpt`` in ``dirpath`` (none there: a :class:`CheckpointError`); ``None`` (the
+        run folders' ``last.ckpt``) without a ``dirpath``."""
         if self._given_dirpath is None:
             return None
         if self.last_model_path and Path(self.last_model_path).exists():
             return self.last_model_path
         candidates = sorted(Path(self._given_dirpath).glob("last*.ckpt"),
                             key=lambda p: p.stat().st_mtime)
-        return str(candidates[-1]) if candidates else None
+        if not candidates:
+            raise CheckpointError(
+                f"ckpt_path='last' found no last*.ckpt in the checkpoint callback's dirpath "
+                f"{self._given_dirpath!r} (it writes one there when save_last is on); give a "
+                f"checkpoint's path, or start without ckpt_path.")
+        return str(candidates[-1])
 
     # -- state -----------------------------------------------------------------------------------
 

@@ -24,3 +24,7 @@ class EarlyStopping(_EarlyStopping):
                          stopping_threshold=stopping_threshold,
                          divergence_threshold=divergence_threshold, check_on=check_on)
         self.verbose, self.log_rank_zero_only = verbose, log_rank_zero_only
+
+
+# programs (and LightningCLI's short class names) know it as ptrain.lightning.callbacks'
+EarlyStopping.__module__ = "ptrain.lightning.callbacks"

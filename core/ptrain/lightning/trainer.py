@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections.abc
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ptrain.errors import ConfigError
+from ptrain.errors import CheckpointError, ConfigError
 from ptrain.lightning._common import refuse
 from ptrain.lightning._selection import select
 from ptrain.module import DataModule
@@ -80,29 +83,57 @@ class Trainer(_Trainer):
                     logger._run_dir = str(self._own_log_dir)
 
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: Any = None, ckpt_path: str | None = None) -> None:
+            datamodule: Any = None, ckpt_path: str | None = None,
+            weights_only: bool | None = None) -> None:
         if isinstance(train_dataloaders, DataModule):  # fit(model, datamodule) positionally
             train_dataloaders, datamodule = None, train_dataloaders
+        ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         super().fit(model, datamodule, ckpt_path, train_dataloaders=train_dataloaders,
                     val_dataloaders=val_dataloaders)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: Any = None,
+                 weights_only: bool | None = None) -> list[dict[str, float]]:
         model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: Any = None,
+             weights_only: bool | None = None) -> list[dict[str, float]]:
         model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None,
-                ckpt_path: str | None = None) -> list[Any] | None:
+                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                weights_only: bool | None = None) -> list[Any] | None:
         model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().predict(model, datamodule, ckpt_path,
                                return_predictions=return_predictions is not False,
                                dataloaders=dataloaders)
+
+    def _checkpoint_argument(self, ckpt_path: Any, weights_only: bool | None) -> str | None:
+        """Lightning's meanings: ``ckpt_path="last"`` with no last checkpoint to find starts
+        from scratch with a warning (ptrain's own ``"last"`` is an error then);
+        ``weights_only=False`` allows nothing more, since ptrain's checkpoints always load
+        with torch's weights-only loader (said once)."""
+        if weights_only is False:
+            warnings.warn("weights_only=False: ptrain's checkpoints hold only tensors and plain "
+                          "values and always load with torch's weights-only loader; there is "
+                          "nothing more to allow.", stacklevel=3)
+        if ckpt_path is None:
+            return None
+        ckpt_path = os.fspath(ckpt_path)
+        if ckpt_path == "last":
+            try:
+                self.resolve_ckpt_path("last")
+            except CheckpointError as exc:
+                warnings.warn(f"ckpt_path='last' found no checkpoint to resume, so fit starts "
+                              f"from scratch, as in Lightning: {exc}", stacklevel=3)
+                return None
+        return ckpt_path
 
     def _stage_arguments(self, model: Any, dataloaders: Any, datamodule: Any) -> tuple:
         if isinstance(dataloaders, DataModule):
@@ -197,6 +228,16 @@ class Trainer(_Trainer):
         return profiler
 
 
+def _as_list(value: Any) -> list[Any]:
+    """``callbacks=``/``logger=`` as a list: ``None`` is none, a sequence (a list, a tuple,
+    Hydra's ``ListConfig``) its items, anything else the one object."""
+    if value is None:
+        return []
+    if isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes)):
+        return list(value)
+    return [value]
+
+
 def _translate(given: dict[str, Any]
                ) -> tuple[dict[str, Any], list[Any], dict[str, dict[str, Any]]]:
     """Lightning's arguments -> ptrain's Trainer options, the logger objects, and the options
@@ -217,17 +258,14 @@ def _translate(given: dict[str, Any]
     ):
         if g[argument] != accepted:
             raise refuse("Trainer", argument, g[argument], instead)
-    callbacks = g["callbacks"]
-    callbacks = [] if callbacks is None else (
-        list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
+    callbacks = _as_list(g["callbacks"])
     for argument, name in (("enable_checkpointing", "checkpoint"),
                            ("enable_progress_bar", "progress-bar"),
                            ("enable_model_summary", "model-summary")):
         if g[argument] is False or (g["barebones"] and g[argument] is None):
             callbacks.append(f"no:{name}")
     logger = g["logger"]
-    loggers = [] if logger in (None, True, False) else (
-        list(logger) if isinstance(logger, (list, tuple)) else [logger])
+    loggers = [] if logger is None or isinstance(logger, bool) else _as_list(logger)
     if logger is False or g["barebones"] or (loggers and not any(
             getattr(x, "name", None) == "tensorboard" for x in loggers)):
         callbacks.append("no:tensorboard")
