@@ -128,18 +128,24 @@ class GroupKiller:
 
 
 class StopOnOneRank:
-    """A callback plugin object that asks to stop at the end of epoch ``epoch`` on global rank
-    ``rank`` only: the others must follow (the decision is agreed), or they would wait for it in
-    the next epoch's collectives."""
+    """A callback plugin object that asks to stop on global rank ``rank`` only: at the end of
+    epoch ``epoch``, or with ``step`` in ``on_train_batch_end`` once ``global_step`` reaches it.
+    The others must follow (the decision is agreed), or they would wait for it in the next
+    collectives."""
 
     name = "stop-on-one-rank"
 
-    def __init__(self, rank: int, epoch: int):
-        self.rank, self.epoch = rank, epoch
+    def __init__(self, rank: int, epoch: int | None = None, step: int | None = None):
+        self.rank, self.epoch, self.step = rank, epoch, step
 
     @ptrain.hookimpl
     def on_epoch_end(self, trainer):
         if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
             trainer.should_stop = True
 
 

@@ -393,3 +393,10 @@ def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch_as_in_lightning
     with pytest.warns(UserWarning, match="weights_only=False.*nothing more to allow"):
         resumed.fit(TinyRegressor(), ckpt_path="last", weights_only=False)
     assert resumed.ckpt_path == str(folder / "last.ckpt") and resumed.global_step == 4
+
+
+def test_a_progress_bar_callback_with_the_progress_bar_off_is_refused():
+    from ptrain.lightning.callbacks import TQDMProgressBar
+
+    with pytest.raises(ptrain.ConfigError, match="enable_progress_bar=False.*TQDMProgressBar"):
+        pl.Trainer(enable_progress_bar=False, callbacks=[TQDMProgressBar()])

@@ -281,10 +281,10 @@ class FitLoop:
             if validated_last:
                 run_validation(t)
                 ran_check = True
-            if ran_check:
-                self.agree_on_stop()
             self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
                                                loss=loss)
+            if ran_check:  # after on_train_batch_end: a stop a callback asks for there counts
+                self.agree_on_stop()
             if t.max_steps is not None and t.global_step >= t.max_steps:
                 stopped_early = state["batch"] < self.num_batches
                 break

@@ -259,6 +259,13 @@ def _translate(given: dict[str, Any]
         if g[argument] != accepted:
             raise refuse("Trainer", argument, g[argument], instead)
     callbacks = _as_list(g["callbacks"])
+    if g["enable_progress_bar"] is False:
+        from ptrain.lightning._callbacks.progress import ProgressBar
+
+        bars = [type(c).__name__ for c in callbacks if isinstance(c, ProgressBar)]
+        if bars:
+            raise ConfigError(f"Trainer(enable_progress_bar=False) contradicts the {bars[0]} in "
+                              f"callbacks: remove one of them (as Lightning refuses too).")
     for argument, name in (("enable_checkpointing", "checkpoint"),
                            ("enable_progress_bar", "progress-bar"),
                            ("enable_model_summary", "model-summary")):
@@ -273,8 +280,9 @@ def _translate(given: dict[str, Any]
     chosen = select(g)
     callbacks.extend(chosen.callbacks)
     root = g["default_root_dir"]
-    if loggers and hasattr(loggers[0], "root_dir"):
-        root = loggers[0].root_dir
+    logger_root = getattr(loggers[0], "root_dir", None) if loggers else None
+    if logger_root is not None:
+        root = logger_root
     else:
         root = str(Path(root if root is not None else ".") / "lightning_logs")
     strategy, devices = chosen.strategy, chosen.devices

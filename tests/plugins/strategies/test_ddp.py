@@ -503,6 +503,20 @@ def test_a_stop_asked_by_one_rank_is_agreed_by_all(make_trainer):
 
 
 @pytest.mark.slow
+def test_a_stop_asked_in_on_train_batch_end_by_one_rank_is_agreed_by_all(make_trainer):
+    """Only rank 1 sets ``should_stop``, in ``on_train_batch_end`` at step 3; with a check point
+    every step, both ranks stop after that batch."""
+    trainer = make_trainer(strategy="ddp", devices=WORLD, accelerator="cpu", max_epochs=5,
+                           log_every_n_steps=1,
+                           callbacks=[StopOnOneRank(rank=1, step=3), *QUIET],
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    start = time.monotonic()
+    trainer.fit(TinyRegressor(n=64, batch_size=8))
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    assert trainer.global_step == 3
+
+
+@pytest.mark.slow
 def test_a_nan_loss_on_one_rank_ends_the_job_with_its_error(make_trainer):
     """Rank 1's loss is NaN at batch 1; its NaN gradients reach rank 0 through the all-reduce,
     so rank 0's loss is NaN from batch 2. Both ranks stop at the epoch's check point, and the
