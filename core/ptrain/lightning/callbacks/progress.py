@@ -8,7 +8,7 @@ from typing import Any
 from ptrain.builtins.progress import ProgressBar as _Display
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
-from ptrain.lightning._callbacks._plugin_callback import PluginCallback
+from ptrain.lightning.callbacks._plugin_callback import PluginCallback
 from ptrain.lightning._common import refuse
 
 

@@ -9,7 +9,7 @@ from ptrain_finders import BatchSizeFinder as _Finder
 
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
-from ptrain.lightning._callbacks._module_attribute import set_found_value
+from ptrain.lightning.callbacks._module_attribute import set_found_value
 
 
 class BatchSizeFinder(_Finder):

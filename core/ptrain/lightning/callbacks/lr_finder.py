@@ -10,7 +10,7 @@ from typing import Any
 from ptrain_finders import LRFinder as _Finder
 
 from ptrain.hookspecs import hookimpl
-from ptrain.lightning._callbacks._module_attribute import set_found_value
+from ptrain.lightning.callbacks._module_attribute import set_found_value
 from ptrain.lightning._common import refuse
 
 

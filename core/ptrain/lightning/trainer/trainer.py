@@ -1,4 +1,5 @@
-"""``lightning.pytorch.Trainer``'s signature over :class:`ptrain.Trainer`."""
+"""``lightning.pytorch.trainer.trainer``: ``Trainer``, Lightning's signature over
+:class:`ptrain.Trainer`."""
 
 from __future__ import annotations
 
@@ -15,11 +16,6 @@ from ptrain.lightning._common import refuse
 from ptrain.lightning._selection import select
 from ptrain.module import DataModule
 from ptrain.trainer import Trainer as _Trainer
-
-#: Lightning's submodules of this one (``trainer.states``, ``trainer.trainer``) are in
-#: ``_trainer/``: a module with a ``__path__`` has submodules, as a package does
-__path__ = [str(Path(__file__).with_name("_trainer"))]
-
 
 class Trainer(_Trainer):
     """Lightning's ``Trainer(...)``: each argument keeps its Lightning meaning and becomes a
@@ -260,7 +256,7 @@ def _translate(given: dict[str, Any]
             raise refuse("Trainer", argument, g[argument], instead)
     callbacks = _as_list(g["callbacks"])
     if g["enable_progress_bar"] is False:
-        from ptrain.lightning._callbacks.progress import ProgressBar
+        from ptrain.lightning.callbacks.progress import ProgressBar
 
         bars = [type(c).__name__ for c in callbacks if isinstance(c, ProgressBar)]
         if bars:

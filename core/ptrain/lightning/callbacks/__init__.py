@@ -3,46 +3,41 @@
 Each takes Lightning's arguments; an argument whose Lightning meaning ptrain does not have is
 refused with a message (never ignored). Most are callbacks written with Lightning's method names
 (ptrain calls those where Lightning does); the others are ptrain plugins with Lightning's
-arguments (``ModelCheckpoint``, ``ModelSummary``, the progress bars, the finders). Lightning's
-submodules (``callbacks.progress``, ``callbacks.finetuning``, ...) are in ``_callbacks/``.
+arguments (``ModelCheckpoint``, ``ModelSummary``, the progress bars, the finders), each in the
+submodule of Lightning's name (``callbacks.progress``, ``callbacks.finetuning``, ...).
 ``EarlyStopping``, ``LearningRateMonitor``, ``BatchSizeFinder`` and ``LearningRateFinder`` come
 from the ``ptrain-early-stopping``, ``ptrain-lr-monitor`` and ``ptrain-finders`` distributions.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ptrain.builtins.checkpoint import ModelCheckpoint as _Checkpoint
 from ptrain.hook_methods import Callback
 from ptrain.lightning._common import from_distribution, refuse, refuse_unless
 
-#: Lightning's submodules of this one are in ``_callbacks/``: a module with a ``__path__`` has
-#: submodules, as a package does
-__path__ = [str(Path(__file__).with_name("_callbacks"))]
-
-from ptrain.lightning.callbacks.checkpoint import Checkpoint  # noqa: E402
-from ptrain.lightning.callbacks.device_stats_monitor import DeviceStatsMonitor  # noqa: E402
-from ptrain.lightning.callbacks.finetuning import (  # noqa: E402
+from ptrain.lightning.callbacks.checkpoint import Checkpoint
+from ptrain.lightning.callbacks.device_stats_monitor import DeviceStatsMonitor
+from ptrain.lightning.callbacks.finetuning import (
     BackboneFinetuning, BaseFinetuning)
-from ptrain.lightning.callbacks.gradient_accumulation_scheduler import (  # noqa: E402
+from ptrain.lightning.callbacks.gradient_accumulation_scheduler import (
     GradientAccumulationScheduler)
-from ptrain.lightning.callbacks.lambda_function import LambdaCallback  # noqa: E402
-from ptrain.lightning.callbacks.model_summary import ModelSummary  # noqa: E402
-from ptrain.lightning.callbacks.on_exception_checkpoint import (  # noqa: E402
+from ptrain.lightning.callbacks.lambda_function import LambdaCallback
+from ptrain.lightning.callbacks.model_summary import ModelSummary
+from ptrain.lightning.callbacks.on_exception_checkpoint import (
     OnExceptionCheckpoint)
-from ptrain.lightning.callbacks.prediction_writer import BasePredictionWriter  # noqa: E402
-from ptrain.lightning.callbacks.progress import (  # noqa: E402
+from ptrain.lightning.callbacks.prediction_writer import BasePredictionWriter
+from ptrain.lightning.callbacks.progress import (
     ProgressBar, RichProgressBar, TQDMProgressBar)
-from ptrain.lightning.callbacks.pruning import ModelPruning  # noqa: E402
-from ptrain.lightning.callbacks.rich_model_summary import RichModelSummary  # noqa: E402
-from ptrain.lightning.callbacks.spike import SpikeDetection  # noqa: E402
-from ptrain.lightning.callbacks.stochastic_weight_avg import (  # noqa: E402
+from ptrain.lightning.callbacks.pruning import ModelPruning
+from ptrain.lightning.callbacks.rich_model_summary import RichModelSummary
+from ptrain.lightning.callbacks.spike import SpikeDetection
+from ptrain.lightning.callbacks.stochastic_weight_avg import (
     StochasticWeightAveraging)
-from ptrain.lightning.callbacks.throughput_monitor import ThroughputMonitor  # noqa: E402
-from ptrain.lightning.callbacks.timer import Timer  # noqa: E402
-from ptrain.lightning.callbacks.weight_averaging import (  # noqa: E402
+from ptrain.lightning.callbacks.throughput_monitor import ThroughputMonitor
+from ptrain.lightning.callbacks.timer import Timer
+from ptrain.lightning.callbacks.weight_averaging import (
     EMAWeightAveraging, WeightAveraging)
 
 

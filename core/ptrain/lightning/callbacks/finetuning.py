@@ -12,7 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ptrain.errors import ModelError
 from ptrain.hookspecs import hookimpl
-from ptrain.lightning._callbacks._plugin_callback import PluginCallback
+from ptrain.lightning.callbacks._plugin_callback import PluginCallback
 from ptrain.selection import object_name
 
 log = logging.getLogger(__name__)
