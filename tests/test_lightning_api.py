@@ -400,3 +400,54 @@ def test_a_progress_bar_callback_with_the_progress_bar_off_is_refused():
 
     with pytest.raises(ptrain.ConfigError, match="enable_progress_bar=False.*TQDMProgressBar"):
         pl.Trainer(enable_progress_bar=False, callbacks=[TQDMProgressBar()])
+
+
+def test_validation_step_none_or_missing_runs_no_validation(tmp_path):
+    class Watched(TinyRegressor):
+        def __init__(self):
+            super().__init__()
+            self.validated = 0
+
+        def on_validation_start(self):
+            self.validated += 1
+
+    module = Watched()
+    module.validation_step = None  # Lightning's way to switch validation off
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, **QUIET)
+    trainer.fit(module)
+    assert module.validated == 0 and trainer.global_step > 0
+    with pytest.raises(ptrain.ModelError, match="has no validation_step"):
+        trainer.validate(module)
+
+
+def test_several_early_stopping_callbacks_each_take_part(tmp_path):
+    from ptrain.lightning.callbacks import EarlyStopping
+
+    patient = EarlyStopping(monitor="val_loss", patience=100)
+    eager = EarlyStopping(monitor="val_loss", patience=0, stopping_threshold=1e9)
+    trainer = pl.Trainer(max_epochs=5, logger=False, enable_checkpointing=False,
+                         callbacks=[patient, eager], **QUIET)
+    trainer.fit(TinyRegressor())
+    assert trainer.early_stopping_callbacks == [patient, eager]
+    assert trainer.current_epoch == 1  # the second one stopped the run after one epoch
+
+
+def test_model_checkpoint_takes_one_trigger_as_lightnings_does():
+    with pytest.raises(ptrain.ConfigError, match="every_n_train_steps=2, every_n_epochs=1"):
+        ModelCheckpoint(every_n_train_steps=2, every_n_epochs=1)
+    timed = ModelCheckpoint(train_time_interval=60)
+    assert (timed.every_n_epochs, timed.every_n_train_steps) == (0, 0)
+
+
+def test_early_stopping_says_why_with_lightnings_attributes():
+    from ptrain.lightning.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+
+    never = EarlyStopping(monitor="val_loss", patience=100)
+    at_once = EarlyStopping(monitor="val_loss", stopping_threshold=1e9)
+    assert never.stopped_epoch == 0 and never.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+    assert float(never.best_score) == float("inf")
+    pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False,
+               callbacks=[never, at_once], **QUIET).fit(TinyRegressor())
+    assert at_once.stopping_reason is EarlyStoppingReason.STOPPING_THRESHOLD
+    assert "stopping threshold" in at_once.stopping_reason_message
+    assert never.wait_count == 0 and float(never.best_score) == never.best

@@ -259,9 +259,11 @@ class HyperParametersMixin:
         is constructing ``self``; a subclass's ``__init__`` calling ``super().__init__`` counts
         as the outermost one."""
         found: dict[str, Any] = {}
+        inside = False
         while frame is not None:
             code = frame.f_code
             if code.co_name == "__init__" and frame.f_locals.get("self") is self:
+                inside = True
                 names = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
                 local = frame.f_locals
                 values = {n: local[n] for n in names if n in local}
@@ -272,7 +274,7 @@ class HyperParametersMixin:
                                                                     & inspect.CO_VARARGS)], {}))
                 found = {**found, **values}  # the outermost __init__ decides a shared name
             frame = frame.f_back
-        if not found:
+        if not inside:
             raise ModelError(f"{type(self).__qualname__}.save_hyperparameters() must be called "
                              f"inside __init__ (it reads the init arguments); elsewhere pass a "
                              f"dict.")

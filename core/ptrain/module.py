@@ -117,6 +117,9 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement training_step")
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """One validation batch: log the metrics to watch (``self.log``). Without it (or with
+        ``model.validation_step = None``) ``fit`` runs no validation and ``validate`` is an
+        error, as in Lightning."""
         return None
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:

@@ -7,6 +7,7 @@ accelerators), so a broken plugin never breaks a run that does not select it.
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 import warnings
 from dataclasses import dataclass
@@ -146,6 +147,12 @@ def select_plugins(
             selected.append(plugin)
         else:
             name = object_name(entry)
+            # several callback objects of one kind (two EarlyStopping, as Lightning allows):
+            # the later ones are registered as NAME-2, NAME-3, ...
+            taken = {p.name for p in selected if p.info is None and p.kind == "callback"}
+            if name in taken:
+                name = next(f"{name}-{n}" for n in itertools.count(2)
+                            if f"{name}-{n}" not in taken)
             selected.append(SelectedPlugin("callback", name, entry, None, OptionGroup(name)))
     seen: dict[str, SelectedPlugin] = {}
     for plugin in selected:

@@ -25,7 +25,8 @@ class StepModule(nn.Module):
         self.module = module
         # plain attributes: reading them per step skips nn.Module.__getattr__
         self.__dict__["_steps"] = {stage: _step_caller(getattr(module, method))
-                                   for stage, method in STEP_METHODS.items()}
+                                   for stage, method in STEP_METHODS.items()
+                                   if getattr(module, method, None) is not None}
 
     def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
         return self._steps[stage](batch, batch_idx)

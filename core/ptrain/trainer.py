@@ -558,7 +558,10 @@ class Trainer:
                 _check_optimized_parameters(module, setup)
                 self._wrap_optimizers(setup)
             for loader_stage in _STAGE_LOADERS[stage]:
-                setattr(self, _LOADER_ATTRIBUTES[loader_stage], self._dataloader(loader_stage))
+                skipped = loader_stage == "validate" and not implements(module,
+                                                                        "validation_step")
+                setattr(self, _LOADER_ATTRIBUTES[loader_stage],
+                        None if skipped else self._dataloader(loader_stage))
             main_loader = _STAGE_LOADERS[stage][0]
             if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None:
                 method = _LOADER_METHODS[main_loader]
@@ -884,23 +887,32 @@ def _check_optimized_parameters(module: TrainModule, setup: OptimizerSetup) -> N
                 f"submodules), not from a copy or another model.")
 
 
+def implements(module: TrainModule, method: str) -> bool:
+    """Whether ``module`` has its own ``method`` (a step method or hook): overridden in its
+    class or set on the instance. Set to ``None`` on the instance, it has none (Lightning's
+    way to switch a step off: ``model.validation_step = None``)."""
+    if getattr(module, method, None) is None:
+        return False
+    return method in vars(module) or getattr(type(module), method) is not \
+        getattr(TrainModule, method)
+
+
 def _check_stage_methods(stage: str, module: TrainModule) -> None:
     """A stage whose step the module does not implement is a usage error before anything
-    starts (``validation_step`` has a do-nothing default, like Lightning's)."""
-    method = _STEP_METHODS.get(stage)
-    if method == "training_step" and type(module).training_step is TrainModule.training_step:
-        raise ModelError(f"{type(module).__qualname__} has no training_step(self, batch, "
-                         f"batch_idx), which fit runs on every batch; implement it (it returns "
-                         f"the loss, see TrainModule.training_step's docstring).")
-    if method == "test_step" and type(module).test_step is TrainModule.test_step:
-        raise ModelError(f"{type(module).__qualname__} has no test_step(self, batch, batch_idx), "
-                         f"which test runs on every batch; implement it (see TrainModule."
-                         f"test_step's docstring for what it returns).")
-    if method == "predict_step" and type(module).predict_step is TrainModule.predict_step \
-            and type(module).forward is torch.nn.Module.forward:
-        raise ModelError(f"{type(module).__qualname__} has neither predict_step(self, batch, "
-                         f"batch_idx) nor forward, so predict has nothing to run; implement "
-                         f"predict_step (the default returns self(batch)).")
+    starts. (``fit`` runs no validation without a ``validation_step``, as Lightning.)"""
+    method = _STEP_METHODS[stage]
+    name = type(module).__qualname__
+    if method == "predict_step":
+        if getattr(module, "predict_step", None) is None or (
+                not implements(module, "predict_step")
+                and type(module).forward is torch.nn.Module.forward):
+            raise ModelError(f"{name} has neither predict_step(self, batch, batch_idx) nor "
+                             f"forward, so predict has nothing to run; implement predict_step "
+                             f"(the default returns self(batch)).")
+    elif not implements(module, method):
+        raise ModelError(f"{name} has no {method}(self, batch, batch_idx), which {stage} runs on "
+                         f"every batch; implement it (see TrainModule.{method}'s docstring for "
+                         f"what it returns).")
 
 
 @contextlib.contextmanager

@@ -17,4 +17,8 @@ from ptrain.module import DataModule as LightningDataModule
 from ptrain.module import TrainModule as LightningModule
 from ptrain.trainer import seed_everything
 
+#: The version of Lightning's API this layer follows, for programs and libraries that check
+#: ``lightning.pytorch.__version__`` before using a feature; ptrain's own is ``ptrain.__version__``.
+__version__ = "2.6.6"
+
 __all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptrain.builtins.checkpoint import ModelCheckpoint as _Checkpoint
+from ptrain.errors import ConfigError
 from ptrain.hook_methods import Callback
 from ptrain.lightning._common import from_distribution, refuse, refuse_unless
 
@@ -65,11 +66,24 @@ class ModelCheckpoint(_Checkpoint):
         if save_last == "link":
             raise refuse("ModelCheckpoint", "save_last", save_last,
                          "last.ckpt is written as a file; use save_last=True")
-        if every_n_train_steps and every_n_epochs is None:
-            every_n_epochs = 0  # Lightning: a step interval alone turns epoch saving off
+        # Lightning's triggers: one of them (each epoch when none is given); ptrain's own
+        # callback can combine them (ptrain.builtins.checkpoint.ModelCheckpoint)
+        if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
+            every_n_epochs, every_n_train_steps = 1, 0
+        every_n_epochs, every_n_train_steps = every_n_epochs or 0, every_n_train_steps or 0
+        given = [f"{name}={value!r}" for name, value, on in (
+            ("every_n_train_steps", every_n_train_steps, every_n_train_steps > 0),
+            ("every_n_epochs", every_n_epochs, every_n_epochs > 0),
+            ("train_time_interval", train_time_interval, train_time_interval is not None))
+            if on]
+        if len(given) > 1:
+            raise ConfigError(
+                f"ModelCheckpoint({', '.join(given)}): Lightning's ModelCheckpoint takes one of "
+                f"these triggers, not several; give one (ptrain's own "
+                f"ptrain.builtins.checkpoint.ModelCheckpoint combines them).")
         super().__init__(filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
-                         save_last=bool(save_last), every_n_epochs=1 if every_n_epochs is None
-                         else every_n_epochs, every_n_train_steps=every_n_train_steps or 0,
+                         save_last=bool(save_last), every_n_epochs=every_n_epochs,
+                         every_n_train_steps=every_n_train_steps,
                          train_time_interval=train_time_interval,
                          save_on_train_epoch_end=save_on_train_epoch_end,
                          auto_insert_metric_name=auto_insert_metric_name, dirpath=dirpath,
@@ -82,7 +96,7 @@ def __getattr__(name: str) -> Any:
 
 
 _FROM_DISTRIBUTIONS = {
-    "EarlyStopping": ("ptrain-early-stopping", "ptrain.lightning._early_stopping",
+    "EarlyStopping": ("ptrain-early-stopping", "ptrain.lightning.callbacks.early_stopping",
                       "EarlyStopping"),
     "LearningRateMonitor": ("ptrain-lr-monitor", "ptrain_lr_monitor", "LearningRateMonitor"),
     "BatchSizeFinder": ("ptrain-finders", "ptrain.lightning.callbacks.batch_size_finder",

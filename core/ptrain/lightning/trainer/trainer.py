@@ -162,11 +162,29 @@ class Trainer(_Trainer):
 
     @property
     def checkpoint_callback(self) -> Any:
-        return self.plugins.get("checkpoint")
+        """The first of :attr:`checkpoint_callbacks`, or ``None``."""
+        return next(iter(self.checkpoint_callbacks), None)
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]:
+        """The run's checkpoint callbacks (``ModelCheckpoint`` and its kind), in order."""
+        from ptrain.builtins.checkpoint import ModelCheckpoint
+
+        return [p for p in self.plugins.values() if isinstance(p, ModelCheckpoint)]
 
     @property
     def early_stopping_callback(self) -> Any:
-        return self.plugins.get("early-stopping")
+        """The first of :attr:`early_stopping_callbacks`, or ``None``."""
+        return next(iter(self.early_stopping_callbacks), None)
+
+    @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        """The run's ``EarlyStopping`` callbacks, in order."""
+        try:
+            from ptrain_early_stopping import EarlyStopping
+        except ImportError:  # the distribution is not installed: there can be none
+            return []
+        return [p for p in self.plugins.values() if isinstance(p, EarlyStopping)]
 
     @property
     def training(self) -> bool:

@@ -30,8 +30,9 @@ class EarlyStopping:
                  strict: bool = True, check_finite: bool = True,
                  stopping_threshold: float | None = None,
                  divergence_threshold: float | None = None, check_on: str = "auto"):
-        if patience < 1:
-            raise ConfigError(f"early-stopping patience must be at least 1, got {patience}.")
+        if patience < 0:
+            raise ConfigError(f"early-stopping patience must be at least 0 (0: stop at the first "
+                              f"check without improvement), got {patience}.")
         self.monitor, self.mode = monitor, mode
         self.min_delta, self.patience = abs(min_delta), patience
         self.strict, self.check_finite = strict, check_finite
@@ -44,6 +45,10 @@ class EarlyStopping:
         self.best_step: int | None = None
         self.stopped_epoch: int | None = None
         self.reason: str | None = None
+        #: why it stopped, as a word: "non_finite", "stopping_threshold",
+        #: "divergence_threshold", "patience"; None while it has not
+        self.reason_kind: str | None = None
+        self._last_epoch: int | None = None
         self._checks_after_validation = True
         self._warned_missing = False
 
@@ -77,7 +82,7 @@ class EarlyStopping:
         validates = trainer.val_dataloader is not None and trainer.limit_val_batches != 0
         self._checks_after_validation = (self.check_on == "validation" or
                                          (self.check_on == "auto" and validates))
-        self._last_epoch: int | None = None  # the index of the last epoch that ended
+        self._last_epoch = None  # the index of the last epoch that ended
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
@@ -113,16 +118,16 @@ class EarlyStopping:
                 self._warned_missing = True
             return
         value = float(metrics[self.monitor])
-        reason = None
+        reason = kind = None
         if self.check_finite and not math.isfinite(value):
-            reason = f"{self.monitor} = {value} is not finite"
+            reason, kind = f"{self.monitor} = {value} is not finite", "non_finite"
         elif self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
-            reason = (f"{self.monitor} = {value:.6g} reached the stopping threshold "
-                      f"{self.stopping_threshold:g}")
+            reason, kind = (f"{self.monitor} = {value:.6g} reached the stopping threshold "
+                            f"{self.stopping_threshold:g}"), "stopping_threshold"
         elif (self.divergence_threshold is not None
               and self._better(self.divergence_threshold, value)):
-            reason = (f"{self.monitor} = {value:.6g} diverged past the threshold "
-                      f"{self.divergence_threshold:g}")
+            reason, kind = (f"{self.monitor} = {value:.6g} diverged past the threshold "
+                            f"{self.divergence_threshold:g}"), "divergence_threshold"
         if math.isfinite(value) and (self.best is None or self._better(
                 value, self.best - self.min_delta if self.mode == "min"
                 else self.best + self.min_delta)):
@@ -132,10 +137,11 @@ class EarlyStopping:
         elif reason is None:
             self.wait += 1
             if self.wait >= self.patience:
-                reason = (f"{self.monitor} did not improve by more than {self.min_delta:g} in "
-                          f"{self.wait} checks")
+                reason, kind = (f"{self.monitor} did not improve by more than "
+                                f"{self.min_delta:g} in {self.wait} checks"), "patience"
         if reason is not None and self.reason is None:
             self.reason, self.stopped_epoch = reason, trainer.current_epoch
+            self.reason_kind = kind
             trainer.should_stop = True
             if trainer.is_global_zero:
                 log.info("early stopping asked at epoch %d: %s", trainer.current_epoch, reason)
@@ -165,7 +171,8 @@ class EarlyStopping:
     def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor, "mode": self.mode, "wait": self.wait,
                 "best": self.best, "best_epoch": self.best_epoch, "best_step": self.best_step,
-                "stopped_epoch": self.stopped_epoch, "reason": self.reason}
+                "stopped_epoch": self.stopped_epoch, "reason": self.reason,
+                "reason_kind": self.reason_kind}
 
     @hookimpl
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -174,3 +181,4 @@ class EarlyStopping:
         self.wait, self.best = state["wait"], state["best"]
         self.best_epoch, self.best_step = state["best_epoch"], state["best_step"]
         self.stopped_epoch, self.reason = state["stopped_epoch"], state["reason"]
+        self.reason_kind = state.get("reason_kind")
