@@ -6,6 +6,9 @@ folder read directly and consolidated with ``ptrain-consolidate``); the files ar
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import ptrain
-from ptrain.checkpoint_io import safe_load
+from ptrain.checkpoint_io import atomic_save, safe_load
 from ptrain.errors import CheckpointError, ConfigError
 from ptrain.export import DCP_INDEX, SHARDED_META, export_safetensors, read_metadata, untie
 from tests._cli_util import assert_ok, assert_usage_error
@@ -219,3 +222,41 @@ def test_a_folder_that_dcp_cannot_read_says_to_consolidate(tmp_path):
     assert "could not be read" in message
     assert f"ptrain-consolidate {folder} " in message and "ptrain export" in message
     assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_a_sharded_folder_with_changed_bytes_is_refused_and_nothing_written(fsdp_run, tmp_path):
+    folder, _, _ = fsdp_run
+    damaged = tmp_path / "damaged.ckpt"
+    shutil.copytree(folder, damaged)
+    shard = next(p for p in sorted(damaged.iterdir()) if p.name.startswith("__0_"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    out = tmp_path / "m.safetensors"
+    result = run_cli("export", str(damaged), "--output", str(out), cwd=REPO)
+    assert_usage_error(result, "failed its integrity check", shard.name, "Nothing was exported")
+    assert not out.exists()
+
+
+def test_force_refuses_to_replace_what_is_not_a_regular_file(single, tmp_path):
+    checkpoint, _, _ = single
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file.*nothing was written"):
+        export_safetensors(checkpoint, fifo, force=True)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_written_files_take_the_umask_not_0600(single, tmp_path):
+    checkpoint, _, _ = single
+    previous = os.umask(0o027)
+    try:
+        out = tmp_path / "m.safetensors"
+        export_safetensors(checkpoint, out)
+        saved = tmp_path / "copy.ckpt"
+        atomic_save(safe_load(checkpoint), saved)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o640

@@ -35,6 +35,23 @@ _UNSUPPORTED_OPERAND = re.compile(r"Unsupported operand \d+")
 FORMAT_VERSION = 1
 
 
+def new_file_mode() -> int:
+    """The permissions a new file gets under this process's umask (``0o666 & ~umask``):
+    ``tempfile.mkstemp`` makes its files ``0o600``, so a file written through one is set to this
+    before it is renamed into place, as any file the user's tools write. The umask is read from
+    ``/proc/self/status`` where there is one (setting it to read it back is not thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     """Write to a temporary file in the same folder, fsync it, rename it over ``path`` and fsync
     the folder: a crash at any point leaves either the old file or the new one, never a mix. A
@@ -52,6 +69,7 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
             writer = _RecordingWriter(f)
             torch.save(checkpoint, writer)
             f.flush()
+            os.fchmod(f.fileno(), new_file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
@@ -236,6 +254,10 @@ def file_crc32(path: str | Path) -> int:
         while chunk := f.read(1 << 20):
             crc = zlib.crc32(chunk, crc)
     return crc
+
+
+#: The key, in a sharded checkpoint folder's ``meta.pt``, of the CRC-32 of each of its files.
+FOLDER_CHECKSUMS = "file_checksums"
 
 
 def folder_damage(folder: str | Path, checksums: dict[str, int] | None) -> str | None:

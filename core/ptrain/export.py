@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ptrain.checkpoint_io import safe_load
+from ptrain.checkpoint_io import FOLDER_CHECKSUMS, folder_damage, new_file_mode, safe_load
 from ptrain.errors import CheckpointError, ConfigError
 
 #: Inside a sharded checkpoint folder: the DCP index, and the file holding everything of the
@@ -78,6 +79,13 @@ def _read_sharded(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             f"{DCP_INDEX} file of torch.distributed.checkpoint). Give a .ckpt file, or the "
             f"checkpoint folder a sharding strategy wrote (runs/version_N/checkpoints/last.ckpt).")
     meta = safe_load(folder / SHARDED_META) if (folder / SHARDED_META).is_file() else {}
+    damage = folder_damage(folder, meta.pop(FOLDER_CHECKSUMS, None))
+    if damage is not None:  # the check fit and ptrain-consolidate make before reading
+        raise CheckpointError(
+            f"sharded checkpoint {str(folder)!r} failed its integrity check: {damage}, so it "
+            f"was changed or damaged since (a failing disk, an interrupted copy, an edit). "
+            f"Nothing was exported. Export another checkpoint, e.g. an earlier one of the same "
+            f"run folder.")
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -163,6 +171,10 @@ def check_output(output: Path, checkpoint: Path | None, force: bool) -> None:
     if output.exists() and output.is_dir():
         raise ConfigError(f"the output {str(output)!r} is a folder; give a file path such as "
                           f"{str(output / 'model.safetensors')!r}.")
+    if output.exists() and not stat.S_ISREG(output.stat().st_mode):
+        raise ConfigError(f"the output {str(output)!r} is not a regular file (a device, a pipe "
+                          f"or a socket), which the export would replace, --force or not; "
+                          f"nothing was written. Give the path of a file.")
     if checkpoint is not None and output.exists() and output.resolve() == checkpoint.resolve():
         raise ConfigError(f"the output {str(output)!r} is the checkpoint being exported; give "
                           f"another path, such as {str(output.with_suffix('.safetensors'))!r}.")
@@ -219,6 +231,7 @@ def write_weights(state: dict[str, Any], output: str | Path, info: dict[str, Any
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ptrain.checkpoint_io import new_file_mode
 from ptrain.errors import ModelError
 
 
@@ -25,6 +26,7 @@ def fetch(url: str, destination: Path, timeout: float = 60.0) -> None:
     address is a :class:`DataUnavailableError`."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=f".{destination.name}.", dir=destination.parent)
+    os.fchmod(handle, new_file_mode())  # mkstemp's 0600 would outlive the rename
     try:
         with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as got:
             while chunk := got.read(1 << 20):

@@ -36,10 +36,11 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError
-from ptrain.checkpoint_io import atomic_save, file_crc32, folder_damage, safe_load, write_failed
+from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, file_crc32, folder_damage,
+                                  safe_load, write_failed)
 
 #: the folder's file of everything but the shards, and its key for the CRC-32 of every other file
-META, CHECKSUMS = "meta.pt", "file_checksums"
+META, CHECKSUMS = "meta.pt", FOLDER_CHECKSUMS
 
 
 def is_sharded(path: str | Path) -> bool:
