@@ -141,3 +141,19 @@ class RaisesInDataset(Base):
 class RaisesInValidationStep(Base):
     def validation_step(self, batch, batch_idx):
         raise RuntimeError("the user's validation_step failed")
+
+
+class RaisesInSecondEpoch(Base):
+    """Trains epoch 0 (its end writes last.ckpt), then fails in epoch 1."""
+
+    def training_step(self, batch, batch_idx):
+        if self.current_epoch == 1:
+            raise RuntimeError("the user's training_step failed in epoch 1")
+        return super().training_step(batch, batch_idx)
+
+
+class NoValidationData(Base):
+    """A validation_step, but no validation data."""
+
+    def val_dataloader(self):
+        return None

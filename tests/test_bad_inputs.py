@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import ptrain
+
 from conftest import run_cli
 from tests._cli_util import assert_usage_error
 
@@ -45,8 +47,12 @@ MODEL_CASES = {
     "empty-validation-loader": (["fit", "--model", "tests._input_models:EmptyValidation"],
                                 ["EmptyValidation.val_dataloader() gives no batches",
                                  "--limit-val-batches 0"]),
-    "validate-without-validation": (["validate", "--model", "tests._input_models:NoTrainingStep"],
+    "validate-without-validation": (["validate", "--model",
+                                     "tests._input_models:NoValidationData"],
                                     ["has no validation data", "val_dataloader()"]),
+    "validate-without-validation-step": (["validate", "--model",
+                                          "tests._input_models:NoTrainingStep"],
+                                         ["has no validation_step(self, batch, batch_idx)"]),
 }
 BASE = ["fit", "--model", "tests._input_models:Base"]
 FLAG_CASES = {
@@ -66,6 +72,8 @@ USER_ERRORS = {
     "in-dataset": ("RaisesInDataset", "KeyError in __getitem__ (_input_models.py:"),
     "in-validation-step": ("RaisesInValidationStep",
                            "RuntimeError in validation_step (_input_models.py:"),
+    "in-second-epoch": ("RaisesInSecondEpoch",
+                        "RuntimeError in training_step (_input_models.py:"),
 }
 
 
@@ -77,7 +85,7 @@ def results(tmp_path_factory):
              for name, (argv, _) in {**MODEL_CASES, **FLAG_CASES}.items()}
     for name, (cls, _) in USER_ERRORS.items():
         argvs[name] = ["fit", "--model", f"tests._input_models:{cls}", *COMMON, "--max-epochs",
-                       "1", "--default-root-dir", str(root)]
+                       "2", "--default-root-dir", str(root / name)]
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run_cli, *argv) for name, argv in argvs.items()}
         return {name: future.result() for name, future in futures.items()}
@@ -97,7 +105,12 @@ def test_a_users_exception_is_headed_by_the_function_that_raised(results, name):
     assert result.returncode == 1, result.stderr
     first, *rest = result.stderr.splitlines()
     assert first.startswith("ptrain: your code raised ") and where in first, result.stderr
-    assert "Checkpoints saved so far are intact" in first
+    # only a fit that wrote a checkpoint before failing points to one
+    if name == "in-second-epoch":
+        assert "Checkpoints saved so far are intact: resume with --ckpt-path last (" in first
+        assert "last.ckpt)" in first
+    else:
+        assert "Checkpoints" not in first, first
     assert rest[0] == "Traceback (most recent call last):", result.stderr  # the user's, whole
     assert "_input_models.py" in result.stderr
 
@@ -110,3 +123,29 @@ def test_max_epochs_minus_one_means_no_epoch_limit(tmp_path):
 
     last = torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["loop"]["global_step"] == 9  # 4 batches per epoch: past two epochs
+
+
+class Exploding:
+    """A plugin whose hook raises (as a buggy third-party plugin would)."""
+
+    name = "exploding"
+
+    @ptrain.hookimpl(specname="on_epoch_end")
+    def _end(self, trainer):
+        raise RuntimeError("the plugin's own bug")
+
+
+def test_a_plugins_exception_is_attributed_to_the_plugin_and_its_hook(tmp_path):
+    from ptrain.frames import plugin_origin, user_code_origin
+
+    from tests.conftest import TinyRegressor
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=[Exploding(), "no:progress-bar"])
+    with pytest.raises(RuntimeError) as info:
+        trainer.fit(TinyRegressor())
+    origin = plugin_origin(info.value)
+    assert origin == ("plugin 'exploding' (module tests.test_bad_inputs) raised RuntimeError in "
+                      "its on_epoch_end hook"), origin
+    # a plugin in the user's own files (not an installed package) is the user's code
+    assert user_code_origin(info.value).startswith("_end (test_bad_inputs.py:")

@@ -593,33 +593,33 @@ def _main(argv: list[str]) -> int:
         print("ptrain: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # the traceback follows; say first whose code raised
-        where = _raised_in_user_code(exc)
-        if where is not None and not getattr(exc, "ptrain_reported_to_launcher", False):
-            print(f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback "
-                  f"follows. Checkpoints saved so far are intact (resume with --ckpt-path "
-                  f"last).", file=sys.stderr, flush=True)
+        if not getattr(exc, "ptrain_reported_to_launcher", False):
+            header = _error_header(exc)
+            if header is not None:
+                print(header, file=sys.stderr, flush=True)
         raise
 
 
-def _raised_in_user_code(exc: BaseException) -> str | None:
-    """``"validation_step (model.py:41)"`` when the innermost frame of ``exc``'s traceback
-    outside torch, pluggy and the standard library is the user's code (not ptrain's or a
-    plugin's, whose errors are bugs), else ``None``."""
-    from ptrain.frames import is_library_frame
+def _error_header(exc: BaseException) -> str | None:
+    """The line above the traceback of an exception that is not ptrain's own error: whose code
+    raised it (the user's, or a plugin's hook), and the checkpoint to resume from when the
+    failed fit wrote one."""
+    from ptrain.frames import fit_checkpoint, plugin_origin, user_code_origin
 
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    for frame, line in reversed(frames):
-        if is_library_frame(frame):
-            continue
-        root = frame.f_globals.get("__name__", "").split(".")[0]
-        if root == "ptrain" or root.startswith("ptrain_"):
+    where = user_code_origin(exc)
+    if where is not None:
+        header = f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback follows."
+    else:
+        plugin = plugin_origin(exc)
+        if plugin is None:
             return None
-        return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{line})"
-    return None
+        header = (f"ptrain: {plugin}; its traceback follows. That is the plugin's bug: report it "
+                  f"to its authors, or run without it.")
+    checkpoint = fit_checkpoint(exc)
+    if checkpoint is not None:
+        header += (f" Checkpoints saved so far are intact: resume with --ckpt-path last "
+                   f"({checkpoint}).")
+    return header
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Telling the user's code from the libraries' in a stack: for messages that name where
-something happened (the rank watch's heartbeat, the CLI's line above a user's traceback)."""
+"""Telling the user's code from the libraries' and the plugins' in a stack: for messages that
+name where something happened (the rank watch's heartbeat, the CLI's line above a traceback:
+the user's code, a plugin's hook, and whether a checkpoint of the failed fit exists)."""
 
 from __future__ import annotations
 
 import sysconfig
+from pathlib import Path
 from typing import Any
 
 #: Frames of these packages, and of the standard library, are not the user's code: the code
@@ -20,4 +22,108 @@ def is_library_frame(frame: Any) -> bool:
             or file.startswith("<frozen"))
 
 
-__all__ = ["is_library_frame"]
+def _tb_frames(exc: BaseException) -> list[tuple[Any, int]]:
+    """The frames of ``exc``'s traceback with their line numbers, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def _root(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "").split(".")[0]
+
+
+def _is_ptrains(frame: Any) -> bool:
+    root = _root(frame)
+    return root == "ptrain" or root.startswith("ptrain_")
+
+
+def _is_installed(frame: Any) -> bool:
+    """Code of an installed package (site-packages), not a file of the user's project."""
+    file = frame.f_code.co_filename
+    return "site-packages" in file or "dist-packages" in file
+
+
+def user_code_origin(exc: BaseException) -> str | None:
+    """``"validation_step (model.py:41)"`` when the innermost frame of ``exc``'s traceback that
+    is neither a library's (torch, pluggy, the standard library, any installed package) nor
+    ptrain's is the user's code, and no ptrain frame is nearer the error (then the error came
+    from ptrain, or through it from a plugin, whatever library raised it); else ``None``."""
+    for frame, line in reversed(_tb_frames(exc)):
+        if _is_ptrains(frame):
+            return None
+        if is_library_frame(frame) or _is_installed(frame):
+            continue
+        return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{line})"
+    return None
+
+
+#: ptrain's modules whose code calls a plugin's hook implementations (besides pluggy's)
+_HOOK_CALLERS = ("ptrain.hook_calls", "ptrain.loading")
+
+
+def _calls_hooks(module: str) -> bool:
+    return module.split(".")[0] == "pluggy" or module in _HOOK_CALLERS
+
+
+def plugin_origin(exc: BaseException) -> str | None:
+    """``"plugin 'NAME' (DISTRIBUTION VERSION) raised TYPE in its HOOK hook"`` when ``exc`` came
+    out of a plugin's hook implementation (the innermost frame called by pluggy or ptrain's hook
+    callers that is not ptrain's core), else ``None``."""
+    from ptrain.loading import IMPL_MARK
+
+    found = None
+    previous = ""
+    for frame, _ in _tb_frames(exc):
+        module = frame.f_globals.get("__name__", "")
+        if _calls_hooks(previous) and not _calls_hooks(module) \
+                and module != "ptrain.hook_methods":  # a Lightning-style method: user code
+            found = frame
+        previous = module
+    if found is None:
+        return None
+    owner = found.f_locals.get("self")
+    hook = found.f_code.co_name
+    if owner is not None:
+        marker = getattr(getattr(type(owner), hook, None), IMPL_MARK, None) or {}
+        hook = marker.get("specname") or hook
+        from ptrain.selection import object_name
+
+        name = object_name(owner)
+    else:
+        name = found.f_globals.get("__name__", "?")
+    return f"plugin {name!r} ({_distribution(found)}) raised {type(exc).__name__} in its {hook} hook"
+
+
+def _distribution(frame: Any) -> str:
+    """``"NAME VERSION"`` of the installed distribution holding ``frame``'s code."""
+    from importlib import metadata
+
+    root = _root(frame)
+    try:
+        names = metadata.packages_distributions().get(root) or []
+        if names:
+            return f"{names[0]} {metadata.version(names[0])}"
+    except Exception:  # a broken installation must not hide the plugin's error
+        pass
+    return f"module {frame.f_globals.get('__name__', '?')}"
+
+
+def fit_checkpoint(exc: BaseException) -> Path | None:
+    """The resumable checkpoint of the ``fit`` that ``exc`` ended, when one was written before
+    it (``None`` when the error came before any, or outside a fit)."""
+    for frame, _ in _tb_frames(exc):
+        if frame.f_code.co_name == "_run_stage" and frame.f_globals.get("__name__") == \
+                "ptrain.trainer" and frame.f_locals.get("stage") == "fit":
+            trainer = frame.f_locals.get("self")
+            log_dir = getattr(trainer, "log_dir", None)
+            if log_dir is not None:
+                path = trainer.last_checkpoint_path
+                return path if path.exists() else None
+    return None
+
+
+__all__ = ["fit_checkpoint", "is_library_frame", "plugin_origin", "user_code_origin"]
