@@ -181,8 +181,11 @@ def test_key(item) -> str:
 
 def pytest_collectreport(report):
     if report.failed:
+        text = str(report.longrepr)
+        errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
         _write({"event": "collect", "nodeid": report.nodeid,
-                "message": _first_lines(str(report.longrepr), from_end=True)})
+                "message": "\n".join(errors[:3]) if errors else _first_lines(text,
+                                                                               from_end=True)})
 
 
 def pytest_collection_finish(session):

@@ -41,7 +41,9 @@ What is rewritten, and why
     Lightning: conftests are the harness, and those lines import the probes of its autouse
     hygiene fixtures (is XLA present, which signals exist); the rest of a conftest is rewritten
     (its fixtures that fake GPU counts patch ``ptrain.lightning``; ``rank_zero_only`` is reset
-    on ptrain's).
+    on ptrain's), and its list of environment variables a test may leave set, which holds
+    ``PL_GLOBAL_SEED`` (set by ``seed_everything``), also holds ptrain's counterpart,
+    ``PTRAIN_GLOBAL_SEED`` (COUNTERPART_VARIABLES).
 
 Which tests are public-API (decided from the test's source, read with ``ast``)
     A test's source is its function (decorators and parameters included, ``RunIf``/``skipif``
@@ -75,7 +77,9 @@ Which tests are public-API (decided from the test's source, read with ``ast``)
     ptrain is Lightning's wording (``pytest.raises(..., match=...)`` not matching the message of
     the error that was raised, ``pytest.warns`` not seeing Lightning's warning, or
     ``no_warning_call`` seeing one) is counted as *wording*, not public: Lightning's messages are
-    not its API. A different exception type, or no exception, stays a public failure.
+    not its API. A different exception type, no exception, or a match failing on the text of
+    an error Python raised for a bug (``'NoneType' object has no attribute ...``) stays a public
+    failure.
 
     The aim (issue 33): at least 80% of the public-API tests that pass under Lightning pass
     under ptrain.
@@ -171,6 +175,9 @@ PUBLIC_EXTRA = (("trainer", "states"),)
 #: left on Lightning in the rewritten files (see the module docstring)
 KEEP_MODULES = ("lightning.pytorch.utilities.imports",)
 KEEP_FILES = ("tests_pytorch/helpers/runif.py",)
+#: environment variables ptrain sets where Lightning sets the key: the conftest's check for
+#: leaked variables allows the value where it allows the key
+COUNTERPART_VARIABLES = {"PL_GLOBAL_SEED": "PTRAIN_GLOBAL_SEED"}
 #: attributes that reach Lightning's loops
 LOOP_ATTRS = {"fit_loop", "validate_loop", "test_loop", "predict_loop", "epoch_loop",
               "val_loop", "batch_progress", "epoch_progress", "optim_progress",
@@ -185,6 +192,10 @@ GATES = ("RunIf", "pytest.mark.skipif", "pytest.mark.xfail", "_xfail_gloo_window
 WORDING = re.compile(r"^(Regex pattern did not match|DID NOT WARN|Expected no warnings|"
                      r"Did not expect)|Expected to find no warnings|Expected no call",
                      re.IGNORECASE)
+
+#: the text of an error Python raised for a bug, not a message written for the user
+PYTHON_ERROR = re.compile(r"Actual message: .*(object has no attribute|NoneType|is not callable|"
+                          r"unexpected keyword argument|required positional argument)")
 
 
 # --- checkout and selection ---------------------------------------------------------------------
@@ -347,6 +358,9 @@ def write_tree(root: Path, texts: dict[str, str], ini: str, rewrite: bool) -> No
     for rel, text in texts.items():
         if rewrite and rel not in KEEP_FILES:
             text = rewrite_text(text)
+            if rel.endswith("conftest.py"):
+                for lightnings, ptrains in COUNTERPART_VARIABLES.items():
+                    text = text.replace(f'"{lightnings}",', f'"{lightnings}", "{ptrains}",')
             if rel.endswith(".py"):
                 text = tolerant_imports(text, conftest=rel.endswith("conftest.py"))
         path = root / "tests" / rel
@@ -829,6 +843,7 @@ def cause(result: dict) -> str:
         key = f"{kind}: {refused.group(1)}({refused.group(2)}=...) refused"
     else:
         text = re.sub(r"(/[\w.\-]+)+/?", "<path>", line)
+        text = re.sub(r"[\w.]*<locals>\.(\w+\.)*", "<local>.", text)
         text = re.sub(r"0x[0-9a-fA-F]+", "<addr>", text)
         text = re.sub(r"tensor\([^)]*\)", "tensor(...)", text)
         text = re.sub(r"(?<![A-Za-z\d])-?\d+(\.\d+)?(e-?\d+)?(?![\d])", "N", text)
@@ -849,6 +864,8 @@ def is_wording(result: dict) -> bool:
     if result.get("outcome") != "failed" or result.get("exc_type") not in ("Failed",
                                                                            "AssertionError"):
         return False
+    if PYTHON_ERROR.search(result.get("message") or ""):
+        return False  # the expected type, but raised by a bug (an AttributeError's text)
     return bool(WORDING.search(first_line(result.get("message"))))
 
 
@@ -886,6 +903,22 @@ def failure_classes(tests: list[dict]) -> list[dict]:
              "where": members[0]["ptrain"].get("where"),
              "files": dict(Counter(m["file"] for m in members)),
              "tests": [m["nodeid"] for m in members]} for key, members in ordered]
+
+
+def missing_attributes(tests: list[dict]) -> list[dict]:
+    """The public-API failures that are an AttributeError, by the attribute that was missing
+    (the failure classes split them by the owner's class, which is often the test's own)."""
+    found: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    for t in tests:
+        result = t["ptrain"]
+        match = re.match(r"(?:type object )?'(\w+)' (?:object )?has no attribute '(\w+)'",
+                         first_line(result.get("message")))
+        if t["api"] == "public" and t["lightning"]["outcome"] == "passed" \
+                and result.get("exc_type") == "AttributeError" and match:
+            found[match.group(2)].append((match.group(1), t))
+    return [{"attribute": name, "count": len(hits),
+             "owners": dict(Counter(owner for owner, _ in hits)), "example": hits[0][1]["nodeid"]}
+            for name, hits in sorted(found.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
 def exclusions(tests: list[dict]) -> dict[str, list[dict]]:
@@ -1037,7 +1070,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": importlib.import_module("torch").__version__,
             "wall_s": round(wall, 1), "pytest_s": {k: round(v, 1) for k, v in walls.items()},
             "timeout_s": args.timeout, "jobs": args.jobs,
-            "baseline_from": str(args.baseline_json) if baseline else None,
+            "baseline_from": baseline_source(baseline) if baseline else None,
             "groups": {g: [f for gg, f in files if gg == g] for g, _ in files},
         }
     finally:
@@ -1074,12 +1107,23 @@ def regroup(results: dict) -> dict:
     computed again from the outcomes it holds."""
     tests = results["tests"]
     for t in tests:
+        if t["ptrain"].get("exc_type") == "CollectError":
+            t["ptrain"].update(collect_error(t["ptrain"]["message"]))
         t["api"] = ("internal" if t["internal_reasons"]
                     else "wording" if is_wording(t["ptrain"]) else "public")
     files = [(group, f) for group, names in results["meta"]["groups"].items() for f in names]
     results.update(files=summarise(tests, files), failure_classes=failure_classes(tests),
-                   excluded=exclusions(tests))
+                   missing_attributes=missing_attributes(tests), excluded=exclusions(tests))
     return results
+
+
+def baseline_source(baseline: dict) -> str:
+    """Where the reused Lightning outcomes were measured (kept through later reuses)."""
+    meta = baseline["meta"]
+    if meta.get("baseline_from"):
+        return meta["baseline_from"]
+    return (f"the run of {meta['date']} (ptrain {meta['ptrain']['commit']}; Lightning's side "
+            f"{meta['pytest_s'].get('lightning', 0):.0f} s of pytest)")
 
 
 def collect_results(tmp: Path, files: list[tuple[str, str]], static: dict,
@@ -1115,16 +1159,27 @@ def collect_results(tmp: Path, files: list[tuple[str, str]], static: dict,
                       "ptrain": pres})
     tests.sort(key=lambda t: (list(group_of).index(t["file"]), t["nodeid"]))
     return {"files": summarise(tests, files), "failure_classes": failure_classes(tests),
-            "excluded": exclusions(tests), "collect_errors": collect_errors, "tests": tests}
+            "missing_attributes": missing_attributes(tests), "excluded": exclusions(tests),
+            "collect_errors": collect_errors, "tests": tests}
 
 
 def _not_collected(rel: str, collect_errors: dict[str, list[dict]]) -> dict:
     for error in collect_errors.get("ptrain", []):
         if error["nodeid"].endswith(rel):
-            return {"outcome": "failed", "phase": "collect", "exc_type": "CollectError",
-                    "message": error["message"]}
+            return {"outcome": "failed", "phase": "collect", **collect_error(error["message"])}
     return {"outcome": "failed", "phase": "collect", "exc_type": "NotCollected",
             "message": "the test was not collected under ptrain"}
+
+
+def collect_error(message: str) -> dict[str, str]:
+    """The exception type and message of a file that failed to import, from pytest's report
+    (its ``E   module.Type: message`` line)."""
+    for line in message.splitlines():
+        line = line.removeprefix("E").strip()
+        match = re.match(r"([\w.]+(?:Error|Exception|Exit|Interrupt|Warning)): (.*)", line)
+        if match:
+            return {"exc_type": match.group(1).rsplit(".", 1)[-1], "message": match.group(2)}
+    return {"exc_type": "CollectError", "message": message}
 
 
 def render(results: dict) -> list[str]:
@@ -1163,6 +1218,10 @@ def render(results: dict) -> list[str]:
                   f"            {c['message'][:400]}"]
         if c["where"]:
             lines.append(f"            at {c['where'].replace(str(REPO) + '/', '')}")
+    lines += ["", "public-API failures that are a missing attribute, by attribute (owners):"]
+    lines += [f"  {a['count']:>4}  .{a['attribute']}  ("
+              + ", ".join(f"{o} {n}" for o, n in a["owners"].items()) + f")   e.g. {a['example']}"
+              for a in results.get("missing_attributes", [])]
     lines += ["", "not run here (skipped under Lightning), by reason:"]
     lines += [f"  {s['count']:>4}  {s['reason']}   e.g. {s['example']}"
               for s in results["excluded"]["skipped"]]

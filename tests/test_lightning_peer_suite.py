@@ -32,7 +32,7 @@ CHECKOUT = Path(os.environ.get("PTRAIN_LIGHTNING_REPO", str(peer.MIRROR)))
 RESULTS = REPO / "benchmarks" / "results" / "lightning-peer-tests" / "results.json"
 #: per group: (public-API tests passing under ptrain at least this %, at least this many
 #: public-API tests: a classification that shrank the denominator would hide failures)
-FLOOR = {"issue": (0.0, 0), "central": (0.0, 0)}
+FLOOR = {"issue": (22.0, 250), "central": (29.0, 415)}  # measured 22.9% of 258, 29.1% of 426
 
 
 def _checkout_missing() -> str | None:
