@@ -5,6 +5,7 @@ arguments. The whole programs are compared against Lightning in test_lightning_d
 from __future__ import annotations
 
 import collections.abc
+import types
 
 import pytest
 import torch
@@ -28,8 +29,7 @@ def test_the_namespace_is_the_native_api():
 
 
 @pytest.mark.parametrize("argument, value", [
-    ("plugins", ["something"]), ("use_distributed_sampler", False), ("sync_batchnorm", True),
-    ("reload_dataloaders_every_n_epochs", 1), ("enable_autolog_hparams", False),
+    ("plugins", ["something"]), ("enable_autolog_hparams", False),
     ("model_registry", "hub"), ("profiler", "nvtx"),
 ])
 def test_a_lightning_argument_ptrain_cannot_honour_is_refused_by_name(argument, value):
@@ -44,8 +44,9 @@ def test_lightning_values_take_lightnings_meaning(tmp_path):
     assert trainer.options["precision"] == "16-mixed"
     assert {"tensorboard", "checkpoint", "progress-bar", "model-summary"}.isdisjoint(
         trainer.plugins)
-    assert trainer.max_steps is None and trainer.gradient_clip_val is None
-    assert trainer.default_root_dir == str(tmp_path / "lightning_logs")
+    assert trainer.max_steps == -1 and trainer.gradient_clip_val is None
+    assert trainer.default_root_dir == str(tmp_path)  # the run folders go in lightning_logs
+    assert trainer.run_root == str(tmp_path / "lightning_logs")
     assert pl.Trainer(devices=2, strategy="auto", **QUIET).options["strategy"] == "ddp"
     unused = pl.Trainer(devices=2, strategy="ddp_find_unused_parameters_true", **QUIET)
     assert unused.config["plugins"]["ddp"]["find_unused_parameters"] is True
@@ -56,9 +57,9 @@ def test_a_logger_names_the_run_folder_and_a_second_stage_logs_beside_the_first(
     module = TinyRegressor()
     trainer.fit(module)
     trainer.validate(module)
-    assert trainer.log_dir == tmp_path / "exp" / "version_0"
-    assert trainer.logger.log_dir == str(tmp_path / "exp" / "version_0")
-    header = (trainer.log_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert trainer.log_dir == str(tmp_path / "exp" / "version_0") == trainer.logger.log_dir
+    assert trainer.run_dir == tmp_path / "exp" / "version_0"
+    header = (trainer.run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "train_loss" in header and "val_loss" in header
     assert not (tmp_path / "exp" / "version_1").exists()
     assert set(trainer.callback_metrics) == {"val_loss"}  # the last stage's metrics only
@@ -116,13 +117,13 @@ def test_a_modules_hook_methods_run_at_lightnings_points(tmp_path):
 
 
 class OverridesUnsupported(TinyRegressor):
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        return batch
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        optimizer.zero_grad()
 
 
 def test_a_lightning_hook_ptrain_does_not_call_is_refused(tmp_path):
     trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
-    with pytest.raises(ptrain.ModelError, match="on_after_batch_transfer is a Lightning hook "
+    with pytest.raises(ptrain.ModelError, match="optimizer_zero_grad is a Lightning hook "
                                                 "that ptrain does not call"):
         trainer.fit(OverridesUnsupported())
 
@@ -211,15 +212,25 @@ def test_loggers_off_rank_zero_are_stand_ins_that_do_nothing():
 
 
 def test_toggle_optimizer_freezes_the_other_parameters_and_untoggle_restores():
+    # Lightning's rule: the parameters of the run's other optimizers stop requiring gradients;
+    # one that no optimizer holds keeps its setting, and a frozen one stays frozen
     module = TinyRegressor()
-    frozen = nn.Linear(2, 2)
-    module.extra = frozen
+    frozen, loose = nn.Linear(2, 2), nn.Linear(2, 2)
+    module.extra, module.loose = frozen, loose
     frozen.bias.requires_grad = False
     optimizer = torch.optim.SGD(module.net.parameters(), lr=0.1)
-    module.toggle_optimizer(optimizer)
-    assert all(p.requires_grad for p in module.net.parameters())
-    assert not any(p.requires_grad for p in frozen.parameters())
-    module.untoggle_optimizer(optimizer)
+    other = torch.optim.SGD([*frozen.parameters(), *module.net.parameters()], lr=0.1)
+    module.trainer = types.SimpleNamespace(optimizers=[optimizer, other])
+    with module.toggled_optimizer(optimizer):
+        assert all(p.requires_grad for p in module.net.parameters())
+        assert not any(p.requires_grad for p in frozen.parameters())
+        assert all(p.requires_grad for p in loose.parameters())
+        assert module._param_requires_grad_state
+    assert frozen.weight.requires_grad and not frozen.bias.requires_grad
+    assert not module._param_requires_grad_state
+    module.toggle_optimizer(other)
+    assert frozen.weight.requires_grad and not frozen.bias.requires_grad
+    module.untoggle_optimizer(other)
     assert frozen.weight.requires_grad and not frozen.bias.requires_grad
 
 
@@ -361,7 +372,7 @@ def test_callbacks_and_loggers_may_come_as_any_sequence(tmp_path):
     trainer.fit(TinyRegressor())
     # two stateless callbacks share a state_key (their class name is not the issue): both run
     assert seen == ["Recorder", "Another"]
-    assert (trainer.log_dir / "metrics.csv").exists()
+    assert (trainer.run_dir / "metrics.csv").exists()
 
 
 def test_stateless_callbacks_of_one_class_may_appear_twice():
@@ -451,3 +462,34 @@ def test_early_stopping_says_why_with_lightnings_attributes():
     assert at_once.stopping_reason is EarlyStoppingReason.STOPPING_THRESHOLD
     assert "stopping threshold" in at_once.stopping_reason_message
     assert never.wait_count == 0 and float(never.best_score) == never.best
+
+
+def test_lightnings_submodules_are_attributes_and_logger_paths_import():
+    assert pl.callbacks.Callback is pl.Callback
+    assert pl.loggers.CSVLogger is CSVLogger
+    assert pl.utilities.rank_zero_only is not None
+    from ptrain.lightning.loggers.comet import CometLogger
+    from ptrain.lightning.loggers.neptune import NeptuneLogger
+
+    for refused in (CometLogger, NeptuneLogger):
+        with pytest.raises(ptrain.ConfigError, match="no ptrain logger plugin"):
+            refused()
+
+
+def test_lightning_utilities_rank_is_set_on_import():
+    lightning_utilities = pytest.importorskip("lightning_utilities.core.rank_zero")
+    assert isinstance(lightning_utilities.rank_zero_only.rank, int)
+
+
+def test_wandb_logger_passes_its_other_arguments_to_wandb_init(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from ptrain.lightning.loggers.wandb import WandbLogger
+    from tests.plugins.callbacks.test_loggers import wandb_contents
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(project="p", save_dir=str(tmp_path), offline=True, job_type="probe",
+                         group="g")
+    trainer = pl.Trainer(max_steps=2, logger=logger, enable_checkpointing=False, **QUIET)
+    trainer.fit(TinyRegressor())
+    run = wandb_contents(logger._run.last_run_dir)["run"]
+    assert (run.project, run.job_type, run.run_group) == ("p", "probe", "g")

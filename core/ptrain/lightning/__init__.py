@@ -10,6 +10,10 @@ in the native API, so a native ptrain program has it too. ``docs/from-lightning.
 name, its native form and every deliberate difference.
 """
 
+import importlib
+import importlib.util
+from typing import Any
+
 from ptrain.hook_methods import Callback
 from ptrain.lightning._logo import LIGHTNING_LOGO, cli_lightning_logo
 from ptrain.lightning.trainer import Trainer
@@ -22,3 +26,30 @@ from ptrain.trainer import seed_everything
 __version__ = "2.6.6"
 
 __all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]
+
+#: Lightning's submodules, attributes of the package as in Lightning (``pl.callbacks.Callback``),
+#: each imported when first read
+_SUBMODULES = ("accelerators", "callbacks", "cli", "core", "demos", "loggers", "plugins",
+               "profilers", "strategies", "tuner", "utilities")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _set_lightning_utilities_rank() -> None:
+    """Lightning sets ``lightning_utilities``' ``rank_zero_only.rank`` when it is imported, and
+    programs that use that decorator directly rely on it: do the same, where it is installed."""
+    if importlib.util.find_spec("lightning_utilities") is None:
+        return
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", None) is None:
+        from ptrain.lightning.utilities.rank_zero import rank_zero_only as own
+
+        rank_zero_only.rank = own.rank
+
+
+_set_lightning_utilities_rank()

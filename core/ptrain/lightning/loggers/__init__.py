@@ -49,13 +49,20 @@ class LitLogger(_WithoutPlugin):
     _service = "Lightning AI's hosted experiments (litlogger)"
 
 
+class NeptuneLogger(_WithoutPlugin):
+    """Lightning's ``NeptuneLogger`` (``loggers.neptune``): refused when made (see
+    :class:`_WithoutPlugin`)."""
+
+    _service = "Neptune (neptune)"
+
+
 def __getattr__(name: str) -> Any:
     return from_distribution(__name__, name, _FROM_DISTRIBUTIONS)
 
 
 _FROM_DISTRIBUTIONS = {
-    "MLFlowLogger": ("ptrain-mlflow", "ptrain.lightning._mlflow_logger", "MLFlowLogger"),
-    "WandbLogger": ("ptrain-wandb", "ptrain.lightning._wandb_logger", "WandbLogger"),
+    "MLFlowLogger": ("ptrain-mlflow", "ptrain.lightning.loggers.mlflow", "MLFlowLogger"),
+    "WandbLogger": ("ptrain-wandb", "ptrain.lightning.loggers.wandb", "WandbLogger"),
 }
 
 __all__ = ["CSVLogger", "CometLogger", "LitLogger", "Logger", "TensorBoardLogger",

@@ -48,10 +48,13 @@ class RunFolder:
     def version(self) -> int:
         """N of the run folder ``version_N``: the one the run writes to, or before the first
         stage the one it will choose (the next free one)."""
-        folder = self.log_dir or str(run_folder.next_free(Path(self.root_dir)))
-        return int(Path(folder).name.rsplit("_", 1)[1])
+        return int(Path(self._folder()).name.rsplit("_", 1)[1])
 
     @property
-    def log_dir(self) -> str | None:
-        """The run folder (``None`` before the first stage)."""
-        return self._run_dir
+    def log_dir(self) -> str:
+        """The run folder; before the first stage, the one it will choose (the next free
+        ``version_N``), as Lightning's loggers name theirs before writing."""
+        return self._folder()
+
+    def _folder(self) -> str:
+        return self._run_dir or str(run_folder.next_free(Path(self.root_dir)))

@@ -45,9 +45,10 @@ class CSVLogger(RunFolder, Logger, _CSV):
         self._hparams_unwritten = False
 
     @property
-    def log_dir(self) -> str | None:
-        """The run folder (``None`` before the first stage)."""
-        return str(Path(self.path).parent) if self.path is not None else self._run_dir
+    def log_dir(self) -> str:
+        """The run folder; before the first stage, the one it will choose (the next free
+        ``version_N``)."""
+        return str(Path(self.path).parent) if self.path is not None else self._folder()
 
     @property
     def experiment(self) -> _CSVExperiment:

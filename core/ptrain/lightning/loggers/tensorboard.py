@@ -59,9 +59,10 @@ class TensorBoardLogger(RunFolder, Logger, _TensorBoard):
     # -- the writer -------------------------------------------------------------------------
 
     @property
-    def log_dir(self) -> str | None:
-        """The run folder (``None`` before the first stage)."""
-        return self.writer.log_dir if self.writer is not None else self._run_dir
+    def log_dir(self) -> str:
+        """The run folder; before the first stage, the one it will choose (the next free
+        ``version_N``)."""
+        return self.writer.log_dir if self.writer is not None else self._folder()
 
     @property
     def experiment(self) -> Any:

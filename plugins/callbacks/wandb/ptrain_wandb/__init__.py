@@ -39,7 +39,12 @@ class WandbLogger:
 
     def __init__(self, project: str | None = None, name: str | None = None,
                  mode: str | None = None, dir: str | None = None,
-                 tags: list[str] | None = None, log_config: bool = True) -> None:
+                 tags: list[str] | None = None, log_config: bool = True,
+                 init_kwargs: dict[str, Any] | None = None) -> None:
+        """``init_kwargs`` (from Python): more keyword arguments for ``wandb.init`` (``entity``,
+        ``group``, ``notes``, ``job_type``...), as Lightning's ``WandbLogger`` passes its
+        extra ones; those this plugin sets itself (``project``, ``name``, ``mode``, ``dir``,
+        ``tags``, ``reinit``) go through their own arguments."""
         if mode is not None and mode not in MODES:
             raise ConfigError(f"WandbLogger(mode={mode!r}) is not a W&B mode; valid modes: "
                               f"{', '.join(MODES)}. Use offline to log without a network and "
@@ -50,6 +55,11 @@ class WandbLogger:
         self.dir = dir
         self.tags = to_str_list(tags) if tags is not None else []
         self.log_config = log_config
+        own = {"project", "name", "mode", "dir", "tags", "reinit"} & set(init_kwargs or {})
+        if own:
+            raise ConfigError(f"WandbLogger init_kwargs {sorted(own)}: give "
+                              f"{' and '.join(sorted(own))} as the plugin's own arguments.")
+        self.init_kwargs = dict(init_kwargs or {})
         self.run = None  # the W&B run of the current stage (rank 0)
         self.last_run_dir: Path | None = None  # its folder (files/, the .wandb log), kept
 
@@ -87,14 +97,14 @@ class WandbLogger:
             raise PluginError(f"-p wandb can't run here: {problem}.")
         import wandb
 
-        folder = Path(self.dir) if self.dir else Path(trainer.log_dir)
+        folder = Path(self.dir) if self.dir else Path(trainer.run_dir)
         folder.mkdir(parents=True, exist_ok=True)
         try:
             self.run = wandb.init(
                 project=self.project,
-                name=self.run_name or Path(trainer.log_dir).name,
+                name=self.run_name or Path(trainer.run_dir).name,
                 mode=self.mode, dir=str(folder), tags=self.tags or None,
-                job_type=stage, reinit="create_new",
+                reinit="create_new", **{"job_type": stage, **self.init_kwargs},
             )
         except wandb.errors.Error as exc:  # no API key, no network, a refused project...
             text = str(exc).strip()

@@ -1,4 +1,5 @@
-"""``WandbLogger`` with Lightning's arguments and methods, over the ``ptrain-wandb`` plugin."""
+"""``lightning.pytorch.loggers.wandb``: ``WandbLogger`` with Lightning's arguments and
+methods, over the ``ptrain-wandb`` plugin."""
 
 from __future__ import annotations
 
@@ -6,18 +7,24 @@ import argparse
 from typing import Any
 
 import torch
-from ptrain_wandb import WandbLogger as _WandbRun
+try:
+    from ptrain_wandb import WandbLogger as _WandbRun
+except ImportError as exc:
+    if exc.name is None or not exc.name.startswith("ptrain_"):
+        raise
+    raise ImportError("ptrain.lightning.loggers.wandb comes with the ptrain-wandb distribution, which "
+                      "is not installed: pip install ptrain-wandb") from None
 
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
-from ptrain.lightning._common import refuse, refuse_unless
+from ptrain.lightning._common import refuse_unless
 from ptrain.lightning.loggers.logger import Logger, _DeferredCalls, _DummyExperiment
 
 
 class WandbLogger(Logger):
     """Lightning's ``WandbLogger``: ``offline=True`` is W&B's offline mode, files go under
-    ``dir`` (else ``save_dir``); ``tags`` and ``mode`` may come as extra keyword arguments as
-    Lightning passes them to ``wandb.init``. One W&B run per stage, started by the ``wandb``
+    ``dir`` (else ``save_dir``); other keyword arguments (``tags``, ``mode``, ``job_type``,
+    ``entity``, ``group``...) go to ``wandb.init``, as Lightning passes them. One W&B run per stage, started by the ``wandb``
     plugin (which this logger runs).
 
     Lightning's methods and attributes: ``log_metrics(metrics, step=None)`` (the step as the
@@ -48,15 +55,11 @@ class WandbLogger(Logger):
         })
         tags = kwargs.pop("tags", None)
         mode = kwargs.pop("mode", "offline" if offline else None)
-        if kwargs:
-            argument = next(iter(kwargs))
-            raise refuse("WandbLogger", argument, kwargs[argument],
-                         "pass other wandb.init settings through the WANDB_* environment "
-                         "variables")
         self._save_dir = str(dir or save_dir)
         self._project = project
+        # the rest goes to wandb.init, as Lightning passes it
         self._run = _WandbRun(project=project, name=name, mode=mode, dir=self._save_dir,
-                              tags=tags)
+                              tags=tags, init_kwargs=kwargs)
         self._early_params: dict[str, Any] = {}
         self._early_metrics: list[tuple[dict[str, Any], int | None]] = []
         self._watch: tuple[Any, dict[str, Any]] | None = None

@@ -1,4 +1,5 @@
-"""``MLFlowLogger`` with Lightning's arguments and methods, over the ``ptrain-mlflow`` plugin."""
+"""``lightning.pytorch.loggers.mlflow``: ``MLFlowLogger`` with Lightning's arguments and
+methods, over the ``ptrain-mlflow`` plugin."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ptrain_mlflow import MLflowLogger, flatten
+try:
+    from ptrain_mlflow import MLflowLogger, flatten
+except ImportError as exc:
+    if exc.name is None or not exc.name.startswith("ptrain_"):
+        raise
+    raise ImportError("ptrain.lightning.loggers.mlflow comes with the ptrain-mlflow distribution, which "
+                      "is not installed: pip install ptrain-mlflow") from None
 
 from ptrain.hookspecs import hookimpl
 from ptrain.lightning._common import refuse_unless
