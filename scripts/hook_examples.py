@@ -162,6 +162,17 @@ class SaveEvery:
         if time.monotonic() - self.last >= 60 * self.minutes:
             trainer.save_checkpoint(trainer.log_dir / f"step-{trainer.global_step}.ckpt")
             self.last = time.monotonic()
+# == on_stage_start
+from ptrain import hookimpl
+
+
+class FreezeEmbeddings:
+    """Freeze the embeddings before the optimizers are built, so that they leave them out."""
+
+    @hookimpl
+    def on_stage_start(self, trainer, stage):
+        if stage == "fit" and hasattr(trainer.module, "embedding"):
+            trainer.module.embedding.requires_grad_(False)
 # == setup
 import time
 
@@ -238,6 +249,20 @@ class LoopClock:
         seconds = time.perf_counter() - self.started.pop(loop)
         if trainer.is_global_zero and loop in ("fit", "test"):
             print(f"{loop} took {seconds:.1f} s")
+# == evaluation_mode
+from ptrain import hookimpl
+
+
+class KeepBatchNormTraining:
+    """Evaluate with dropout off but batch-norm layers still normalising per batch."""
+
+    @hookimpl
+    def evaluation_mode(self, trainer):
+        trainer.model.eval()
+        for layer in trainer.model.modules():
+            if "BatchNorm" in type(layer).__name__:
+                layer.train()
+        return True
 # == transfer_batch
 from ptrain import hookimpl
 from ptrain.data import move_to_device

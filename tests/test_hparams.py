@@ -64,14 +64,40 @@ def test_names_dict_and_ignore():
     assert dict(Ignoring().hparams) == {"hidden": 4}
 
 
-def test_a_module_argument_is_left_out_with_a_warning():
-    class WithBackbone(TinyRegressor):
-        def __init__(self, backbone: nn.Module, lr: float = 0.1):
-            super().__init__(lr=lr)
-            self.save_hyperparameters()
+class WithBackbone(TinyRegressor):
+    def __init__(self, backbone: nn.Module, lr: float = 0.1):
+        super().__init__(lr=lr)
+        self.save_hyperparameters()
 
-    with pytest.warns(UserWarning, match="left out 'backbone'.*ignore=\\['backbone'\\]"):
-        assert dict(WithBackbone(nn.Linear(1, 1)).hparams) == {"lr": 0.1}
+
+def test_a_module_argument_stays_in_hparams_but_not_in_checkpoints(tmp_path):
+    backbone = nn.Linear(1, 1)
+    with pytest.warns(UserWarning, match="keeps 'backbone'.*not in checkpoints.*"
+                                         "ignore=\\['backbone'\\]"):
+        module = WithBackbone(backbone)
+    assert dict(module.hparams) == {"backbone": backbone, "lr": 0.1}  # as in Lightning
+    path = tmp_path / "m.ckpt"
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar"])
+    trainer.fit(module)
+    trainer.save_checkpoint(path)
+    assert torch.load(path, weights_only=True)["hyper_parameters"] == {"lr": 0.1}
+
+
+def test_a_later_call_adds_to_the_first_and_its_ignore_list_removes():
+    class Base(TinyRegressor):
+        def __init__(self, a=1, b=2, lr=0.1):
+            super().__init__(lr=lr)
+            self.save_hyperparameters(ignore="a")
+
+    class Sub(Base):
+        def __init__(self, c=3, **kwargs):
+            super().__init__(**kwargs)
+            self.save_hyperparameters(ignore="lr")
+
+    # Base recorded b and lr (its defaults); Sub adds c and takes lr out, as Lightning does
+    assert dict(Sub(b=5).hparams) == {"b": 5, "c": 3}
+    assert dict(Sub(b=5).hparams_initial) == {"b": 5, "c": 3}
 
 
 @dataclasses.dataclass

@@ -630,7 +630,7 @@ class QuietRegressor(TinyRegressor):
 
 
 START = ["launch", "setup_device", "precision_policy", "wrap_model", "wrap_optimizer",
-         "prepare_dataloader:train", "prepare_dataloader:validate", "setup:fit"]
+         "prepare_dataloader:validate", "prepare_dataloader:train", "setup:fit"]
 
 
 def expected_fit(epochs: int, batches: int, clip: bool, publish_every_step: bool) -> list[str]:

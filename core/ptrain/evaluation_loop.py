@@ -54,11 +54,15 @@ class _EvalMode:
 
     def __enter__(self) -> None:
         t = self.trainer
-        self.previous_stage, t.stage = t.stage, self.stage
         self.modes = [(m, m.training) for m in t.model.modules()]
-        t.model.eval()
         self.no_grad = torch.inference_mode() if t.inference_mode else torch.no_grad()
         self.no_grad.__enter__()
+        try:
+            t.hook.evaluation_mode(trainer=t, stage=self.stage)  # model.eval(), by default
+        except BaseException:
+            self.no_grad.__exit__(None, None, None)
+            raise
+        self.previous_stage, t.stage = t.stage, self.stage
 
     def __exit__(self, *exc: Any) -> None:
         self.no_grad.__exit__(*exc)

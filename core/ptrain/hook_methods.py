@@ -3,34 +3,45 @@
 mean through ptrain's own hooks.
 
 A :class:`TrainModule` defines them as no-op methods (see :class:`ModuleHookMethods`); a module
-that overrides some gets, for each run, one plugin (:func:`module_hook_plugin`) implementing just
-the ptrain hooks those methods need. A callback object without ``@ptrain.hookimpl`` methods whose
-methods carry Lightning's callback names (``(trainer, pl_module, ...)`` signatures) is adapted the
-same way (:func:`callback_hook_plugin`). The set of methods is found once, when the run starts:
-a method nobody overrides costs nothing per step, since its ptrain hook is then not implemented
-at all.
+that overrides some (in its class, or by setting one on the instance) gets, for each run, one
+plugin (:func:`module_hook_plugin`) implementing just the ptrain hooks those methods need. A
+callback object without ``@ptrain.hookimpl`` methods whose methods carry Lightning's callback
+names (``(trainer, pl_module, ...)`` signatures) is adapted the same way
+(:func:`callback_hook_plugin`). The set of methods is found once, when the run starts: a method
+nobody overrides costs nothing per step, since its ptrain hook is then not implemented at all.
 
-Where each method fires (ptrain hook -> methods, in this order):
+Where each method fires (ptrain hook -> methods, in this order; for one event the callbacks'
+method, then the module's, as in Lightning):
 
+- ``on_stage_start(stage)``: ``setup(trainer, pl_module, stage=...)`` (callbacks; a module's
+  ``setup``/``teardown`` are called by the trainer right after, before the model is wrapped)
 - ``on_loop_start(loop)``: ``on_fit_start``, ``on_sanity_check_start`` (callbacks),
   ``on_train_start``, ``on_{validation,test,predict}_start`` then ``..._epoch_start``
 - ``on_loop_end(loop)``: ``on_fit_end``, ``on_sanity_check_end``, ``on_train_end``,
-  ``on_{validation,test,predict}_end``
+  ``on_{validation,test,predict}_end``, then the module's ``on_{validation,test}_model_train``
+- ``evaluation_mode(stage)`` (module): ``on_validation_model_zero_grad`` (a validation within
+  ``fit``), then ``on_{validation,test,predict}_model_eval``, which puts the model in eval mode
 - ``on_epoch_start``: ``on_train_epoch_start``; ``on_epoch_metrics(stage)``:
   ``on_{train,validation,test,predict}_epoch_end`` (a value logged there joins the epoch's)
+- ``transfer_batch`` (module): ``on_before_batch_transfer``, ``transfer_batch_to_device``,
+  ``on_after_batch_transfer``
 - ``on_batch_start(stage)``: ``on_{train,validation,test,predict}_batch_start``;
   ``on_train_batch_end``, ``on_evaluation_batch_end``: ``on_..._batch_end``
 - ``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``,
-  ``on_before_zero_grad``: the methods of the same names
+  ``on_before_zero_grad``: the methods of the same names; ``backward`` (module): ``backward``
+- ``clip_gradients`` (module): ``configure_gradient_clipping``; ``optimizer_step`` (module):
+  ``optimizer_step``
 - ``state_dict``/``load_state_dict``: ``on_save_checkpoint``/``on_load_checkpoint`` (and a
-  callback's own ``state_dict``/``load_state_dict``)
-- ``setup``/``teardown`` (callbacks; a module's ``setup``/``teardown`` are called by the trainer
-  around the stage, before the model is wrapped), ``on_exception`` before ``teardown``.
+  callback's own ``state_dict``/``load_state_dict``), with Lightning's checkpoint layout (see
+  :func:`checkpoint_view`)
+- ``teardown``: ``on_exception`` (after an error), then ``teardown(trainer, pl_module,
+  stage=...)`` (callbacks).
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
 from ptrain.errors import ModelError, PluginError
@@ -54,6 +65,15 @@ LOOP_END = {"fit": ("on_fit_end",), "sanity_check": ("on_sanity_check_end",),
             "train": ("on_train_end",),
             **{stage: (f"on_{word}_end",) for stage, word in STAGE_WORDS.items()
                if stage != "train"}}
+#: on_loop_end(loop) -> the module's method after the others (called only when overridden, as
+#: in Lightning: without it, the trainer restores the modes the model had)
+MODEL_TRAIN = {"validate": "on_validation_model_train", "test": "on_test_model_train"}
+#: evaluation_mode(stage) -> the module's method that puts the model in eval mode
+MODEL_EVAL = {"validate": "on_validation_model_eval", "test": "on_test_model_eval",
+              "predict": "on_predict_model_eval"}
+ZERO_GRAD_BEFORE_VALIDATION = "on_validation_model_zero_grad"
+TRANSFER_METHODS = ("on_before_batch_transfer", "transfer_batch_to_device",
+                    "on_after_batch_transfer")
 EPOCH_END = {stage: f"on_{word}_epoch_end" for stage, word in STAGE_WORDS.items()}
 BATCH_START = {stage: f"on_{word}_batch_start" for stage, word in STAGE_WORDS.items()}
 BATCH_END = {stage: f"on_{word}_batch_end" for stage, word in STAGE_WORDS.items()}
@@ -63,7 +83,7 @@ CHECKPOINT_METHODS = ("on_save_checkpoint", "on_load_checkpoint")
 #: a callback defining one of these has state saved in checkpoints (under its state_key)
 STATE_METHODS = ("state_dict", "load_state_dict") + CHECKPOINT_METHODS
 
-#: every method name this module calls -> the ptrain hook that calls it
+#: every method name both a module and a callback may have -> the ptrain hook that calls it
 METHOD_HOOKS: dict[str, str] = {
     **{m: "on_loop_start" for ms in LOOP_START.values() for m in ms},
     **{m: "on_loop_end" for ms in LOOP_END.values() for m in ms},
@@ -74,42 +94,51 @@ METHOD_HOOKS: dict[str, str] = {
     **{m: "on_evaluation_batch_end" for s, m in BATCH_END.items() if s != "train"},
     **{m: m for m in STEP_METHODS},
     "on_save_checkpoint": "state_dict", "on_load_checkpoint": "load_state_dict",
+}
+#: methods only a callback object has (a module's setup/teardown are called by the trainer)
+CALLBACK_ONLY = {"setup": "on_stage_start", "teardown": "teardown", "on_exception": "teardown",
+                 "state_dict": "state_dict", "load_state_dict": "load_state_dict"}
+CALLBACK_METHODS = {**METHOD_HOOKS, **CALLBACK_ONLY}
+#: methods only a module has
+MODULE_ONLY = {
+    **{m: "on_loop_end" for m in MODEL_TRAIN.values()},
+    **{m: "evaluation_mode" for m in MODEL_EVAL.values()},
+    ZERO_GRAD_BEFORE_VALIDATION: "evaluation_mode",
+    **{m: "transfer_batch" for m in TRANSFER_METHODS},
+    "backward": "backward",
     "configure_gradient_clipping": "clip_gradients",
     "optimizer_step": "optimizer_step",
 }
-#: methods only a callback object has (a module's setup/teardown are called by the trainer)
-CALLBACK_ONLY = {"setup": "setup", "teardown": "teardown", "on_exception": "teardown",
-                 "state_dict": "state_dict", "load_state_dict": "load_state_dict"}
-CALLBACK_METHODS = {**METHOD_HOOKS, **CALLBACK_ONLY}
-MODULE_METHODS = {m: h for m, h in METHOD_HOOKS.items() if m != "on_sanity_check_start"
-                  and m != "on_sanity_check_end"}
-CALLBACK_METHODS.pop("configure_gradient_clipping")  # a module's only
-CALLBACK_METHODS.pop("optimizer_step")
+MODULE_METHODS = {**{m: h for m, h in METHOD_HOOKS.items()
+                     if m not in ("on_sanity_check_start", "on_sanity_check_end")},
+                  **MODULE_ONLY}
+#: the name of the plugin calling a module's hook methods (its saved state's key)
+MODULE_PLUGIN = "module-hooks"
 
-#: Lightning module hooks ptrain does not call, with what to do instead: a module overriding one
-#: is refused at the start of the run rather than silently not called.
+#: Lightning module hooks ptrain does not call, with why and what to do instead: a module
+#: overriding one is refused at the start of the run rather than silently not called.
 UNSUPPORTED_MODULE_METHODS = {
-    "on_validation_model_eval": "the module is put in eval mode for every evaluation pass; "
-                                "change modes in on_validation_start/on_validation_end",
-    "on_validation_model_train": "the module's own modes are restored after every evaluation "
-                                 "pass; change them in on_validation_end",
-    "on_validation_model_zero_grad": "gradients are cleared right after each optimizer step",
-    "on_test_model_eval": "change modes in on_test_start", "on_test_model_train":
-    "change modes in on_test_end", "on_predict_model_eval": "change modes in on_predict_start",
-    "configure_sharded_model": "create the layers in configure_model",
-    "optimizer_zero_grad": "gradients are set to None right after each step; use "
-                           "on_before_zero_grad to act before",
-    "backward": "write a plugin implementing the backward hook",
-    "transfer_batch_to_device": "write a plugin implementing the transfer_batch hook",
-    "on_before_batch_transfer": "transform the batch in the dataset or collate_fn",
-    "on_after_batch_transfer": "transform the batch at the start of training_step",
+    "configure_sharded_model": "Lightning deprecated it for configure_model, which ptrain "
+                               "calls in its place; create the layers in configure_model",
+    "optimizer_zero_grad": "ptrain sets the gradients to None right after each optimizer step "
+                           "(so their memory is free during the next forward pass), not "
+                           "before the next backward, so an override would not decide how "
+                           "they are cleared; act in on_before_zero_grad, which runs right "
+                           "before",
 }
 
 
-def overridden(obj: Any, names: dict[str, str], base: type | None) -> list[str]:
-    """The names among ``names`` that ``obj`` defines as methods other than ``base``'s."""
+def overridden(obj: Any, names: Any, base: type | None) -> list[str]:
+    """The names among ``names`` that ``obj`` defines as methods other than ``base``'s: in its
+    class, or set on the instance (``model.on_validation_model_train = fn``; set to ``None``,
+    it has none)."""
     found = []
+    own = getattr(obj, "__dict__", {})
     for name in names:
+        if name in own:
+            if callable(own[name]):
+                found.append(name)
+            continue
         method = getattr(type(obj), name, None)
         if method is None or not callable(method):
             continue
@@ -119,10 +148,15 @@ def overridden(obj: Any, names: dict[str, str], base: type | None) -> list[str]:
     return found
 
 
+def overridden_method(module: Any, name: str) -> bool:
+    """Whether ``module`` (a :class:`TrainModule`) overrides the hook method ``name``."""
+    return bool(overridden(module, (name,), ModuleHookMethods))
+
+
 class _Dispatch:
     """The bound methods of one or more targets, by method name, each taking
-    ``(trainer, *args)``: for a callback, ``method(trainer, trainer.module, *args)``; for a
-    module, ``method(*args)``."""
+    ``(trainer, *args, **kwargs)``: for a callback, ``method(trainer, trainer.module, *args,
+    **kwargs)``; for a module, ``method(*args, **kwargs)``."""
 
     def __init__(self) -> None:
         self.methods: dict[str, list[Callable[..., Any]]] = {}
@@ -130,9 +164,12 @@ class _Dispatch:
     def add(self, name: str, function: Callable[..., Any]) -> None:
         self.methods.setdefault(name, []).append(function)
 
-    def call(self, name: str, trainer: Trainer, *args: Any) -> None:
+    def has(self, name: str) -> bool:
+        return name in self.methods
+
+    def call(self, name: str, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         for function in self.methods.get(name, ()):
-            result = function(trainer, *args)
+            result = function(trainer, *args, **kwargs)
             if name == "on_train_batch_start" and isinstance(result, int) and result == -1:
                 raise ModelError(
                     "on_train_batch_start returned -1, which in Lightning ends the epoch early; "
@@ -140,20 +177,69 @@ class _Dispatch:
                     "stop training, or limit the batches with limit_train_batches.")
 
 
-def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool,
-                  states: Callable[[Trainer], dict[str, Any] | None] | None = None,
-                  load: Callable[[Trainer, dict[str, Any]], None] | None = None) -> Any:
+def _lightning_plugins(trainer: Trainer, role: str) -> list[Any]:
+    """The hook-method plugins of ``role`` (``"module"`` or ``"callbacks"``) registered in the
+    run, in registration order."""
+    return [plugin for _, plugin in trainer.pm.list_name_plugin()
+            if getattr(plugin, "lightning_role", None) == role]
+
+
+def _module_takes_over(trainer: Trainer) -> bool:
+    """Whether the module's plugin calls the callbacks' methods of a multi-method loop event
+    itself, interleaved with its own (Lightning's order)."""
+    return any("on_loop_start" in plugin.hooks for plugin in _lightning_plugins(trainer, "module"))
+
+
+def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
+                  states: Callable[..., dict[str, Any] | None] | None = None,
+                  load: Callable[..., None] | None = None) -> Any:
     """An object implementing exactly ``hooks`` of the ptrain specification by calling
-    ``dispatch``'s methods (its class is made per run, so nothing else is implemented)."""
-    mark = _hookimpl(trylast=trylast)
+    ``dispatch``'s methods (its class is made per run, so nothing else is implemented).
+    ``role`` is ``"module"`` (implementations ``trylast``: after the callbacks', Lightning's
+    order) or ``"callbacks"``."""
+    module_role = role == "module"
+    mark = _hookimpl(trylast=module_role)
+
+    def on_stage_start(trainer, stage):
+        dispatch.call("setup", trainer, stage=stage)
 
     def on_loop_start(trainer, loop):
-        for method in LOOP_START[loop]:
-            dispatch.call(method, trainer)
+        methods = LOOP_START[loop]
+        if len(methods) == 1:
+            dispatch.call(methods[0], trainer)
+        elif module_role:  # per method: the callbacks', then the module's
+            others = [p.lightning_dispatch for p in _lightning_plugins(trainer, "callbacks")]
+            for method in methods:
+                for other in others:
+                    other.call(method, trainer)
+                dispatch.call(method, trainer)
+        elif not _module_takes_over(trainer):
+            for method in methods:
+                dispatch.call(method, trainer)
 
     def on_loop_end(trainer, loop):
         for method in LOOP_END[loop]:
             dispatch.call(method, trainer)
+        if loop in MODEL_TRAIN:
+            dispatch.call(MODEL_TRAIN[loop], trainer)
+
+    def evaluation_mode(trainer, stage):
+        if (stage == "validate" and trainer.stage == "train" and not trainer.sanity_checking):
+            dispatch.call(ZERO_GRAD_BEFORE_VALIDATION, trainer)
+        if not dispatch.has(MODEL_EVAL[stage]):
+            return None  # the default puts the model in eval mode
+        dispatch.call(MODEL_EVAL[stage], trainer)
+        return True
+
+    def transfer_batch(trainer, batch):
+        index = getattr(trainer, "dataloader_idx", 0) or 0
+        module = trainer.module
+        if dispatch.has("on_before_batch_transfer"):
+            batch = module.on_before_batch_transfer(batch, index)
+        batch = module.transfer_batch_to_device(batch, trainer.device, index)
+        if dispatch.has("on_after_batch_transfer"):
+            batch = module.on_after_batch_transfer(batch, index)
+        return batch
 
     def on_epoch_start(trainer):
         dispatch.call("on_train_epoch_start", trainer)
@@ -162,17 +248,43 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
         dispatch.call(EPOCH_END[stage], trainer)
 
     def on_batch_start(trainer, stage, batch, batch_idx):
-        dispatch.call(BATCH_START[stage], trainer, batch, batch_idx)
+        index = getattr(trainer, "dataloader_idx", None)  # given under several dataloaders
+        if index is None:
+            dispatch.call(BATCH_START[stage], trainer, batch, batch_idx)
+        else:
+            dispatch.call(BATCH_START[stage], trainer, batch, batch_idx, index)
 
     def on_train_batch_end(trainer, batch, batch_idx, loss):
         outputs = None if loss is None else {"loss": loss}
         dispatch.call("on_train_batch_end", trainer, outputs, batch, batch_idx)
 
     def on_evaluation_batch_end(trainer, stage, outputs, batch, batch_idx):
-        dispatch.call(BATCH_END[stage], trainer, outputs, batch, batch_idx)
+        index = getattr(trainer, "dataloader_idx", None)
+        if index is None:
+            dispatch.call(BATCH_END[stage], trainer, outputs, batch, batch_idx)
+        else:
+            dispatch.call(BATCH_END[stage], trainer, outputs, batch, batch_idx, index)
 
     def on_before_backward(trainer, loss):
         dispatch.call("on_before_backward", trainer, loss)
+
+    def backward(trainer, loss):
+        pending = trainer.module.__dict__.get("_backward_arguments")
+        args, kwargs = (pending[0], pending[1]) if pending else ((), {})
+        if pending:
+            pending[0] = None  # taken (manual_backward checks)
+        trainer.module.backward(loss, *args, **kwargs)
+        return True
+
+    def setup(trainer, stage):
+        other = [impl.plugin_name for impl in trainer.pm.hook.backward.get_hookimpls()
+                 if not impl.tryfirst and impl.plugin_name not in (name, "loop-defaults")]
+        if other and dispatch.has("backward"):
+            raise ModelError(
+                f"{type(trainer.module).__qualname__}.backward is overridden, but the plugin "
+                f"{other[-1]!r} does the backward pass itself (loss scaling, a sharding "
+                f"engine), so the override would silently not run. Remove the override (act "
+                f"in on_before_backward / on_after_backward), or run without that plugin.")
 
     def on_after_backward(trainer):
         dispatch.call("on_after_backward", trainer)
@@ -183,13 +295,10 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
     def on_before_zero_grad(trainer, optimizer):
         dispatch.call("on_before_zero_grad", trainer, optimizer)
 
-    def setup(trainer, stage):
-        dispatch.call("setup", trainer, stage)
-
     def teardown(trainer, stage):
         if trainer.exception is not None:
             dispatch.call("on_exception", trainer, trainer.exception)
-        dispatch.call("teardown", trainer, stage)
+        dispatch.call("teardown", trainer, stage=stage)
 
     inside_clip: list[bool] = []
     inside_step: list[bool] = []
@@ -200,7 +309,8 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
         inside_clip.append(True)
         try:
             dispatch.call("configure_gradient_clipping", trainer, optimizer,
-                          trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+                          gradient_clip_val=trainer.gradient_clip_val,
+                          gradient_clip_algorithm=trainer.gradient_clip_algorithm)
         finally:
             inside_clip.clear()
         return True
@@ -226,24 +336,29 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, trylast: bool
                 f"after calling optimizer_closure() to leave the weights as they are).")
         return True
 
-    def state_dict(trainer):
-        return states(trainer)
+    def state_dict(trainer, checkpoint):
+        return states(trainer, checkpoint)
 
-    def load_state_dict(trainer, state):
-        load(trainer, state)
+    def load_state_dict(trainer, state, checkpoint):
+        load(trainer, state, checkpoint)
 
     functions = {f.__name__: f for f in (
-        on_loop_start, on_loop_end, on_epoch_start, on_epoch_metrics, on_batch_start,
-        on_train_batch_end, on_evaluation_batch_end, on_before_backward, on_after_backward,
+        on_stage_start, on_loop_start, on_loop_end, evaluation_mode, transfer_batch,
+        on_epoch_start, on_epoch_metrics, on_batch_start, on_train_batch_end,
+        on_evaluation_batch_end, on_before_backward, backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
         load_state_dict, clip_gradients, optimizer_step)}
     namespace = {hook: staticmethod(mark(functions[hook])) for hook in hooks}
+    # the module's methods decide: before any other implementation
+    first = {"clip_gradients", "optimizer_step", "transfer_batch", "evaluation_mode"}
+    if module_role:  # saved after the callbacks' (it reads theirs), as Lightning calls it last
+        first.add("state_dict")
+    for hook in first & hooks:
+        namespace[hook] = staticmethod(_hookimpl(tryfirst=True)(functions[hook]))
     if "clip_gradients" in hooks:  # it decides on every step, before any other clipping
-        namespace["clip_gradients"] = staticmethod(_hookimpl(tryfirst=True)(clip_gradients))
         namespace["clips_every_step"] = True
-    if "optimizer_step" in hooks:  # the module's method decides; its optimizer.step() steps
-        namespace["optimizer_step"] = staticmethod(_hookimpl(tryfirst=True)(optimizer_step))
-    namespace["name"] = name
+    namespace.update(name=name, hooks=frozenset(hooks), lightning_role=role,
+                     lightning_dispatch=dispatch)
     return type("HookMethods", (), namespace)()
 
 
@@ -252,30 +367,142 @@ def module_hook_plugin(module: Any, base: type) -> Any | None:
     :class:`TrainModule`, defines as no-ops), or ``None`` when it overrides none. Its
     implementations are ``trylast``, so they run after the callbacks' (Lightning's order). A
     Lightning hook ptrain does not call is a :class:`ModelError` naming what to do instead."""
-    unsupported = [m for m in UNSUPPORTED_MODULE_METHODS if callable(getattr(module, m, None))]
+    unsupported = overridden(module, UNSUPPORTED_MODULE_METHODS, base)
     if unsupported:
         name = unsupported[0]
         raise ModelError(f"{type(module).__qualname__}.{name} is a Lightning hook that ptrain "
                          f"does not call, so it would be silently ignored: "
                          f"{UNSUPPORTED_MODULE_METHODS[name]}.")
     names = overridden(module, MODULE_METHODS, base)
-    if not names:
+    if not names and module.automatic_optimization:
         return None
     dispatch = _Dispatch()
     for name in names:
         method = getattr(module, name)
-        dispatch.add(name, lambda trainer, *args, _m=method: _m(*args))
+        dispatch.add(name, lambda trainer, *args, _m=method, **kwargs: _m(*args, **kwargs))
     hooks = {MODULE_METHODS[n] for n in names}
+    if hooks & {"state_dict", "load_state_dict"}:  # saved even when empty: loaded on resume
+        hooks |= {"state_dict", "load_state_dict"}
+    if "backward" in names:
+        hooks.add("setup")  # checks that no other plugin does the backward instead
+    if not module.automatic_optimization:  # manual_backward's arguments reach loss.backward
+        hooks.add("backward")
 
-    def states(trainer: Trainer) -> dict[str, Any] | None:
-        checkpoint: dict[str, Any] = {}
-        module.on_save_checkpoint(checkpoint)
-        return checkpoint or None
+    def states(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
+        view = checkpoint_view(trainer, checkpoint)
+        before, weights = dict(view), dict(view["state_dict"])
+        if dispatch.has("on_save_checkpoint"):
+            module.on_save_checkpoint(view)
+            _warn_changed(f"{type(module).__qualname__}.on_save_checkpoint", view, before,
+                          weights)
+        return {k: v for k, v in view.items() if k not in before}
 
-    def load(trainer: Trainer, state: dict[str, Any]) -> None:
-        module.on_load_checkpoint(state)
+    def load(trainer: Trainer, state: dict[str, Any], checkpoint: dict[str, Any] | None) -> None:
+        if dispatch.has("on_load_checkpoint"):
+            module.on_load_checkpoint(loaded_checkpoint_view(checkpoint, state, trainer))
 
-    return _plugin_class("module-hooks", hooks, dispatch, trylast=True, states=states, load=load)
+    return _plugin_class(MODULE_PLUGIN, hooks, dispatch, "module", states=states, load=load)
+
+
+# -- Lightning's checkpoint layout -----------------------------------------------------------
+
+#: the keys of Lightning's checkpoint that ptrain fills from its own; what a hook adds under
+#: any other key is saved for it and handed back on load
+VIEW_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops",
+             "callbacks", "optimizer_states", "lr_schedulers")
+_WARNED: set[str] = set()
+
+
+def _lightning_version() -> str:
+    from ptrain.lightning import __version__
+
+    return __version__
+
+
+def _epoch_of(loop: dict[str, Any]) -> int:
+    """Lightning's ``epoch`` of a checkpoint (the epoch under way, or the last one done) from
+    ptrain's loop state (the next epoch to run once one ended)."""
+    epoch = int(loop.get("epoch", 0))
+    return epoch - 1 if epoch > 0 and loop.get("batch") == 0 else epoch
+
+
+def _live_checkpoint(trainer: Trainer) -> dict[str, Any]:
+    """The run's state in a checkpoint's layout, for a hook called outside a checkpoint (a
+    finder's snapshot)."""
+    return {"model": trainer.module.state_dict(),
+            "optimizers": [opt.state_dict() for opt in trainer.optimizers],
+            "lr_schedulers": [s["scheduler"].state_dict() for s in trainer.lr_schedulers],
+            "loop": dict(trainer.loop_state, global_step=trainer.global_step), "plugins": {}}
+
+
+def _view(checkpoint: dict[str, Any], epoch: int) -> dict[str, Any]:
+    loop = checkpoint.get("loop") or {}
+    plugins = checkpoint.get("plugins") or {}
+    callbacks = checkpoint.get("callbacks")
+    if not isinstance(callbacks, dict):
+        callbacks = {k: v for k, v in plugins.items() if k != MODULE_PLUGIN}
+    view: dict[str, Any] = {
+        "epoch": epoch, "global_step": int(loop.get("global_step", 0)),
+        "pytorch-lightning_version": _lightning_version(),
+        "state_dict": dict(checkpoint["model"]), "loops": dict(loop), "callbacks": callbacks,
+        "optimizer_states": list(checkpoint.get("optimizers") or []),
+        "lr_schedulers": list(checkpoint.get("lr_schedulers") or [])}
+    for key in ("hyper_parameters", "hparams_name", "datamodule_hyper_parameters",
+                "datamodule_hparams_name"):
+        if checkpoint.get(key):
+            view[key] = checkpoint[key]
+    if "datamodule_state" in checkpoint:  # Lightning keeps it under the class's name
+        qualname = str(checkpoint.get("datamodule_class", "")).rpartition(":")[2]
+        view[qualname or "datamodule"] = checkpoint["datamodule_state"]
+    return view
+
+
+def checkpoint_view(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint being saved as a Lightning ``on_save_checkpoint(checkpoint)`` reads it:
+    Lightning's keys (``state_dict``, ``optimizer_states``, ``lr_schedulers``, ``epoch``,
+    ``global_step``, ``callbacks``, ``loops`` (ptrain's loop state), ``hyper_parameters``,
+    the datamodule's state under its class name, ``pytorch-lightning_version``), each holding
+    ptrain's own entry (a new dict or list around the same tensors, so that changing one
+    changes nothing saved). What a hook adds under a new key is saved for it."""
+    if checkpoint is None:
+        return _view(_live_checkpoint(trainer), trainer.current_epoch)
+    return _view(checkpoint, trainer.current_epoch)
+
+
+def loaded_checkpoint_view(checkpoint: dict[str, Any] | None, added: dict[str, Any] | None,
+                           trainer: Trainer | None = None) -> dict[str, Any]:
+    """A loaded checkpoint as Lightning's ``on_load_checkpoint(checkpoint)`` reads it (see
+    :func:`checkpoint_view`), with what the module's ``on_save_checkpoint`` added (``added``;
+    ``None``: read from the checkpoint)."""
+    if checkpoint is None:
+        view = _view(_live_checkpoint(trainer), trainer.current_epoch)
+    else:
+        loop = checkpoint.get("loop") or {}
+        epoch = checkpoint["epoch"] if isinstance(checkpoint.get("epoch"), int) else \
+            _epoch_of(loop)
+        view = _view(checkpoint, epoch)
+        if added is None:
+            added = (checkpoint.get("plugins") or {}).get(MODULE_PLUGIN)
+    view.update(added or {})
+    return view
+
+
+def _warn_changed(where: str, view: dict[str, Any], before: dict[str, Any],
+                  weights: dict[str, Any]) -> None:
+    """Say once per hook that a change it made to Lightning's own keys is not saved."""
+    changed = [k for k, v in before.items() if k not in view or view[k] is not v]
+    state = view.get("state_dict")
+    if "state_dict" not in changed and (state.keys() != weights.keys() or any(
+            state[k] is not v for k, v in weights.items())):
+        changed.append("state_dict")
+    if not changed or where in _WARNED:
+        return
+    _WARNED.add(where)
+    warnings.warn(
+        f"{where} changed checkpoint[{', '.join(map(repr, changed))}]; ptrain saves the run's "
+        f"own weights, optimizer and loop state, so that every checkpoint resumes exactly, and "
+        f"this change is not written. Put what you want kept under a new key (it comes back "
+        f"in on_load_checkpoint).", stacklevel=3)
 
 
 def adapt_callbacks(callbacks: list[Any], name: str) -> list[Any]:
@@ -336,8 +563,9 @@ def state_key(callback: Any) -> str:
 def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     """One plugin calling the Lightning-named methods of ``callbacks``, in list order, each as
     ``method(trainer, trainer.module, ...)``. Their ``state_dict()`` and what
-    ``on_save_checkpoint`` adds to the dict it is given are saved per callback (under
-    :func:`state_key`) and handed back on resume."""
+    ``on_save_checkpoint`` adds to the checkpoint it is given (Lightning's layout, see
+    :func:`checkpoint_view`) are saved per callback (under :func:`state_key`) and handed back
+    on resume."""
     dispatch = _Dispatch()
     hooks: set[str] = set()
     keys: dict[str, Any] = {}
@@ -350,38 +578,51 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
             keys[key] = callback
         for method_name in overridden(callback, CALLBACK_METHODS, _callback_base(callback)):
             if method_name in STATE_METHODS:
-                hooks.add(CALLBACK_ONLY.get(method_name) or METHOD_HOOKS[method_name])
+                hooks.add(CALLBACK_METHODS[method_name])
                 continue
             method = getattr(callback, method_name)
-            dispatch.add(method_name, lambda trainer, *args, _m=method:
-                         _m(trainer, trainer.module, *args))
+            dispatch.add(method_name, lambda trainer, *args, _m=method, **kwargs:
+                         _m(trainer, trainer.module, *args, **kwargs))
             hooks.add(CALLBACK_METHODS[method_name])
+    if hooks & {"state_dict", "load_state_dict"}:
+        hooks |= {"state_dict", "load_state_dict"}
 
-    def states(trainer: Trainer) -> dict[str, Any] | None:
+    def states(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
         saved = {}
+        view = None  # one checkpoint for all of them, as in Lightning
         for key, callback in keys.items():
             entry: dict[str, Any] = {}
             if _defines(callback, "state_dict"):
                 entry["state"] = callback.state_dict()
             if _defines(callback, "on_save_checkpoint"):
-                checkpoint: dict[str, Any] = {}
-                callback.on_save_checkpoint(trainer, trainer.module, checkpoint)
-                entry["checkpoint"] = checkpoint
+                if view is None:
+                    view = checkpoint_view(trainer, checkpoint)
+                    before, weights = dict(view), dict(view["state_dict"])
+                known = set(view)
+                callback.on_save_checkpoint(trainer, trainer.module, view)
+                entry["checkpoint"] = {k: v for k, v in view.items() if k not in known}
             if entry:
                 saved[key] = entry
+        if view is not None:
+            _warn_changed(f"{name}'s on_save_checkpoint", view, before, weights)
         return saved or None
 
-    def load(trainer: Trainer, state: dict[str, Any]) -> None:
+    def load(trainer: Trainer, state: dict[str, Any], checkpoint: dict[str, Any] | None) -> None:
+        view = None
         for key, entry in state.items():
             callback = keys.get(key)
             if callback is None:
                 continue
             if _defines(callback, "on_load_checkpoint"):
-                callback.on_load_checkpoint(trainer, trainer.module, entry.get("checkpoint", {}))
+                if view is None:
+                    view = loaded_checkpoint_view(checkpoint, {}, trainer)
+                    for other in state.values():
+                        view.update(other.get("checkpoint", {}))
+                callback.on_load_checkpoint(trainer, trainer.module, view)
             if "state" in entry and _defines(callback, "load_state_dict"):
                 callback.load_state_dict(entry["state"])
 
-    return _plugin_class(name, hooks, dispatch, trylast=False, states=states, load=load)
+    return _plugin_class(name, hooks, dispatch, "callbacks", states=states, load=load)
 
 
 class StepClosure:
@@ -472,8 +713,60 @@ class ModuleHookMethods:
     def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_before_backward(self, loss: Any) -> None: ...
+
+    def backward(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (``loss.backward(*args, **kwargs)``; the arguments are those
+        given to :meth:`manual_backward`). Once overridden, the run's ``backward`` hook calls
+        it on every backward pass, with the loss as the precision plugin hands it over."""
+        loss.backward(*args, **kwargs)
+
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: Any) -> None: ...
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Before each validation within ``fit``: release the gradients (``zero_grad``)."""
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        """At the start of each validation pass: put the model in eval mode. Every
+        submodule's own mode is restored after the pass (before ``on_validation_end``)."""
+        self.trainer.model.eval()
+
+    def on_validation_model_train(self) -> None:
+        """After each validation pass, once the modes the model had are restored (Lightning
+        calls it instead of restoring them): change them here. Called only when
+        overridden."""
+        self.trainer.model.train()
+
+    def on_test_model_eval(self) -> None:
+        """At the start of each test pass: put the model in eval mode."""
+        self.trainer.model.eval()
+
+    def on_test_model_train(self) -> None:
+        """After each test pass, once the modes the model had are restored; called only when
+        overridden."""
+        self.trainer.model.train()
+
+    def on_predict_model_eval(self) -> None:
+        """At the start of each prediction pass: put the model in eval mode."""
+        self.trainer.model.eval()
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (in the dataloader's process);
+        return it."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        """Move a batch to ``device`` and return it (the tensors in it, through lists, tuples
+        and dicts). Override it for a batch type of your own; once it is overridden, or one of
+        the two hooks around it, the run moves every batch with it."""
+        from ptrain.data import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch once it is on the device (GPU augmentation); return it."""
+        return batch
 
     def on_before_zero_grad(self, optimizer: Any) -> None:
         """After each optimizer step, before its gradients are set to ``None``."""

@@ -20,14 +20,15 @@ part alone on their dataloader, ``predict`` the prediction part)::
     function():                                    # in every process
         trainer.device = setup_device(trainer)     # accelerator; strategies wrap it (ranks, groups)
         trainer.precision_policy = precision_policy(trainer)
+        on_stage_start(trainer, stage="fit")       # then the module's own setup(stage)
         with module_init_context(trainer, empty_init=None):   # each plugin's context, entered
             trainer.module.configure_model()                  # once per module
         trainer.model = wrap_model(trainer, model=StepModule(trainer.module))   # on the CPU
         trainer.optimizers = [wrap_optimizer(trainer, optimizer) for each optimizer]
-        train_loader = prepare_dataloader(trainer, dataloader, stage="train")
         val_loader = prepare_dataloader(trainer, dataloader, stage="validate")
+        train_loader = prepare_dataloader(trainer, dataloader, stage="train")
         checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
-        load_state_dict(trainer, state)                    # each plugin, its own saved state
+        load_state_dict(trainer, state, checkpoint)        # each plugin, its own saved state
         unused_step_hooks(trainer)                 # each plugin: per-step hooks it leaves this stage
         setup(trainer, stage="fit")
         log_hyperparams(trainer, hyperparameters)   # module's hparams + datamodule's
@@ -69,8 +70,9 @@ part alone on their dataloader, ``predict`` the prediction part)::
         teardown(trainer, stage="fit")                     # always, also after an error
 
     validation (and test, with stage="test" over the test loader, without on_validation_end):
+        evaluation_mode(trainer, stage="validate")     # model.eval(), by default
         on_loop_start(trainer, loop="validate")
-        model.eval(); with torch.no_grad():
+        with torch.no_grad():
             for batch_idx, batch in val_loader:
                 batch = transfer_batch(trainer, batch)
                 on_batch_start(trainer, "validate", batch, batch_idx)
@@ -82,8 +84,9 @@ part alone on their dataloader, ``predict`` the prediction part)::
         on_loop_end(trainer, loop="validate")
 
     prediction:
+        evaluation_mode(trainer, stage="predict")
         on_loop_start(trainer, loop="predict")
-        model.eval(); with torch.no_grad():
+        with torch.no_grad():
             for batch_idx, batch in predict_loader:
                 batch = transfer_batch(trainer, batch)
                 on_batch_start(trainer, "predict", batch, batch_idx)
@@ -94,7 +97,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
         on_loop_end(trainer, loop="predict")
 
     trainer.save_checkpoint(path):                         # called by the checkpoint callback
-        state_dict(trainer)                                # each plugin, stored under its name
+        state_dict(trainer, checkpoint)                    # each plugin, stored under its name
         save_checkpoint(trainer, checkpoint, path)
 
 Result semantics, stated on every hook:
@@ -334,6 +337,22 @@ def unused_step_hooks(trainer: Trainer) -> list[str] | None:
 
 
 @hookspec
+def on_stage_start(trainer: Trainer, stage: str) -> None:
+    """A stage begins in this process, before the module is set up for it.
+
+    Fires: once per process per stage (``stage`` is ``"fit"``, ``"validate"``, ``"test"`` or
+    ``"predict"``), after ``setup_device``, ``precision_policy``, the data's ``prepare_data``
+    and the datamodule's ``setup``; then the module's own ``setup(stage)`` runs, then its
+    ``configure_model``, ``wrap_model`` and the optimizers. Lightning's ``Callback.setup``
+    fires here, as Lightning calls it before the module's ``setup``. For work that needs the
+    wrapped model, the optimizers or the dataloaders, use :func:`setup`.
+
+    Result: all. Implemented by: callbacks that change the module before it is configured
+    (freezing layers before the optimizers are built), Lightning adapters.
+    """
+
+
+@hookspec
 def setup(trainer: Trainer, stage: str) -> None:
     """Prepare the plugin for a stage; everything is in place.
 
@@ -397,6 +416,23 @@ def on_loop_end(trainer: Trainer, loop: str) -> None:
     ``"fit"`` ends after the last epoch, before ``teardown``.
 
     Result: all. Implemented by: callbacks.
+    """
+
+
+@hookspec(firstresult=True)
+def evaluation_mode(trainer: Trainer, stage: str) -> bool | None:
+    """Put the model in evaluation mode for a pass of ``stage``.
+
+    Fires: at the start of every validation, test and prediction pass (``stage``
+    ``"validate"``, ``"test"`` or ``"predict"``; each validation within ``fit`` and the sanity
+    check's too), before its ``on_loop_start``, with autograd already off. ``trainer.stage``
+    is still that of the loop the pass runs in (``"train"`` for a validation within ``fit``).
+    Whatever an implementation does, every submodule's ``training`` flag is restored after the
+    pass's batches and epoch-level hooks, before ``on_validation_end``.
+
+    Result: firstresult; return ``True`` once done. Implemented by: the Lightning adapter of a
+    module's ``on_validation_model_eval``, ``on_test_model_eval``, ``on_predict_model_eval``
+    and ``on_validation_model_zero_grad``. Default: ``trainer.model.eval()``.
     """
 
 
@@ -693,22 +729,32 @@ def log_hyperparams(trainer: Trainer, hyperparameters: dict[str, Any]) -> None:
 
 
 @hookspec
-def state_dict(trainer: Trainer) -> dict[str, Any] | None:
+def state_dict(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
     """Return this plugin's state to store in a checkpoint (tensors and plain Python values only).
 
     Fires: per plugin, each time a checkpoint is assembled; the result is stored under the
     plugin's name and handed back to its ``load_state_dict`` on resume.
+
+    :param checkpoint: the checkpoint being assembled, to read, not to change: the module's
+        weights (``"model"``), the optimizer and scheduler states, the loop counters
+        (``"loop"``), and under ``"plugins"`` the states of the plugins asked before this one
+        (pluggy's order: ``trylast`` implementations first, ``tryfirst`` ones last). ``None``
+        when the state is taken outside a checkpoint (a finder's snapshot of the run).
 
     Result: per plugin; ``None`` stores nothing. Implemented by: stateful plugins.
     """
 
 
 @hookspec
-def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer: Trainer, state: dict[str, Any],
+                    checkpoint: dict[str, Any] | None) -> None:
     """Restore what this plugin's ``state_dict`` returned.
 
     Fires: per plugin, when a run resumes from a checkpoint that holds state under its name, after
     the model and optimizers are restored and before ``setup``.
+
+    :param checkpoint: the whole checkpoint ``state`` came from, to read (``None`` when the
+        state comes from outside a checkpoint, a finder's snapshot).
 
     Result: per plugin. Implemented by: stateful plugins.
     """

@@ -174,6 +174,11 @@ def _text(value: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+class HyperparameterError(ModelError, ValueError):
+    """``save_hyperparameters`` was given something it can't record (a ``ValueError``, as
+    Lightning raises)."""
+
+
 class HyperParameters(dict):
     """``self.hparams``: a dict whose keys also read as attributes (``self.hparams.lr``)."""
 
@@ -208,20 +213,36 @@ class HyperParametersMixin:
         warning.
         """
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        name = None
+        if any(isinstance(a, PLAIN[1:]) and not isinstance(a, str) for a in args):
+            raise HyperparameterError(
+                f"save_hyperparameters({', '.join(map(repr, args))}): plain values (bool, int, "
+                f"float) can't be recorded on their own, since they carry no name. Pass the "
+                f"names of __init__ arguments (save_hyperparameters('lr')), one dict or "
+                f"argparse.Namespace of values, or nothing to record every init argument.")
         if len(args) == 1 and not isinstance(args[0], str):
             given = args[0]
+            try:  # the init argument the container came in (load_from_checkpoint passes it so)
+                arguments = self._init_arguments(frame or inspect.currentframe().f_back)
+                name = next((k for k, v in arguments.items() if v is given), None)
+            except ModelError:
+                pass
             if isinstance(given, argparse.Namespace):
                 given = vars(given)
+            if type(given).__module__.startswith("omegaconf"):
+                from omegaconf import OmegaConf
+
+                given = OmegaConf.to_container(given, resolve=True)
             if not isinstance(given, Mapping):
-                raise ModelError(
+                raise HyperparameterError(
                     f"save_hyperparameters({type(given).__qualname__}) takes names of __init__ "
                     f"arguments, or one dict (or argparse.Namespace) of values.")
             values = dict(given)
         else:
             values = self._init_arguments(frame or inspect.currentframe().f_back)
             unknown = [a for a in args if a not in values]
-            if unknown or any(not isinstance(a, str) for a in args):
-                raise ModelError(
+            if unknown:
+                raise HyperparameterError(
                     f"save_hyperparameters({', '.join(map(repr, args))}) names no init argument "
                     f"of {type(self).__qualname__} for {unknown}; its init arguments: "
                     f"{', '.join(values) or '(none)'}. Pass names of __init__ arguments, or one "
@@ -234,9 +255,11 @@ class HyperParametersMixin:
                 continue
             if isinstance(value, nn.Module):
                 warnings.warn(
-                    f"{type(self).__qualname__}.save_hyperparameters left out {key!r}: it is an "
-                    f"nn.Module, whose weights are in the checkpoint already; pass "
-                    f"ignore=[{key!r}] to say so and silence this.", stacklevel=2)
+                    f"{type(self).__qualname__}.save_hyperparameters keeps {key!r} in "
+                    f"self.hparams, but not in checkpoints: it is an nn.Module, whose weights "
+                    f"are in the checkpoint already (load_from_checkpoint needs it passed "
+                    f"again); pass ignore=[{key!r}] to say so and silence this.", stacklevel=2)
+                kept[key] = value
                 continue
             try:
                 saved_form(value)
@@ -250,22 +273,33 @@ class HyperParametersMixin:
                     f"{key}=...)); pass ignore=[{key!r}] to say so and silence this.",
                     stacklevel=2)
             kept[key] = value
-        self.__dict__["_hparams"] = HyperParameters(kept)
-        self.__dict__["_hparams_initial"] = HyperParameters(kept)
+        # a second call (a subclass's after its base's) adds to what the first recorded, and
+        # its ignore list removes from it, as in Lightning
+        merged = {k: v for k, v in self.__dict__.get("_hparams", {}).items() if k not in ignored}
+        merged.update(kept)
+        self.__dict__["_hparams"] = HyperParameters(merged)
+        self.__dict__["_hparams_initial"] = HyperParameters(merged)
         self.__dict__["_log_hyperparams"] = logger
+        self.__dict__["_hparams_name"] = name
 
     def _init_arguments(self, frame: Any) -> dict[str, Any]:
-        """The arguments of the ``__init__`` call on the stack (``frame`` and its callers) that
-        is constructing ``self``; a subclass's ``__init__`` calling ``super().__init__`` counts
-        as the outermost one."""
+        """The arguments of the ``__init__`` calls on the stack (``frame`` and its callers)
+        that are constructing ``self``: from the first one found, each enclosing ``__init__``
+        of an object with hyperparameters counts too (a subclass's ``__init__`` calling
+        ``super().__init__``, and, as in Lightning, a module built inside another module's
+        ``__init__`` records that one's arguments as well); the outermost decides a shared
+        name."""
         found: dict[str, Any] = {}
-        inside = False
+        inside = adjacent = False
         while frame is not None:
             code = frame.f_code
-            if code.co_name == "__init__" and frame.f_locals.get("self") is self:
+            local = frame.f_locals
+            owner = local.get(code.co_varnames[0]) if code.co_argcount else None
+            adjacent = code.co_name == "__init__" and (owner is self or (
+                adjacent and isinstance(owner, HyperParametersMixin)))
+            if adjacent:
                 inside = True
                 names = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
-                local = frame.f_locals
                 values = {n: local[n] for n in names if n in local}
                 if code.co_flags & inspect.CO_VARKEYWORDS:
                     values.update(local.get(code.co_varnames[code.co_argcount
@@ -297,3 +331,70 @@ class HyperParametersMixin:
     def logs_hyperparameters(self) -> bool:
         """Whether the hyperparameters go to the loggers (``save_hyperparameters(logger=...)``)."""
         return self.__dict__.get("_log_hyperparams", True)
+
+
+#: the checkpoint keys of a module's and a datamodule's hyperparameters (Lightning's):
+#: (values, the name of the init argument they came in as one container)
+MODULE_KEYS = ("hyper_parameters", "hparams_name")
+DATAMODULE_KEYS = ("datamodule_hyper_parameters", "datamodule_hparams_name")
+
+
+def checkpoint_entries(obj: Any, keys: tuple[str, str]) -> dict[str, Any]:
+    """What a checkpoint holds of ``obj``'s hyperparameters, under ``keys``: the saved values
+    and, when they were recorded from one container argument
+    (``save_hyperparameters(config)``), that argument's name."""
+    entries = {keys[0]: saved_hyperparameters(obj.hparams)}
+    name = obj.__dict__.get("_hparams_name")
+    if name is not None:
+        entries[keys[1]] = name
+    return entries
+
+
+def init_arguments_from(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str, str],
+                        overrides: Mapping[str, Any],
+                        hparams_file: Any = None) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``cls`` from a checkpoint's hyperparameters (under
+    ``keys``), as ``load_from_checkpoint`` takes them: those of ``hparams_file`` (a YAML or
+    TOML file, as the loggers write them) replace the checkpoint's; values recorded from one
+    container argument go back into that argument; ``overrides`` replace or add init
+    arguments; and those ``__init__`` does not take are left out unless it has
+    ``**kwargs``."""
+    saved = restored_hyperparameters(checkpoint.get(keys[0]))
+    if hparams_file is not None:
+        saved.update(read_hyperparameters_file(hparams_file))
+    params = inspect.signature(cls).parameters
+    name = checkpoint.get(keys[1])
+    if name is not None and name in params:
+        arguments = {name: saved, **overrides}
+    else:
+        arguments = {**saved, **overrides}
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        # hyperparameters recorded by a base class's __init__ that this class does not take
+        arguments = {k: v for k, v in arguments.items() if k in params}
+    return arguments
+
+
+def read_hyperparameters_file(path: Any) -> dict[str, Any]:
+    """The hyperparameters in a ``hparams.yaml`` (Lightning's loggers) or ``hparams.toml``
+    (ptrain's run folder) file."""
+    import pathlib
+
+    path = pathlib.Path(path)
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ModelError(f"reading {str(path)!r} needs PyYAML: pip install pyyaml (or "
+                             f"pass the run folder's hparams.toml).") from None
+        loaded = yaml.safe_load(path.read_text()) or {}
+    elif path.suffix == ".toml":
+        from ptrain.config import tomllib
+
+        loaded = tomllib.loads(path.read_text())
+    else:
+        raise ModelError(f"hparams_file={str(path)!r}: give a .yaml file (Lightning's loggers "
+                         f"write hparams.yaml) or ptrain's hparams.toml.")
+    if not isinstance(loaded, dict):
+        raise ModelError(f"{str(path)!r} holds {type(loaded).__qualname__}, not a mapping of "
+                         f"hyperparameter names to values.")
+    return loaded

@@ -6,15 +6,18 @@ by changing its imports.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
-from typing import TYPE_CHECKING, Any
+import os
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
-from ptrain.errors import ModelError
-from ptrain.hook_methods import ModuleHookMethods
+from ptrain.errors import ConfigError, ModelError
+from ptrain.hook_methods import ModuleHookMethods, overridden_method
 from ptrain.hyperparameters import HyperParametersMixin, restored_hyperparameters
 
 if TYPE_CHECKING:
@@ -45,21 +48,76 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
     """
 
     automatic_optimization: bool = True
+    #: where a checkpoint holds what :meth:`save_hyperparameters` recorded (Lightning's names)
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+    # what torch.jit.script leaves alone: properties that read the run, not the model
+    __jit_unused_properties__ = ["trainer", "fabric", "current_epoch", "global_step",
+                                 "global_rank", "local_rank", "logger", "loggers", "device",
+                                 "dtype", "example_input_array", "on_gpu", "hparams",
+                                 "hparams_initial", "logs_hyperparameters",
+                                 "_param_requires_grad_state"]
+    _fabric: Any = None
+    _example_input_array: Any = None
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled for a worker process: the trainer it was last attached to stays behind
-        return {**super().__getstate__(), "_trainer": None}
+        return {**super().__getstate__(), "_trainer": None, "_fabric": None}
 
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; this is "
-                               f"only available during fit() or validate().")
+        """The trainer running this module (during a stage, and after it until the next);
+        a :class:`RuntimeError` when none is attached."""
+        if self._trainer is None and not _SCRIPTING[0]:
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`: the "
+                               f"trainer is there while fit(), validate(), test() or predict() "
+                               f"runs it, or once set with module.trainer = trainer.")
         return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        # modules nested in this one read the same run (Lightning's ensembles)
+        for child in self.children():
+            if isinstance(child, TrainModule):
+                child.trainer = trainer
+        self._trainer = trainer
+
+    @property
+    def fabric(self) -> Any:
+        """The ``lightning.fabric.Fabric`` that set this module up (``fabric.setup(module)``),
+        else ``None``: then :attr:`logger`, :attr:`loggers`, :meth:`optimizers` and
+        :meth:`clip_gradients` are Fabric's."""
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric: Any) -> None:
+        for child in self.children():
+            if isinstance(child, TrainModule):
+                child.fabric = fabric
+        if fabric is not None and not isinstance(fabric, weakref.ProxyTypes):
+            fabric = weakref.proxy(fabric)  # the module does not keep its Fabric alive
+        self._fabric = fabric
+
+    @property
+    def example_input_array(self) -> Any:
+        """An input ``forward`` takes (a tensor; a tuple of positional arguments; a dict of
+        keyword arguments), for exports (:meth:`to_onnx`, :meth:`to_torchscript`) and model
+        summaries; ``None`` until set."""
+        return self._example_input_array
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the parameters are on a CUDA device."""
+        return self.device.type == "cuda"
 
     # The run's state, as Lightning's module exposes it. Without a trainer: Lightning's values
     # (epoch and step 0, rank 0).
@@ -101,6 +159,64 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         if self.global_rank == 0:
             print(*args, **kwargs)
 
+    def freeze(self) -> TrainModule:
+        """Stop every parameter from requiring gradients and put the module in eval mode."""
+        for parameter in self.parameters():
+            parameter.requires_grad = False
+        return self.eval()
+
+    def unfreeze(self) -> TrainModule:
+        """Let every parameter require gradients again and put the module in training mode."""
+        for parameter in self.parameters():
+            parameter.requires_grad = True
+        return self.train()
+
+    def _example_inputs(self, given: Any, what: str) -> Any:
+        example = given if given is not None else self.example_input_array
+        if example is None:
+            raise ModelError(f"{what} needs an example input: pass one, or set "
+                             f"self.example_input_array (a tensor, a tuple of positional "
+                             f"arguments or a dict of keyword arguments for forward).")
+        return export_inputs(example, self.device)
+
+    @torch.no_grad()
+    def to_torchscript(self, file_path: Any = None, method: str = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """This module as TorchScript, in eval mode (its mode is restored after):
+        ``method="script"`` compiles it (``torch.jit.script``); ``"trace"`` records a forward
+        pass on ``example_inputs`` (default :attr:`example_input_array`). With ``file_path``
+        the result is also saved there (``torch.jit.save``)."""
+        if method not in ("script", "trace"):
+            raise ConfigError(f"to_torchscript(method={method!r}): valid choices are 'script' "
+                              f"and 'trace'.")
+        training = self.training
+        self.eval()
+        try:
+            if method == "script":
+                with jit_scripting():
+                    compiled = torch.jit.script(self, **kwargs)
+            else:
+                inputs = self._example_inputs(example_inputs, "to_torchscript(method='trace')")
+                compiled = torch.jit.trace(self, example_inputs=inputs, **kwargs)
+        finally:
+            self.train(training)
+        if file_path is not None:
+            torch.jit.save(compiled, str(file_path))
+        return compiled
+
+    @torch.no_grad()
+    def to_onnx(self, file_path: Any, input_sample: Any = None, **kwargs: Any) -> Any:
+        """Export this module to ONNX at ``file_path`` (``torch.onnx.export``, which needs the
+        ``onnx`` package) from a forward pass on ``input_sample`` (default
+        :attr:`example_input_array`); ``kwargs`` go to ``torch.onnx.export``."""
+        inputs = self._example_inputs(input_sample, "to_onnx")
+        training = self.training
+        self.eval()
+        try:
+            return torch.onnx.export(self, inputs, str(file_path), **kwargs)
+        finally:
+            self.train(training)
+
     def lr_schedulers(self) -> Any:
         """The LR schedulers ``configure_optimizers`` returned (one, a list, or ``None``), for
         manual optimization."""
@@ -127,7 +243,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         them averaged over the test set."""
         raise NotImplementedError(f"{type(self).__name__} must implement test_step")
 
-    def predict_step(self, batch: Any, batch_idx: int = 0) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
         """One prediction batch: return the predictions (under several processes, a tensor or
         a dict/list/tuple of tensors whose first dimension is the batch, so they can be
         gathered in dataset order). The default returns ``self(batch)``, as Lightning's does."""
@@ -167,22 +283,34 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         """Download or write data, once per machine before ``setup`` (see :class:`DataModule`)."""
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None,
-                             **overrides: Any) -> TrainModule:
-        """A new module built from the hyperparameters saved in the checkpoint (``overrides``
-        replace or add init arguments; those ``__init__`` does not take are left out unless it
-        has ``**kwargs``), holding the checkpoint's weights, in eval mode."""
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None,
+                             hparams_file: Any = None, strict: bool | None = None,
+                             weights_only: bool | None = None, **overrides: Any) -> TrainModule:
+        """A new module built from the hyperparameters saved in the checkpoint, holding the
+        checkpoint's weights, in eval mode. ``overrides`` replace or add init arguments (those
+        ``__init__`` does not take are left out unless it has ``**kwargs``); ``hparams_file``
+        (a ``hparams.yaml`` or ptrain's ``hparams.toml``) replaces the saved hyperparameters.
+        As in Lightning, ``configure_model()`` runs before the weights load and
+        ``on_load_checkpoint(checkpoint)`` right before them (it may adapt
+        ``checkpoint["state_dict"]``). ``strict=False`` tolerates missing and unexpected
+        weights. ``weights_only`` is accepted for Lightning's signature: ptrain's checkpoints
+        always load with torch's weights-only loader."""
         from ptrain.checkpoint_io import safe_load
+        from ptrain.hook_methods import loaded_checkpoint_view
+        from ptrain.hyperparameters import MODULE_KEYS, init_arguments_from
 
         checkpoint = safe_load(checkpoint_path)
-        arguments = {**restored_hyperparameters(checkpoint.get("hyper_parameters")),
-                     **overrides}
-        params = inspect.signature(cls).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            # hyperparameters recorded by a base class's __init__ that this class does not take
-            arguments = {k: v for k, v in arguments.items() if k in params}
-        module = cls(**arguments)
-        module.load_state_dict(checkpoint["model"])
+        module = cls(**init_arguments_from(cls, checkpoint, MODULE_KEYS, overrides,
+                                          hparams_file))
+        if type(module).configure_model is not TrainModule.configure_model:
+            module.configure_model()
+            module._model_configured = True
+        weights = checkpoint["model"]
+        if overridden_method(module, "on_load_checkpoint"):
+            view = loaded_checkpoint_view(checkpoint, module_state=None)
+            module.on_load_checkpoint(view)
+            weights = view["state_dict"]
+        module.load_state_dict(weights, strict=True if strict is None else strict)
         if map_location is not None:
             module.to(map_location)
         return module.eval()
@@ -243,6 +371,8 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         """The run's logger plugins (those implementing ``log_metrics`` or
         ``log_hyperparams``); on processes other than global rank 0, a stand-in for each whose
         every method and attribute does nothing, so logging code needs no rank check."""
+        if self._fabric is not None:
+            return self._fabric.loggers
         if self._trainer is None:
             return []
         found = self._trainer.loggers
@@ -252,60 +382,164 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
     def logger(self) -> Any:
         """The first of :attr:`loggers` (``self.logger.experiment`` is TensorBoard's
         ``SummaryWriter`` with the ``tensorboard`` logger), or ``None`` without any."""
+        if self._fabric is not None:
+            return self._fabric.logger  # Fabric's own rule (an IndexError without loggers)
         loggers = self.loggers
         return loggers[0] if loggers else None
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Let only ``optimizer``'s parameters require gradients (manual optimization with
-        several optimizers, as in a GAN); :meth:`untoggle_optimizer` restores every
-        parameter's ``requires_grad``."""
-        inner = getattr(optimizer, "optimizer", optimizer)
-        own = {id(p) for group in inner.param_groups for p in group["params"]}
-        if "_toggled" not in self.__dict__ or not self.__dict__["_toggled"]:
-            self.__dict__["_toggled"] = {p: p.requires_grad for p in self.parameters()}
-        for parameter in self.parameters():
-            if id(parameter) not in own:
-                parameter.requires_grad = False
-            else:
-                parameter.requires_grad = self.__dict__["_toggled"][parameter]
+        """Leave gradients on for ``optimizer``'s parameters only, among the parameters of the
+        run's optimizers (manual optimization with several optimizers, as in a GAN): those of
+        the other optimizers stop requiring gradients, a parameter no optimizer holds keeps its
+        setting, and one that was frozen stays frozen. :meth:`untoggle_optimizer` (or leaving
+        :meth:`toggled_optimizer`) puts every setting back."""
+        state = self._param_requires_grad_state
+        for other in self._run_optimizers():
+            for group in getattr(other, "optimizer", other).param_groups:
+                for parameter in group["params"]:
+                    if parameter not in state:
+                        state[parameter] = parameter.requires_grad
+                    parameter.requires_grad = False
+        for group in getattr(optimizer, "optimizer", optimizer).param_groups:
+            for parameter in group["params"]:
+                parameter.requires_grad = state.get(parameter, parameter.requires_grad)
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: every parameter's ``requires_grad`` as before."""
-        for parameter, requires_grad in self.__dict__.pop("_toggled", {}).items():
+        state = self._param_requires_grad_state
+        for parameter, requires_grad in state.items():
             parameter.requires_grad = requires_grad
+        state.clear()
 
-    def optimizers(self) -> Any:
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the ``with`` block, then :meth:`untoggle_optimizer`."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    @property
+    def _param_requires_grad_state(self) -> dict[Any, bool]:
+        """Parameter -> its ``requires_grad`` before :meth:`toggle_optimizer` (empty when
+        nothing is toggled)."""
+        return self.__dict__.setdefault("_toggled", {})
+
+    def _run_optimizers(self) -> list[Any]:
+        if self._fabric is not None:
+            return list(self.__dict__.get("_fabric_optimizers", []))
+        return list(self.trainer.optimizers)
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
         """The optimizer (or list of them) for manual optimization; their ``step()`` runs the
-        trainer's hooks (unscaling, clipping, the precision's step)."""
-        wrapped = [ManualOptimizer(self.trainer, opt) for opt in self.trainer.optimizers]
-        return wrapped[0] if len(wrapped) == 1 else wrapped
+        trainer's hooks (unscaling, clipping, the precision's step). ``use_pl_optimizer=False``
+        gives the optimizers themselves (stepping one then bypasses the run's precision and
+        strategy). Under Fabric, Fabric's optimizers."""
+        if self._fabric is not None:
+            found = list(self.__dict__.get("_fabric_optimizers", []))
+        elif use_pl_optimizer:
+            found = [ManualOptimizer(self.trainer, opt) for opt in self.trainer.optimizers]
+        else:
+            found = list(self.trainer.optimizers)
+        return found[0] if len(found) == 1 else found
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip ``optimizer``'s gradients now, by norm (default) or value, through the run's
-        ``clip_gradients`` hook (so a sharding strategy clips its shards correctly);
-        ``gradient_clip_val=None`` clips nothing. For ``configure_gradient_clipping`` and manual
-        optimization."""
-        if gradient_clip_val is None:
+        """Clip ``optimizer``'s gradients now, by norm or by value, through the run's
+        ``clip_gradients`` hook (so a sharding strategy clips its shards correctly). For
+        ``configure_gradient_clipping`` and manual optimization. A value left ``None`` is the
+        trainer's (``gradient_clip_val`` unset or 0: nothing is clipped; the algorithm defaults
+        to ``"norm"``). A value that contradicts one the trainer was given is a
+        :class:`ConfigError`, as in Lightning: the trainer's setting would silently not
+        apply."""
+        if gradient_clip_algorithm is not None:
+            gradient_clip_algorithm = getattr(gradient_clip_algorithm, "value",
+                                              gradient_clip_algorithm)  # Lightning's enum
+            if gradient_clip_algorithm not in ("norm", "value"):
+                raise ConfigError(f"clip_gradients(gradient_clip_algorithm="
+                                  f"{gradient_clip_algorithm!r}): valid choices are 'norm' "
+                                  f"and 'value'.")
+        if self._fabric is not None:
+            self._fabric.clip_gradients(
+                self, optimizer,
+                clip_val=gradient_clip_val if gradient_clip_algorithm == "value" else None,
+                max_norm=gradient_clip_val if gradient_clip_algorithm != "value" else None)
             return
-        if gradient_clip_algorithm not in (None, "norm", "value"):
-            raise ModelError(f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r})"
-                             f": valid choices are 'norm' and 'value'.")
         trainer = self.trainer
-        saved = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        given_val, given_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        if gradient_clip_val is None:
+            gradient_clip_val = given_val
+        elif given_val is not None and given_val != gradient_clip_val:
+            raise ConfigError(
+                f"clip_gradients(gradient_clip_val={gradient_clip_val}) contradicts the "
+                f"trainer's gradient_clip_val={given_val}: one of them would silently not "
+                f"apply. Give the value in one place: remove gradient_clip_val from the "
+                f"trainer, or call clip_gradients(optimizer) to clip with the trainer's.")
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = given_algorithm or "norm"
+        elif given_val is not None and given_algorithm not in (None, gradient_clip_algorithm):
+            raise ConfigError(
+                f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) "
+                f"contradicts the trainer's gradient_clip_algorithm={given_algorithm!r}: give "
+                f"the algorithm in one place.")
+        if not gradient_clip_val:
+            return
         trainer.gradient_clip_val = gradient_clip_val
-        trainer.gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        trainer.gradient_clip_algorithm = gradient_clip_algorithm
         try:
             trainer.step_hooks.clip_gradients(trainer=trainer,
                                               optimizer=getattr(optimizer, "optimizer", optimizer))
         finally:
-            trainer.gradient_clip_val, trainer.gradient_clip_algorithm = saved
+            trainer.gradient_clip_val, trainer.gradient_clip_algorithm = given_val, \
+                given_algorithm
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward through the active precision and strategy plugins (the ``backward`` hook).
         Under a multi-process strategy the gradients are synchronised unless
-        ``trainer.sync_gradients`` is ``False`` (see ``ptrain_toggling.toggle_model``)."""
-        self.trainer.run_backward(loss)
+        ``trainer.sync_gradients`` is ``False`` (see ``ptrain_toggling.toggle_model``).
+        ``args``/``kwargs`` (``retain_graph=True``...) go to ``loss.backward``, through the
+        module's :meth:`backward`."""
+        if not (args or kwargs):
+            self.trainer.run_backward(loss)
+            return
+        pending = self.__dict__["_backward_arguments"] = [args, kwargs]
+        try:
+            self.trainer.run_backward(loss)
+        finally:
+            self.__dict__["_backward_arguments"] = None
+        if pending[0] is not None:  # nobody took them: another plugin did the backward
+            given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            raise ModelError(
+                f"manual_backward(loss, {given}): a plugin of this run (the precision's loss "
+                f"scaling, a sharding engine) did the backward pass itself and could not take "
+                f"these arguments, so they were dropped. Call manual_backward(loss) alone "
+                f"under this plugin.")
+
+
+_SCRIPTING = [False]
+
+
+@contextlib.contextmanager
+def jit_scripting() -> Iterator[None]:
+    """While ``torch.jit.script`` compiles a module: :attr:`TrainModule.trainer` answers
+    ``None`` instead of raising (the compiler reads every attribute)."""
+    _SCRIPTING[0] = True
+    try:
+        yield
+    finally:
+        _SCRIPTING[0] = False
+
+
+def export_inputs(example: Any, device: torch.device) -> Any:
+    """``example`` (a tensor, a tuple or a dict of them) on ``device``, as the exporters take
+    it: a tuple of positional arguments (a dict of keyword arguments goes last, in the tuple)."""
+    from ptrain.data import move_to_device
+
+    example = move_to_device(example, device)
+    if isinstance(example, dict):
+        return (example,)
+    return example if isinstance(example, tuple) else (example,)
 
 
 class NoOpLogger:
@@ -330,8 +564,19 @@ class ManualOptimizer:
         self.trainer = trainer
         self.optimizer = optimizer
 
-    def step(self) -> None:
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        """Step the optimizer through the run's hooks. ``closure`` (a function computing the
+        loss and calling ``manual_backward``) runs first, once, as Lightning runs it before
+        ``on_before_optimizer_step``; its result is returned."""
+        if kwargs:
+            raise ModelError(
+                f"optimizer.step({', '.join(f'{k}=...' for k in kwargs)}): ptrain steps the "
+                f"optimizer through the run's optimizer_step hook (the precision's scaler, the "
+                f"strategy), which passes no arguments to the optimizer's step, so these would "
+                f"be silently dropped. Call optimizer.step() or optimizer.step(closure).")
+        result = closure() if closure is not None else None
         self.trainer.run_optimizer_step(self.optimizer)
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -351,6 +596,80 @@ class DataModule(HyperParametersMixin):
     there), and ``teardown(stage)`` at the end, also after an error. ``state_dict()`` (if not
     empty) is saved in every checkpoint and handed to ``load_state_dict`` on resume.
     """
+
+    #: where a checkpoint holds what :meth:`save_hyperparameters` recorded (Lightning's names)
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
+
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None,
+                      test_dataset: Any = None, predict_dataset: Any = None,
+                      batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> DataModule:
+        """A datamodule whose dataloaders read the given datasets (each a dataset, or a list
+        or dict of them for several dataloaders): batches of ``batch_size``, loaded by
+        ``num_workers`` processes, the training data shuffled (unless iterable). ``cls`` is
+        built with ``datamodule_kwargs``, and with ``batch_size``/``num_workers`` where its
+        ``__init__`` takes them (or ``**kwargs``)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def loaders(datasets: Any, shuffle: bool) -> Any:
+            def one(dataset: Any) -> DataLoader:
+                return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                                  shuffle=shuffle and not isinstance(dataset, IterableDataset),
+                                  pin_memory=torch.cuda.is_available())
+
+            if isinstance(datasets, dict):
+                return {name: one(d) for name, d in datasets.items()}
+            if isinstance(datasets, (list, tuple)):
+                return [one(d) for d in datasets]
+            return one(datasets)
+
+        params = ({} if cls.__init__ is object.__init__
+                  else inspect.signature(cls.__init__).parameters)
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        special = {k: v for k, v in (("batch_size", batch_size), ("num_workers", num_workers))
+                   if takes_all or k in params}
+        datamodule = cls(**datamodule_kwargs, **special)
+        for name, datasets, shuffle in (("train_dataloader", train_dataset, True),
+                                        ("val_dataloader", val_dataset, False),
+                                        ("test_dataloader", test_dataset, False),
+                                        ("predict_dataloader", predict_dataset, False)):
+            if datasets is not None:
+                setattr(datamodule, name, lambda d=datasets, s=shuffle: loaders(d, s))
+        return datamodule
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None,
+                             hparams_file: Any = None, weights_only: bool | None = None,
+                             **overrides: Any) -> DataModule:
+        """A new datamodule built from the hyperparameters a checkpoint saved for it
+        (``overrides`` and ``hparams_file`` as in :meth:`TrainModule.load_from_checkpoint`),
+        holding the state its ``state_dict()`` saved."""
+        from ptrain.checkpoint_io import safe_load
+        from ptrain.hyperparameters import DATAMODULE_KEYS, init_arguments_from
+
+        checkpoint = safe_load(checkpoint_path)
+        datamodule = cls(**init_arguments_from(cls, checkpoint, DATAMODULE_KEYS, overrides,
+                                              hparams_file))
+        if checkpoint.get("datamodule_state"):
+            datamodule.load_state_dict(checkpoint["datamodule_state"])
+        return datamodule
+
+    def __str__(self) -> str:
+        """The size of each stage's dataset (``size=NA`` without a length; ``None`` where the
+        stage has no dataloader, or asking for it fails), one line per stage, as Lightning
+        prints a datamodule."""
+        lines = []
+        for label, method in (("Train", "train_dataloader"), ("Validation", "val_dataloader"),
+                              ("Test", "test_dataloader"), ("Predict", "predict_dataloader")):
+            try:
+                loader = getattr(self, method)()
+            except Exception:  # a dataloader that needs setup first: not available yet
+                loader = None
+            lines.append(f"{{{label} dataloader: {_loader_sizes(loader)}}}")
+        return os.linesep.join(lines)
 
     @property
     def trainer(self) -> Trainer | None:
@@ -392,3 +711,22 @@ class DataModule(HyperParametersMixin):
 
     def predict_dataloader(self) -> DataLoader | None:
         return None
+
+
+def _loader_sizes(loader: Any) -> str:
+    """``size=N`` of a dataloader's dataset (``size=NA`` without a length), numbered for
+    several; ``None`` for none."""
+    def size(one: Any) -> str:
+        dataset = getattr(one, "dataset", None)
+        try:
+            return f"size={len(dataset)}"
+        except TypeError:
+            return "size=NA"
+
+    if loader is None:
+        return "None"
+    if isinstance(loader, dict):
+        loader = list(loader.values())
+    if isinstance(loader, (list, tuple)):
+        return " ; ".join(f"{i}. {size(one)}" for i, one in enumerate(loader, 1))
+    return size(loader)

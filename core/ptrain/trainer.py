@@ -29,9 +29,9 @@ from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
                                  is_hook_method_callback, module_plugins)
-from ptrain.hyperparameters import logged_hyperparameters, saved_hyperparameters
-from ptrain.loading import (IMPL_MARK, call_impl, call_per_plugin, create_plugin_manager,
-                            instantiate, register)
+from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
+                                    logged_hyperparameters, saved_hyperparameters)
+from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instantiate, register
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
@@ -378,12 +378,11 @@ class Trainer:
             "ptrain_version": __version__,
             "model": self.module.state_dict(),
             "module_class": class_path(self.module),
-            "hyper_parameters": saved_hyperparameters(self.module.hparams),
+            **checkpoint_entries(self.module, MODULE_KEYS),
         }
         if self.datamodule is not None:
             checkpoint["datamodule_class"] = class_path(self.datamodule)
-            checkpoint["datamodule_hyper_parameters"] = saved_hyperparameters(
-                self.datamodule.hparams)
+            checkpoint.update(checkpoint_entries(self.datamodule, DATAMODULE_KEYS))
         if weights_only:
             checkpoint.update(weights_only=True, optimizers=[], plugins={}, loop={
                 "global_step": self.global_step, "epoch": self.current_epoch})
@@ -396,15 +395,17 @@ class Trainer:
                 "rng": checkpoint_io.capture_rng_states(),
                 "metrics": {stage: {k: list(v) for k, v in sums.items()}
                             for stage, sums in self.metrics.epoch_sums.items()},
-                "plugins": {name: state for name, state in
-                            call_per_plugin(self.pm, "state_dict", trainer=self).items()
-                            if state is not None},
                 "config": (dict(self.config, overridden_on_resume=self._overridden_on_resume)
                            if self._overridden_on_resume else self.config),
             })
             datamodule_state = self.datamodule.state_dict() if self.datamodule else None
             if datamodule_state:
                 checkpoint["datamodule_state"] = datamodule_state
+            checkpoint["plugins"] = {}  # each plugin reads the checkpoint as assembled so far
+            for impl in self.hook.state_dict.get_hookimpls():
+                state = call_impl(impl, trainer=self, checkpoint=checkpoint)
+                if state is not None:
+                    checkpoint["plugins"][impl.plugin_name] = state
         if not self._saved_state_checked:
             self._check_saved_state(checkpoint)
             # a weights-only file leaves the plugins' and the datamodule's state unchecked
@@ -549,21 +550,29 @@ class Trainer:
             self.precision_policy = self.hook.precision_policy(trainer=self)
             self._prepare_data()
             if self.datamodule is not None:
-                self.datamodule.setup(stage)
-            module.setup(stage)
+                self.datamodule.setup(stage=stage)
+            self.hook.on_stage_start(trainer=self, stage=stage)
+            module.setup(stage=stage)
             self._configure_model(empty_init=None)
+            module.zero_grad()  # no gradient left from before the stage (Lightning's too)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
             if stage == "fit":
                 setup = configure_optimizers(module, TrainModule)
                 _check_optimized_parameters(module, setup)
                 self._wrap_optimizers(setup)
-            for loader_stage in _STAGE_LOADERS[stage]:
-                skipped = loader_stage == "validate" and not implements(module,
-                                                                        "validation_step")
+            for loader_stage in reversed(_STAGE_LOADERS[stage]):  # Lightning's order: val first
+                # no validation_step, or an evaluation limited to 0 batches: the loader is not
+                # even asked for, as in Lightning
+                skipped = ((loader_stage == "validate" and not implements(module,
+                                                                          "validation_step"))
+                           or (loader_stage in ("validate", "test")
+                               and getattr(self, LIMITS[loader_stage]) == 0))
                 setattr(self, _LOADER_ATTRIBUTES[loader_stage],
                         None if skipped else self._dataloader(loader_stage))
             main_loader = _STAGE_LOADERS[stage][0]
-            if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None:
+            if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None and not (
+                    main_loader in ("validate", "test")
+                    and getattr(self, LIMITS[main_loader]) == 0):
                 method = _LOADER_METHODS[main_loader]
                 raise ModelError(f"{type(module).__qualname__} has no {_DATA_NAMES[main_loader]} "
                                  f"data: implement {method}() on the module or on a DataModule "
@@ -598,9 +607,9 @@ class Trainer:
             self.stage = None
             try:
                 self.hook.teardown(trainer=self, stage=stage)
-                module.teardown(stage)
+                module.teardown(stage=stage)
                 if self.datamodule is not None:
-                    self.datamodule.teardown(stage)
+                    self.datamodule.teardown(stage=stage)
             finally:
                 self._unregister_module_plugins(replaced)
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
@@ -800,7 +809,8 @@ class Trainer:
         saved = checkpoint.get("plugins", {})
         for impl in self.hook.load_state_dict.get_hookimpls():  # per plugin: its own state
             if impl.plugin_name in saved:
-                call_impl(impl, trainer=self, state=saved[impl.plugin_name])
+                call_impl(impl, trainer=self, state=saved[impl.plugin_name],
+                          checkpoint=checkpoint)
         return checkpoint
 
 

@@ -54,6 +54,11 @@ class LoopDefaults:
         return dataloader
 
     @hookimpl(trylast=True)
+    def evaluation_mode(self, trainer: Trainer) -> bool:
+        trainer.model.eval()
+        return True
+
+    @hookimpl(trylast=True)
     def transfer_batch(self, trainer: Trainer, batch: Any) -> Any:
         return move_to_device(batch, trainer.device)
 

@@ -88,7 +88,7 @@ class TrainingSnapshot:
         for impl in trainer.hook.state_dict.get_hookimpls():
             if id(impl.plugin) in skipped or impl.plugin_name not in loaders:
                 continue
-            state = call_impl(impl, trainer=trainer)
+            state = call_impl(impl, trainer=trainer, checkpoint=None)
             if state is not None:
                 self.plugins.append((loaders[impl.plugin_name], copy.deepcopy(state)))
 
@@ -113,7 +113,7 @@ class TrainingSnapshot:
         trainer.loss_window = list(self.loss_window)
         _restore_metric_state(trainer.metrics, self.metrics)
         for impl, state in self.plugins:
-            call_impl(impl, trainer=trainer, state=copy.deepcopy(state))
+            call_impl(impl, trainer=trainer, state=copy.deepcopy(state), checkpoint=None)
 
 
 def _loader_generators(trainer: Any) -> list[torch.Generator]:
