@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import random
 import warnings
 
@@ -614,6 +615,17 @@ def test_is_overridden_answers_as_lightnings():
         is_overridden("forward", nn.Linear(1, 1))
 
 
+@pytest.fixture
+def restored_environ():
+    """``os.environ`` as it was, after the test: Lightning's ``SLURMEnvironment.main_address``
+    writes ``MASTER_ADDR`` itself, which ``monkeypatch`` can't undo (a later test's processes
+    would then look for the master on the host it names)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.parametrize("variables", [
     {},
     {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -622,7 +634,8 @@ def test_is_overridden_answers_as_lightnings():
      "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77",
      "SLURM_NODELIST": "gpu[03-05]"},
 ])
-def test_cluster_environments_read_what_lightnings_read(monkeypatch, variables):
+def test_cluster_environments_read_what_lightnings_read(monkeypatch, variables,
+                                                        restored_environ):
     import lightning.pytorch.plugins.environments as theirs
 
     import ptrain.lightning.plugins.environments as ours
@@ -630,7 +643,7 @@ def test_cluster_environments_read_what_lightnings_read(monkeypatch, variables):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK",
                  "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
-    for name in [n for n in __import__("os").environ if n.startswith("SLURM_")]:
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)

@@ -40,6 +40,9 @@ def run_program(name: str, where: Path, framework: str, *args: str) -> dict:
     script.write_text(source if framework == "lightning" else ported(source))
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     env.pop("PTRAIN_TRACE", None)
+    for name in [n for n in env if n.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_"))
+                 or n in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK")]:
+        env.pop(name)  # the programs start their own processes, on this machine
     result = subprocess.run([sys.executable, str(script), str(folder), *args], cwd=folder,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{framework} {name}:\n{result.stdout[-3000:]}\n" \

@@ -102,16 +102,17 @@ def test_the_recorder_sees_every_hook_call_of_a_fit_in_order(tmp_path):
     names = recorder.names()
     # after setup, the sanity check runs the one validation batch before the first epoch;
     # the optional per-step hooks (on_batch_start, ...) are not called: no plugin implements them
-    assert names[:21] == ["launch", "setup_device", "precision_policy", "wrap_model",
-                          "wrap_optimizer", "prepare_dataloader", "prepare_dataloader",
-                          "unused_step_hooks", "setup",
-                          "log_hyperparams", "on_loop_start", "on_loop_start", "on_loop_start",
+    assert names[:23] == ["launch", "setup_device", "precision_policy", "on_stage_start",
+                          "wrap_model", "wrap_optimizer", "prepare_dataloader",
+                          "prepare_dataloader", "unused_step_hooks", "setup",
+                          "log_hyperparams", "on_loop_start", "on_loop_start",
+                          "evaluation_mode", "on_loop_start",
                           "transfer_batch", "model_step", "on_evaluation_batch_end",
                           "on_epoch_metrics", "on_loop_end", "on_loop_end", "on_loop_start",
                           "on_epoch_start"]
     assert [c.kwargs["loop"] for c in recorder.calls_of("on_loop_start")][:4] == [
         "fit", "sanity_check", "validate", "train"]
-    assert names[21:26] == ["transfer_batch", "model_step", "backward", "optimizer_step",
+    assert names[23:28] == ["transfer_batch", "model_step", "backward", "optimizer_step",
                             "on_train_batch_end"]
     assert names[-1] == "teardown"
     # the per-step hooks, which the core calls directly (no wrapper is registered for them)

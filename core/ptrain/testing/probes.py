@@ -28,11 +28,27 @@ LOADED_STATE = "loaded_state.pt"  # the plugin's state_dict() after a resume res
 def call_own_hook(plugin: Any, hook: str, **available: Any) -> tuple[bool, Any]:
     """Call ``plugin``'s own implementation of ``hook`` with the arguments it declares:
     ``(True, result)``, or ``(False, None)`` when it implements no such hook."""
-    function = getattr(plugin, hook, None)
-    if function is None or not hasattr(function, _IMPL_MARK):
+    function = _own_implementation(plugin, hook)
+    if function is None:
         return False, None
     wanted = inspect.signature(function).parameters
     return True, function(**{k: v for k, v in available.items() if k in wanted})
+
+
+def _own_implementation(plugin: Any, hook: str) -> Any:
+    """The method of ``plugin`` that implements ``hook``: named after it, or another name with
+    ``specname=hook`` (as a plugin does whose ``state_dict`` is another API's method)."""
+    function = getattr(plugin, hook, None)
+    if function is not None and hasattr(function, _IMPL_MARK) \
+            and getattr(function, _IMPL_MARK).get("specname") in (None, hook):
+        return function
+    for name in dir(type(plugin)):
+        candidate = getattr(type(plugin), name, None)
+        options = getattr(candidate, _IMPL_MARK, None)
+        if callable(candidate) and isinstance(options, dict) \
+                and options.get("specname") == hook:
+            return getattr(plugin, name)
+    return None
 
 
 class ResumeProbe:

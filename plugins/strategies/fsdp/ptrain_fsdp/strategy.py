@@ -83,6 +83,11 @@ class FSDPStrategy(ProcessGroupStrategy):
                 f"support: FSDP finalizes gradients after the model's forward, and a manual "
                 f"backward runs inside it. Use --strategy ddp or zero1 (optimizer state "
                 f"sharded), or automatic optimization.")
+        # FSDP keeps its all-gather buffers from one forward to the next: gathered under
+        # inference mode (an evaluation pass) they'd be inference tensors, which the next
+        # training forward can't write into. Evaluation runs under no_grad instead, as
+        # Lightning's FSDP does (the inference_mode option's documented exception).
+        trainer.inference_mode = False
         mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
         settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
         if policy.is_mixed:  # the precision plugin's formats, applied by FSDP itself
