@@ -64,6 +64,10 @@ FLAG_CASES = {
     "val-check-interval-fraction-above-one": (BASE + ["--val-check-interval", "1.5"],
                                               ["val_check_interval=1.5", "fraction <= 1.0"]),
     "empty-ckpt-path": (BASE + ["--ckpt-path="], ["ckpt_path is empty"]),
+    "seed-too-large": (BASE + ["--seed", "99999999999999999999"],
+                       ["a seed must be from 0 to 18446744073709551615"]),
+    "cpu-device-indices": (BASE + ["--devices", "[5]"],
+                           ["--devices [5] names device indices", "--devices 1"]),
     "nan-gradient-clip": (BASE + ["--gradient-clip-val", "nan"],
                           ["--gradient-clip-val", "positive number", "'nan'"]),
 }
@@ -145,7 +149,15 @@ def test_a_plugins_exception_is_attributed_to_the_plugin_and_its_hook(tmp_path):
     with pytest.raises(RuntimeError) as info:
         trainer.fit(TinyRegressor())
     origin = plugin_origin(info.value)
-    assert origin == ("plugin 'exploding' (module tests.test_bad_inputs) raised RuntimeError in "
-                      "its on_epoch_end hook"), origin
+    assert origin == (f"plugin 'exploding' (module {Exploding.__module__}) raised RuntimeError "
+                      f"in its on_epoch_end hook"), origin
     # a plugin in the user's own files (not an installed package) is the user's code
     assert user_code_origin(info.value).startswith("_end (test_bad_inputs.py:")
+
+
+def test_a_config_file_may_start_with_a_byte_order_mark(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_bytes("\ufeff[trainer]\nmax_epochs = 1\n".encode("utf-8"))
+    result = run_cli(*BASE, *COMMON, "--config", str(config), "--default-root-dir",
+                     str(tmp_path / "runs"))
+    assert result.returncode == 0, result.stderr

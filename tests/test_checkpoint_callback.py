@@ -7,12 +7,15 @@ batch per epoch)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import ptrain
 from ptrain import hookimpl
 from ptrain.builtins.checkpoint import RECORD, ModelCheckpoint
 from ptrain.errors import CheckpointError, ConfigError, PluginError
@@ -117,9 +120,11 @@ def test_top_k_after_each_validation_when_validation_runs_within_the_epoch(make_
                      val_check_interval=0.5, num_sanity_val_steps=0)  # it would count a check
     assert snapshots.after_epoch == [["epoch=0-step=2-val_metric=2.ckpt"],
                                      ["epoch=1-step=4-val_metric=1.ckpt"]]
+    # last.ckpt follows each top-k file (as Lightning's save_last); an epoch end at the step of
+    # a write does not write it again
     assert [n for n, _ in snapshots.after_write] == [
-        "epoch=0-step=1-val_metric=5.ckpt", "epoch=0-step=2-val_metric=2.ckpt", "last.ckpt",
-        "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt"]
+        "epoch=0-step=1-val_metric=5.ckpt", "last.ckpt", "epoch=0-step=2-val_metric=2.ckpt",
+        "last.ckpt", "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt"]
 
 
 def test_a_nan_monitored_value_ranks_worst(make_trainer):
@@ -327,7 +332,7 @@ def test_a_checkpoint_object_replaces_the_default_callback(make_trainer):
     ({"every_n_train_steps": -1}, ["every_n_train_steps=-1"]),
     ({"train_time_interval": "1 hour"}, ["DD:HH:MM:SS"]),
     ({"filename": "x.ckpt"}, ["without the .ckpt extension"]),
-    ({"save_last": "link"}, ["save_last", "'link'"]),
+    ({"save_last": "sometimes"}, ["save_last", "'sometimes'", "'link'"]),
 ])
 def test_bad_options_from_python(kwargs, needles):
     with pytest.raises(ConfigError) as info:
@@ -473,3 +478,170 @@ def test_weights_only_files_load_for_evaluation_and_the_full_state_is_kept(make_
     resumed = make_trainer(max_epochs=4, callbacks=QUIET)
     resumed.fit(SequenceModule([3, 2, 4, 1]), ckpt_path=str(folder / "last.ckpt"))
     assert resumed.current_epoch == 4
+
+
+# -- save_on_exception, save_last="link", enable_version_counter, epoch/step, verbose -----------
+
+
+class FailsAt(SequenceModule):
+    """Raises ``error`` after the optimizer step of training batch ``batch`` of ``epoch``."""
+
+    def __init__(self, epoch: int, batch: int, error: BaseException, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_epoch, self.fail_batch, self.error = epoch, batch, error
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if (self.trainer.current_epoch, batch_idx) == (self.fail_epoch, self.fail_batch):
+            raise self.error
+
+
+def test_save_on_exception_writes_the_state_at_the_error_and_keeps_last(make_trainer):
+    callback = ModelCheckpoint(save_on_exception=True)
+    trainer = make_trainer(callbacks=[*QUIET, callback], max_epochs=3)
+    with pytest.warns(UserWarning, match="RuntimeError: broken.*epoch=1-step=3.ckpt.*not among "
+                                         "the top-k.*last.ckpt still holds"):
+        with pytest.raises(RuntimeError, match="broken"):
+            trainer.fit(FailsAt(1, 0, RuntimeError("broken"), val_values=[1]))
+    folder = trainer.run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=3.ckpt", "last.ckpt"]
+    at_error = torch.load(folder / "epoch=1-step=3.ckpt", weights_only=True)
+    assert at_error["loop"]["global_step"] == 3 and at_error["loop"]["batch"] == 1
+    assert torch.load(folder / "last.ckpt", weights_only=True)["loop"]["global_step"] == 2
+    assert callback.best_k_models == {} and callback.last_model_path == str(folder / "last.ckpt")
+    # it resumes: the rest of epoch 1 and epoch 2
+    resumed = make_trainer(callbacks=QUIET, max_epochs=3)
+    resumed.fit(SequenceModule([1]), ckpt_path=str(folder / "epoch=1-step=3.ckpt"))
+    assert resumed.global_step == 6
+
+
+def test_save_on_exception_writes_nothing_after_a_non_finite_loss(make_trainer):
+    class GoesNaN(SequenceModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * float("nan") if self.trainer.current_epoch == 1 else loss
+
+    callback = ModelCheckpoint(save_on_exception=True)
+    trainer = make_trainer(callbacks=[*QUIET, callback], max_epochs=3)
+    with pytest.warns(UserWarning, match="not written: the loss went non-finite.*last.ckpt"):
+        with pytest.raises(ptrain.NonFiniteLossError):
+            trainer.fit(GoesNaN([1]))
+    assert sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+
+
+def test_save_on_exception_needs_a_step_trained_since_the_last_save(make_trainer, tmp_path):
+    # the error comes right after the epoch-end save (at step 2): nothing new to save
+    callback = ModelCheckpoint(save_on_exception=True, dirpath=tmp_path / "c", save_last=False,
+                               save_top_k=-1)
+    trainer = make_trainer(callbacks=[*QUIET, callback], max_epochs=2)
+
+    class FailsAtEpochStart(SequenceModule):
+        def on_train_epoch_start(self):
+            if self.trainer.current_epoch == 1:
+                raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        trainer.fit(FailsAtEpochStart([1]))
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["epoch=0-step=2.ckpt"]
+
+
+def test_save_last_link_points_at_the_newest_top_k_file_and_resumes(make_trainer):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2, save_last="link",
+                               filename="{epoch}-{val_metric:.1f}")
+    trainer, _ = fit(make_trainer, callback)
+    folder = trainer.run_dir / "checkpoints"
+    last = folder / "last.ckpt"
+    assert last.is_symlink() and not os.path.isabs(os.readlink(last))
+    # epoch 5 (6.0) did not enter the top 2: last.ckpt is the newest file written, epoch 4's
+    assert os.readlink(last) == name(4, 2)
+    assert kept(folder) == [name(3, 1), name(4, 2)]
+    resumed = make_trainer(callbacks=QUIET, max_epochs=6)
+    resumed.fit(SequenceModule(VALUES), ckpt_path="last")
+    assert resumed.ckpt_path == str(last) and resumed.global_step == 12
+
+
+def test_link_or_copy_replaces_what_is_there_and_copies_where_links_fail(tmp_path, monkeypatch):
+    from ptrain.builtins import checkpoint
+
+    (tmp_path / "a.ckpt").write_text("a")
+    (tmp_path / "b.ckpt").write_text("b")
+    (tmp_path / "last.ckpt").write_text("an old file")
+    assert checkpoint.link_or_copy(tmp_path / "a.ckpt", tmp_path / "last.ckpt")
+    assert os.readlink(tmp_path / "last.ckpt") == "a.ckpt"
+    assert checkpoint.link_or_copy(tmp_path / "b.ckpt", tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").read_text() == "b"
+
+    def refuse(*args, **kwargs):
+        raise OSError("no links here")
+
+    monkeypatch.setattr(checkpoint.os, "symlink", refuse)
+    monkeypatch.setattr(checkpoint.os, "link", refuse)
+    assert not checkpoint.link_or_copy(tmp_path / "a.ckpt", tmp_path / "last.ckpt")
+    assert not (tmp_path / "last.ckpt").is_symlink()
+    assert (tmp_path / "last.ckpt").read_text() == "a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "b.ckpt", "last.ckpt"]
+
+
+def test_without_the_version_counter_another_runs_files_are_replaced_and_said(make_trainer,
+                                                                             tmp_path):
+    named = dict(dirpath=tmp_path / "shared", monitor="val_metric", save_top_k=1,
+                 filename="best", enable_version_counter=False)
+    fit(make_trainer, ModelCheckpoint(**named), values=[3, 2])
+    before = (tmp_path / "shared" / "best.ckpt").read_bytes()
+    with pytest.warns(UserWarning, match="best.ckpt was there before this run and is replaced"):
+        fit(make_trainer, ModelCheckpoint(**named), values=[3, 1, 2],
+            default_root_dir=str(tmp_path / "other"))
+    assert sorted(p.name for p in (tmp_path / "shared").glob("*.ckpt")) == ["best.ckpt",
+                                                                           "last.ckpt"]
+    assert (tmp_path / "shared" / "best.ckpt").read_bytes() != before
+
+
+def test_epoch_and_step_can_be_monitored_and_named_without_being_logged(make_trainer):
+    callback = ModelCheckpoint(monitor="step", mode="max", save_top_k=2, filename="s{step}")
+    trainer, _ = fit(make_trainer, callback, values=[1, 1, 1])
+    assert kept(trainer.run_dir / "checkpoints") == ["sstep=4.ckpt", "sstep=6.ckpt"]
+    assert callback.best_model_score == 6 and callback.current_score == 6
+
+
+def test_verbose_prints_each_top_k_decision(make_trainer, capsys):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=1, verbose=True)
+    fit(make_trainer, callback, values=[3, 1, 2])
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("checkpoint:")]
+    assert len(lines) == 3
+    assert "val_metric = 3 is among the best 1" in lines[0] and "saved" in lines[0]
+    assert "val_metric = 2 is not among the best 1; nothing saved" in lines[2]
+
+
+def test_to_yaml_and_format_checkpoint_name(make_trainer, tmp_path):
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2,
+                               filename="{epoch}-{val_metric:.1f}")
+    trainer, _ = fit(make_trainer, callback, values=[3, 1, float("nan")])
+    callback.to_yaml()
+    table = yaml.safe_load((trainer.run_dir / "checkpoints" / "best_k_models.yaml").read_text())
+    assert {Path(k).name: v for k, v in table.items()} == {name(0, 3): 3.0, name(1, 1): 1.0}
+    assert callback.format_checkpoint_name({"epoch": 7, "val_metric": torch.tensor(0.25)},
+                                           ver=2) == str(trainer.run_dir / "checkpoints" /
+                                                         "epoch=7-val_metric=0.2-v2.ckpt")
+    with pytest.raises(ConfigError, match="'val_metric', which was not logged"):
+        callback.format_checkpoint_name({"epoch": 7})
+
+
+def test_save_last_is_written_at_the_end_of_a_fit_whose_triggers_never_came(make_trainer):
+    callback = ModelCheckpoint(every_n_epochs=5)
+    trainer, _ = fit(make_trainer, callback, values=[1, 1])
+    last = torch.load(trainer.run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["loop"]["global_step"] == 4
+
+
+def test_a_stage_that_writes_nothing_leaves_no_run_folder(make_trainer, tmp_path):
+    trainer = make_trainer(callbacks=[*QUIET, "no:checkpoint"], max_epochs=1)
+    trainer.fit(SequenceModule([1]))
+    assert not (tmp_path / "runs").exists()
+    trainer = make_trainer(callbacks=QUIET, max_epochs=1)
+    trainer.fit(SequenceModule([1]))
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["version_0"]
+
+
+def test_a_missing_checkpoint_is_also_a_file_not_found_error(make_trainer, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        make_trainer(callbacks=QUIET).fit(SequenceModule([1]), ckpt_path=str(tmp_path / "x"))

@@ -66,8 +66,9 @@ def test_a_logger_names_the_run_folder_and_a_second_stage_logs_beside_the_first(
 
 
 def test_model_checkpoint_takes_lightnings_arguments_or_refuses_them(tmp_path):
-    with pytest.raises(ptrain.ConfigError, match="ModelCheckpoint\\(save_on_exception="):
-        ModelCheckpoint(save_on_exception=True)
+    assert ModelCheckpoint(save_on_exception=True).save_on_exception is True
+    with pytest.raises(ptrain.ConfigError, match="every_n_train_steps=2, every_n_epochs=1"):
+        ModelCheckpoint(every_n_train_steps=2, every_n_epochs=1)
     assert ModelCheckpoint(dirpath=tmp_path).dirpath == str(tmp_path)
     checkpoint = ModelCheckpoint(every_n_train_steps=4)
     assert checkpoint.save_last is False and checkpoint.every_n_epochs == 0
@@ -178,7 +179,7 @@ def test_self_log_refuses_what_it_cannot_do(tmp_path):
             return loss
 
     trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
-    with pytest.raises(ptrain.ModelError, match="enable_graph=True\\) is not supported"):
+    with pytest.raises(ptrain.ConfigError, match="enable_graph=True\\) is not supported"):
         trainer.fit(Graph())
 
 

@@ -60,7 +60,7 @@ def test_a_monitor_never_logged_is_an_error_or_with_strict_false_a_warning(tmp_p
     with pytest.raises(ptrain.ModelError, match="monitors 'val_los', which was not logged; "
                                                 "logged metrics: .*score"):
         fit(tmp_path, Plateau([3.0, 2.0], monitor="val_los"), epochs=2)
-    with pytest.warns(UserWarning, match="was not stepped"):
+    with pytest.warns(RuntimeWarning, match="was not stepped"):
         lrs = fit(tmp_path, Plateau([3.0, 2.0], monitor="val_los", strict=False), epochs=2)
     assert lrs == [1.0, 1.0]
 

@@ -92,7 +92,10 @@ def test_validate_command_restores_a_checkpoint_and_reports(tmp_path, capsys):
 def test_single_device_refuses_more_than_one_device(make_trainer):
     with pytest.raises(ptrain.ConfigError, match="single-device strategy trains on one device"):
         make_trainer(devices=2, max_epochs=1).fit(TinyRegressor())
-    make_trainer(devices=[0], max_epochs=1).fit(TinyRegressor(n=8))  # one index is one device
+    make_trainer(devices=1, max_epochs=1).fit(TinyRegressor(n=8))
+    # as Lightning: the CPU has no device indices (a GPU's [0] is one device)
+    with pytest.raises(ptrain.ConfigError, match=r"--devices \[0\] names device indices"):
+        make_trainer(devices=[0], max_epochs=1).fit(TinyRegressor(n=8))
 
 
 @pytest.mark.parametrize("given, selected", [

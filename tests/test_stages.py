@@ -4,7 +4,6 @@ debugging options (``fast_dev_run``, ``overfit_batches``, ``limit_test/predict_b
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
@@ -259,7 +258,7 @@ def test_deterministic_names_the_op_without_a_deterministic_implementation(tmp_p
     ("--num-sanity-val-steps", "-2", "-1 for all"),
     ("--fast-dev-run", "maybe", "expected true or false"),
     ("--deterministic", "sometimes", "true, false or 'warn'"),
-    ("--overfit-batches", "1.5", "fraction must be in (0, 1]"),
+    ("--overfit-batches", "1.5", "fraction must be in [0, 1]"),
 ])
 def test_debugging_option_values_are_checked(flag, value, needle):
     result = run_cli("fit", "--model", STAGED, flag, value)

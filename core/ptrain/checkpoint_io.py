@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ptrain.errors import CheckpointError, CheckpointWriteError
+from ptrain.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 
 FORMAT = "ptrain-checkpoint"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -176,7 +176,7 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             f"Resume it with the strategy that wrote it, or turn it into a single file first: "
             f"ptrain-consolidate {path} whole.ckpt")
     if not path.is_file():
-        raise CheckpointError(
+        raise (CheckpointError if path.is_dir() else CheckpointNotFoundError)(
             f"checkpoint {str(path)!r} does not exist"
             + (" (it is a directory)" if path.is_dir() else "")
             + ". Give the path of a .ckpt file, or `last` to resume the latest run."

@@ -72,11 +72,14 @@ def _plugin_name(kind: str):
 
 
 def to_devices(value: Any) -> int | str | list[int]:
-    """A device count (``2``), ``"auto"``, or a list of indices (``[0, 2]`` or ``"0,2"``)."""
+    """A device count (``2``), ``"auto"``, or a list of indices (``[0, 2]``, ``"[0, 2]"`` or
+    ``"0,2"``)."""
     if value == "auto":
         return "auto"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [to_int(v) for v in value]
+    if isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]"):
+        return [to_int(v) for v in value.strip()[1:-1].split(",") if v.strip()]
     if isinstance(value, str) and "," in value:
         return [to_int(v) for v in value.split(",") if v.strip()]
     count = to_int(value)
@@ -86,6 +89,19 @@ def to_devices(value: Any) -> int | str | list[int]:
 
 
 _DURATION = re.compile(r"^(?:(\d+):)?(\d+):(\d+):(\d+)$")
+
+
+#: the seeds torch's generator takes (seed_everything gives NumPy's the seed modulo 2**32)
+SEED_RANGE = (0, 2**64 - 1)
+
+
+def to_seed(value: Any) -> int:
+    """A seed: an integer from 0 to 2**64 - 1."""
+    seed = to_int(value)
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"a seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} (what torch's "
+                         f"generator takes), got {seed}")
+    return seed
 
 
 def to_seconds(value: Any) -> float:
@@ -116,13 +132,25 @@ def positive(convert):
 
 
 def _batch_limit(value: Any) -> int | float:
-    """A number of batches (int) or a fraction of them (float in (0, 1])."""
+    """A number of batches (int; a whole float above 1.0 is taken as one), or a fraction of
+    them (float in [0, 1]; 0 turns the stage off)."""
     limit = to_int_or_float(value)
-    if isinstance(limit, float) and not 0.0 < limit <= 1.0:
-        raise ValueError(f"a fraction must be in (0, 1], got {limit}; give an int for a count")
+    if isinstance(limit, float) and limit > 1.0 and limit.is_integer():
+        return int(limit)  # as Lightning: 10.0 batches is 10
+    if isinstance(limit, float) and not 0.0 <= limit <= 1.0:
+        raise ValueError(f"a fraction must be in [0, 1], got {limit}; give a whole number for "
+                         f"a count")
     if isinstance(limit, int) and limit < 0:
         raise ValueError(f"a batch count must be >= 0, got {limit}")
     return limit
+
+
+def _non_negative_int(value: Any) -> int:
+    """A whole number >= 0."""
+    number = to_int(value)
+    if number < 0:
+        raise ValueError(f"expected a whole number >= 0, got {number}")
+    return number
 
 
 def _sanity_steps(value: Any) -> int:
@@ -184,15 +212,21 @@ def core_options() -> OptionGroup:
     g.add("val_check_interval", positive(to_int_or_float), default=1.0,
           help="validate every this fraction of an epoch (float) or this many batches (int)")
     g.add("check_val_every_n_epoch", positive(to_int), default=1,
-          help="validate at the end of every n-th epoch")
+          help="validate at the end of every n-th epoch (from Python, None: every "
+               "val_check_interval training batches counted across epochs, an int)")
     g.add("limit_train_batches", _batch_limit, default=1.0,
-          help="train on this many batches (int) or this fraction (float) of each epoch")
+          help="train on this many batches (int) or this fraction (float) of each epoch; 0: "
+               "fit trains nothing (said in a warning)")
     g.add("limit_val_batches", _batch_limit, default=1.0,
           help="validate on this many batches (int) or this fraction (float); 0 turns it off")
     g.add("limit_test_batches", _batch_limit, default=1.0,
           help="test on this many batches (int) or this fraction (float)")
     g.add("limit_predict_batches", _batch_limit, default=1.0,
           help="predict on this many batches (int) or this fraction (float)")
+    g.add("reload_dataloaders_every_n_epochs", _non_negative_int, default=0,
+          help="ask the module (or datamodule) for the training dataloader again every n "
+               "epochs, and for the validation dataloader before a validation n epochs after it "
+               "was last asked for (0: once per stage)")
     g.add("num_sanity_val_steps", _sanity_steps, default=2,
           help="validation batches run before training, so a broken validation_step fails in "
                "seconds (-1: all, 0: none); nothing is logged and the random state is kept")
@@ -214,7 +248,7 @@ def core_options() -> OptionGroup:
           help="write step metrics (and check the loss is finite) every n optimizer steps")
     g.add("default_root_dir", str, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")
-    g.add("seed", to_int, help="seed Python, NumPy and torch once, when the trainer is made "
+    g.add("seed", to_seed, help="seed Python, NumPy and torch once, when the trainer is made "
                                "(before the model is built), for a reproducible run")
     g.add("detect_anomaly", to_bool, default=False,
           help="debugging: name the forward operation whose backward produced a NaN/Inf "
@@ -243,8 +277,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"config file {str(path)!r} is {size:,} bytes; a config is a few "
                               f"kilobytes, and files above {MAX_CONFIG_BYTES:,} bytes are not "
                               f"read (is it the right file?).")
-        with open(path, encoding="utf-8") as f:  # a FIFO or device has no size: read a bounded
-            text = f.read(MAX_CONFIG_BYTES + 1)  # amount either way
+        # utf-8-sig: the byte-order mark some editors write is not TOML. A FIFO or a device
+        # has no size: read a bounded amount either way
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
         if len(text) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config file {str(path)!r} holds more than "
                               f"{MAX_CONFIG_BYTES:,} bytes; a config is a few kilobytes (is it "

@@ -139,10 +139,13 @@ def suggested_num_workers(processes_per_node: int = 1, cpus: int | None = None) 
 
 
 def stop_workers(loader: Any) -> None:
-    """Shut down the persistent worker processes of ``loader`` (a DataLoader, else nothing
-    happens); iterating it again starts new ones. The trainer calls this when a run ends: left
+    """Shut down the persistent worker processes of ``loader`` (a DataLoader, or a list of
+    them, else nothing happens); iterating it again starts new ones. The trainer calls this when a run ends: left
     alive, the workers linger until the loader is garbage-collected, and stopping them from
     inside a reference cycle costs torch its 5 s join timeout per worker."""
+    if isinstance(loader, list):  # several evaluation dataloaders
+        for each in loader:
+            stop_workers(each)
     if isinstance(loader, DataLoader) and loader.persistent_workers:
         # DataLoader keeps its worker iterator in this private attribute and offers no public
         # way to stop it; dropping the last reference shuts the workers down in order

@@ -365,9 +365,9 @@ class ProcessGroupStrategy:
                              describe=lambda: _doing(trainer),
                              hint=f"--{trainer.options['strategy']}-stall-timeout")
         # every rank writes into the run folder rank 0 chose (under torchrun each chose its own)
-        chosen = [str(trainer.log_dir) if trainer.log_dir is not None else None]
+        chosen = [str(trainer.run_dir) if trainer.run_dir is not None else None]
         dist.broadcast_object_list(chosen, src=0)
-        trainer.log_dir = Path(chosen[0]) if chosen[0] is not None else None
+        trainer.run_dir = Path(chosen[0]) if chosen[0] is not None else None
         return device
 
     # -- data ----------------------------------------------------------------------------------

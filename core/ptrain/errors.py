@@ -20,6 +20,11 @@ class CheckpointError(PtrainError):
     """A checkpoint is missing, truncated, corrupt, foreign or unsafe to load."""
 
 
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that names no file; also a ``FileNotFoundError`` (what Lightning
+    raises there), so either ``except`` catches it."""
+
+
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (no space, no permission, a quota, a file-size limit);
     nothing saved before was replaced, and the partial file was removed."""

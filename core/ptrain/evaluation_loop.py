@@ -4,6 +4,13 @@ sanity check of a few validation batches before ``fit`` trains.
 Each runs the module in eval mode under ``torch.inference_mode`` (``torch.no_grad`` with the
 trainer's ``inference_mode=False``) with the per-step ``transfer_batch`` and ``model_step``
 hooks, like a training batch minus backward and optimizer step.
+
+A stage may have several dataloaders (a list, tuple or dict of DataLoaders from
+``val_dataloader()`` and the like, or given to the stage): they run one after the other in one
+pass, as in Lightning, each up to its own limit. While one of them runs,
+``trainer.dataloader_idx`` is its index (``None`` with a single dataloader); the step method
+and the Lightning-named batch hooks receive it as their ``dataloader_idx`` argument, and names
+logged there get ``/dataloader_idx_N`` (see :mod:`ptrain.metrics`).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler
 
 from ptrain import checkpoint_io
 from ptrain.errors import ConfigError, ModelError
@@ -42,6 +49,60 @@ def loader_length(loader: Any) -> float:
 
 def stage_batches(trainer: Trainer, stage: str, loader: Any) -> float:
     return limit_batches(loader_length(loader), getattr(trainer, LIMITS[stage]))
+
+
+class SeveralLoaders(list):
+    """The dataloaders of one evaluation stage when it has several, in the order they run;
+    ``names`` are the keys of the dict they were given as (else ``None``)."""
+
+    def __init__(self, loaders: list[Any], names: list[Any] | None = None):
+        super().__init__(loaders)
+        self.names = names
+
+
+def several_loaders(value: Any) -> tuple[list[Any], list[Any] | None] | None:
+    """``(loaders, names)`` when ``value`` is a list, tuple or dict of DataLoaders (several
+    dataloaders for one evaluation stage, the dict's keys as names), else ``None``."""
+    if isinstance(value, dict):
+        loaders, names = list(value.values()), list(value)
+    elif isinstance(value, (list, tuple)):
+        loaders, names = list(value), None
+    else:
+        return None
+    if not loaders or not all(isinstance(x, DataLoader) for x in loaders):
+        return None
+    return loaders, names
+
+
+def loaders_of(loader: Any) -> list[Any]:
+    """The dataloaders a stage runs, in order: those of :class:`SeveralLoaders`, else
+    ``loader`` alone (none for ``None``)."""
+    if loader is None:
+        return []
+    return list(loader) if isinstance(loader, SeveralLoaders) else [loader]
+
+
+def check_dataloader_idx(trainer: Trainer, stage: str, count: int) -> None:
+    """A module whose step method can't take ``dataloader_idx`` under several dataloaders, or
+    requires it under one, is a :class:`ModelError` naming the fix (as Lightning refuses
+    both), raised before the first batch."""
+    from ptrain.step_module import STEP_METHODS, takes_dataloader_idx
+
+    module = trainer.module
+    method_name = STEP_METHODS[stage]
+    method = getattr(module, method_name, None)
+    if method is None:
+        return
+    takes, required = takes_dataloader_idx(method)
+    where = f"{type(module).__qualname__}.{method_name}"
+    if count > 1 and not takes:
+        raise ModelError(f"the {stage} stage has {count} dataloaders, but {where} takes no "
+                         f"dataloader_idx argument to tell their batches apart; add it: "
+                         f"def {method_name}(self, batch, batch_idx, dataloader_idx=0).")
+    if count == 1 and required:
+        raise ModelError(f"the {stage} stage has one dataloader, but {where} requires a "
+                         f"dataloader_idx argument, which is given only under several; give "
+                         f"it a default (dataloader_idx=0) or remove it.")
 
 
 class _EvalMode:
@@ -85,29 +146,51 @@ def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) 
                                       batch=batch, batch_idx=batch_idx)
 
 
-def _evaluation_pass(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
-    """``on_loop_start``, the batches and ``on_epoch_metrics``, in eval mode under
-    ``torch.no_grad`` (as Lightning runs its start and epoch-end hooks). The caller publishes
-    and ends the loop."""
-    trainer.num_eval_batches = num_batches
+def _each_loader(trainer: Trainer, loaders: list[Any],
+                 counts: list[float]) -> Iterator[tuple[Any, float]]:
+    """``(loader, batches)`` of each dataloader that runs batches, with
+    ``trainer.dataloader_idx`` and ``trainer.num_eval_batches`` set for it (the index only
+    under several dataloaders); both are reset after the last."""
+    several = len(loaders) > 1
+    try:
+        for index, (loader, count) in enumerate(zip(loaders, counts)):
+            if count == 0:
+                continue
+            trainer.dataloader_idx = index if several else None
+            trainer.num_eval_batches = count
+            yield loader, count
+    finally:
+        trainer.dataloader_idx = None
+
+
+def _evaluation_pass(trainer: Trainer, stage: str, loaders: list[Any],
+                     counts: list[float]) -> None:
+    """``on_loop_start``, the batches of each dataloader and ``on_epoch_metrics``, in eval
+    mode under ``torch.no_grad`` (as Lightning runs its start and epoch-end hooks). The caller
+    publishes and ends the loop."""
+    check_dataloader_idx(trainer, stage, len(loaders))
+    trainer.num_eval_batches = counts[0]
     with _EvalMode(trainer, stage):  # trainer.stage is the pass's from its first hook on
         trainer.hook.on_loop_start(trainer=trainer, loop=stage)
-        _run_batches(trainer, stage, loader, num_batches)
+        for loader, count in _each_loader(trainer, loaders, counts):
+            _run_batches(trainer, stage, loader, count)
         trainer.metrics.preview_epoch(stage)
         with trainer.metrics.epoch_level():
             trainer.hook.on_epoch_metrics(trainer=trainer, stage=stage)
 
 
 def run_evaluation(trainer: Trainer, stage: str) -> None:
-    """One pass of ``stage`` (``"validate"`` or ``"test"``) over its dataloader; the metrics it
-    logged are averaged, reduced and published into ``callback_metrics``. A validation pass
-    ends with ``on_validation_end``, then ``on_loop_end``."""
-    loader = trainer.val_dataloader if stage == "validate" else trainer.test_dataloader
-    num_batches = 0 if loader is None else stage_batches(trainer, stage, loader)
-    if num_batches == 0:
+    """One pass of ``stage`` (``"validate"`` or ``"test"``) over its dataloader(s); the
+    metrics it logged are averaged, reduced and published into ``callback_metrics``, and
+    ``trainer.metrics.results`` holds them per dataloader. A validation pass ends with
+    ``on_validation_end``, then ``on_loop_end``."""
+    loaders = loaders_of(trainer.val_dataloader if stage == "validate"
+                         else trainer.test_dataloader)
+    counts = [stage_batches(trainer, stage, loader) for loader in loaders]
+    if not any(counts):
         return
-    _evaluation_pass(trainer, stage, loader, num_batches)
-    trainer.metrics.publish_epoch(stage)
+    _evaluation_pass(trainer, stage, loaders, counts)
+    trainer.metrics.publish_epoch(stage, dataloaders=len(loaders))
     if stage == "validate":
         trainer.hook.on_validation_end(trainer=trainer)
     trainer.hook.on_loop_end(trainer=trainer, loop=stage)
@@ -125,20 +208,21 @@ def run_sanity_check(trainer: Trainer) -> None:
     not fire, and every random generator is left as it was, so the run trains exactly as
     without it."""
     steps = trainer.num_sanity_val_steps
-    loader = trainer.val_dataloader
-    if loader is None or steps == 0:
+    loaders = loaders_of(trainer.val_dataloader)
+    if not loaders or steps == 0:
         return
-    num_batches = stage_batches(trainer, "validate", loader)
+    counts = [stage_batches(trainer, "validate", loader) for loader in loaders]
     if steps > 0:
-        num_batches = min(num_batches, steps)
-    if num_batches == 0:
+        counts = [min(count, steps) for count in counts]
+    if not any(counts):
         return
     rng = checkpoint_io.capture_rng_states()  # iterating a DataLoader draws a base seed
     metrics = dict(trainer.callback_metrics)  # the epoch-end hooks' preview is not kept
+    shown = dict(trainer.metrics.progress_bar)
     trainer.sanity_checking = True
     try:
         trainer.hook.on_loop_start(trainer=trainer, loop="sanity_check")
-        _evaluation_pass(trainer, "validate", loader, num_batches)
+        _evaluation_pass(trainer, "validate", loaders, counts)
         trainer.metrics.discard("validate")
         trainer.hook.on_loop_end(trainer=trainer, loop="validate")
         trainer.hook.on_loop_end(trainer=trainer, loop="sanity_check")
@@ -147,6 +231,8 @@ def run_sanity_check(trainer: Trainer) -> None:
         trainer.metrics.discard("validate")
         trainer.callback_metrics.clear()
         trainer.callback_metrics.update(metrics)
+        trainer.metrics.progress_bar.clear()
+        trainer.metrics.progress_bar.update(shown)
         checkpoint_io.restore_rng_states(rng)
 
 
@@ -177,43 +263,61 @@ def to_cpu(value: Any) -> Any:
 
 
 def run_prediction(trainer: Trainer) -> list[Any] | None:
-    """One pass of ``predict_step`` over the predict dataloader. Each batch's output goes to
+    """One pass of ``predict_step`` over the predict dataloader(s). Each batch's output goes to
     ``on_evaluation_batch_end`` (a writer streams it to disk there); with ``return_predictions``
     the outputs are also kept (on the CPU) and returned, gathered from every process in
-    dataset order (see :func:`gather_predictions`). ``trainer.batch_indices`` holds the dataset
-    indices of the current batch where the loader's order is fixed, else ``None``."""
-    loader = trainer.predict_dataloader
-    num_batches = trainer.num_eval_batches = stage_batches(trainer, "predict", loader)
+    dataset order (see :func:`gather_predictions`): a list of batch outputs, or under several
+    dataloaders one such list per dataloader, as Lightning returns them.
+    ``trainer.batch_indices`` holds the dataset indices of the current batch where the
+    loader's order is fixed, else ``None``."""
+    loaders = loaders_of(trainer.predict_dataloader)
+    counts = [stage_batches(trainer, "predict", loader) for loader in loaders]
     keep = trainer.return_predictions
+    kept: list[tuple[Any, list[Any], list[list[int] | None]]] = [(x, [], []) for x in loaders]
+    check_dataloader_idx(trainer, "predict", len(loaders))
+    trainer.num_eval_batches = counts[0]
+    with _EvalMode(trainer, "predict"):
+        trainer.hook.on_loop_start(trainer=trainer, loop="predict")
+        for loader, count in _each_loader(trainer, loaders, counts):
+            kept[trainer.dataloader_idx or 0] = (loader, *_predict_batches(trainer, loader,
+                                                                             count, keep))
+        trainer.hook.on_epoch_metrics(trainer=trainer, stage="predict")
+    trainer.batch_indices = None
+    trainer.metrics.discard("predict")
+    results = []
+    for loader, outputs, batch_indices in kept:
+        if keep and trainer.world_size > 1:
+            outputs = gather_predictions(trainer, outputs, batch_indices,
+                                         getattr(loader, "batch_size", None))
+        results.append(outputs)
+    trainer.hook.on_loop_end(trainer=trainer, loop="predict")
+    if not keep:
+        return None
+    return results if len(loaders) > 1 else (results[0] if results else [])
+
+
+def _predict_batches(trainer: Trainer, loader: Any, num_batches: float,
+                     keep: bool) -> tuple[list[Any], list[list[int] | None]]:
     hooks = trainer.step_hooks
     indices = _dataset_indices(loader)
     outputs: list[Any] = []
     batch_indices: list[list[int] | None] = []
-    with _EvalMode(trainer, "predict"):
-        trainer.hook.on_loop_start(trainer=trainer, loop="predict")
-        for batch_idx, batch in enumerate(loader):
-            if batch_idx >= num_batches:
-                break
-            trainer.batch_indices = next(indices) if indices is not None else None
-            batch = hooks.transfer_batch(trainer=trainer, batch=batch)
-            if hooks.has_on_batch_start:
-                hooks.on_batch_start(trainer=trainer, stage="predict", batch=batch,
-                                     batch_idx=batch_idx)
-            output = hooks.model_step(trainer=trainer, stage="predict", batch=batch,
-                                      batch_idx=batch_idx)
-            hooks.on_evaluation_batch_end(trainer=trainer, stage="predict", outputs=output,
-                                          batch=batch, batch_idx=batch_idx)
-            if keep:
-                outputs.append(to_cpu(output))
-                batch_indices.append(trainer.batch_indices)
-        trainer.hook.on_epoch_metrics(trainer=trainer, stage="predict")
-    trainer.batch_indices = None
-    trainer.metrics.discard("predict")
-    if keep and trainer.world_size > 1:
-        outputs = gather_predictions(trainer, outputs, batch_indices,
-                                     getattr(loader, "batch_size", None))
-    trainer.hook.on_loop_end(trainer=trainer, loop="predict")
-    return outputs if keep else None
+    for batch_idx, batch in enumerate(loader):
+        if batch_idx >= num_batches:
+            break
+        trainer.batch_indices = next(indices) if indices is not None else None
+        batch = hooks.transfer_batch(trainer=trainer, batch=batch)
+        if hooks.has_on_batch_start:
+            hooks.on_batch_start(trainer=trainer, stage="predict", batch=batch,
+                                 batch_idx=batch_idx)
+        output = hooks.model_step(trainer=trainer, stage="predict", batch=batch,
+                                  batch_idx=batch_idx)
+        hooks.on_evaluation_batch_end(trainer=trainer, stage="predict", outputs=output,
+                                      batch=batch, batch_idx=batch_idx)
+        if keep:
+            outputs.append(to_cpu(output))
+            batch_indices.append(trainer.batch_indices)
+    return outputs, batch_indices
 
 
 def _split(value: Any, n: int, where: str) -> list[Any]:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from ptrain import checkpoint_io
-from ptrain.data import loader_batch_size
+from ptrain.data import loader_batch_size, stop_workers
 from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
 from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
+from ptrain.trainer import no_limit
 
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
@@ -134,17 +135,24 @@ class FitLoop:
                 f"unsynchronised in the others (ptrain_toggling.toggle_model(opt, sync_grad=False)"
                 f"). Remove accumulate_grad_batches."
             )
+        # limit_train_batches=0: fit trains nothing (said in run()), as in Lightning
+        self.disabled = trainer.limit_train_batches == 0
         self.num_batches = limit_batches(loader_length(trainer.train_dataloader),
                                          trainer.limit_train_batches)
         trainer.num_training_batches = self.num_batches
-        if self.num_batches == 0:
+        if self.num_batches == 0 and not self.disabled:
             raise ConfigError(
                 f"no training batches: the training dataloader has "
                 f"{loader_length(trainer.train_dataloader)} and limit_train_batches="
                 f"{trainer.limit_train_batches} keeps none of them. Raise the limit (an int "
                 f"counts batches, a float is a fraction of them) or check the dataset."
             )
-        self.val_interval = self._val_interval()
+        # check_val_every_n_epoch=None: every val_interval batches counted across epochs
+        self.across_epochs = trainer.check_val_every_n_epoch is None
+        self.val_interval = 0 if self.disabled else self._val_interval()
+        # reload_dataloaders_every_n_epochs: the epochs the loaders were last asked for
+        self.reload_every = trainer.reload_dataloaders_every_n_epochs
+        self.train_loaded = self.val_loaded = None
         self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
         # under manual optimization the module steps its schedulers itself, as in Lightning
         epoch = [s for s in trainer.lr_schedulers
@@ -171,7 +179,10 @@ class FitLoop:
         elif trainer.fit_progress is not None:  # this trainer fitted before: its counters go on
             state["epoch"] = trainer.fit_progress["epoch"]
             trainer.global_step = self.last_published = trainer.fit_progress["global_step"]
+        # from the fit's start (on_train_start), the epoch it goes on with, as in Lightning
+        trainer.current_epoch = state["epoch"]
         trainer.loop_state = state
+        self.train_loaded = self.val_loaded = state["epoch"]  # asked for when the stage began
 
     def _val_interval(self) -> float:
         t = self.trainer
@@ -179,7 +190,7 @@ class FitLoop:
         if isinstance(interval, float):
             return math.inf if math.isinf(self.num_batches) else max(
                 1, int(self.num_batches * interval))
-        if interval > self.num_batches:
+        if interval > self.num_batches and not self.across_epochs:
             raise ConfigError(f"val_check_interval ({interval}) is more than the number of "
                               f"training batches per epoch ({self.num_batches}); use a smaller "
                               f"count, or a fraction such as 0.5.")
@@ -200,6 +211,12 @@ class FitLoop:
                 f"max_steps={t.max_steps}), so nothing is trained, as in Lightning. Raise "
                 f"trainer.max_epochs or trainer.max_steps to train further, or fit with a new "
                 f"Trainer to start again.", stacklevel=2)
+        if self.disabled:
+            if t.is_global_zero:
+                warnings.warn("limit_train_batches=0: fit trains nothing (after the sanity "
+                              "check), as in Lightning. Remove it to train.", stacklevel=2)
+            t.hook.on_loop_end(trainer=t, loop="fit")
+            return
         t.hook.on_loop_start(trainer=t, loop="train")
         try:
             while not self._limits_reached():
@@ -216,8 +233,8 @@ class FitLoop:
     def _limits_reached(self) -> bool:
         t = self.trainer
         epoch = t.loop_state["epoch"]
-        return ((t.max_epochs is not None and epoch >= t.max_epochs)
-                or (t.max_steps is not None and t.global_step >= t.max_steps))
+        return ((not no_limit(t.max_epochs) and epoch >= t.max_epochs)
+                or (not no_limit(t.max_steps) and t.global_step >= t.max_steps))
 
     def _minimums_met(self, epoch_done: bool) -> bool:
         t = self.trainer
@@ -256,8 +273,17 @@ class FitLoop:
         """One epoch (or its rest, on resume); True when it ended before its last batch."""
         t, hook, state = self.trainer, self.hook, self.trainer.loop_state
         t.current_epoch = state["epoch"]
+        if (self.reload_every and state["batch"] == 0
+                and t.current_epoch - self.train_loaded >= self.reload_every):
+            self._reload_training_data()
         validate_this_epoch = (t.val_dataloader is not None and t.limit_val_batches != 0
-                               and (t.current_epoch + 1) % t.check_val_every_n_epoch == 0)
+                               and (self.across_epochs
+                                    or (t.current_epoch + 1) % t.check_val_every_n_epoch == 0))
+        # the batch count validation goes by, and the batch that ends an epoch's count
+        offset, end = 0, self.num_batches
+        if self.across_epochs:
+            offset = 0 if math.isinf(self.num_batches) else state["epoch"] * self.num_batches
+            end = -1
         with t.metrics.epoch_level():
             hook.on_epoch_start(trainer=t)
         stopped_early = False
@@ -277,15 +303,15 @@ class FitLoop:
                 t.metrics.publish_step()
                 ran_check = True
             validated_last = validate_this_epoch and (
-                (batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == self.num_batches)
+                (offset + batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == end)
             if validated_last:
-                run_validation(t)
+                self._validate()
                 ran_check = True
             self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
                                                loss=loss)
             if ran_check:  # after on_train_batch_end: a stop a callback asks for there counts
                 self.agree_on_stop()
-            if t.max_steps is not None and t.global_step >= t.max_steps:
+            if t.max_steps is not None and 0 <= t.max_steps <= t.global_step:  # -1: no limit
                 stopped_early = state["batch"] < self.num_batches
                 break
             if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
@@ -303,8 +329,8 @@ class FitLoop:
             if pending_grads:
                 self._step_optimizers()
             self._step_epoch_schedulers(self.last_batch_schedulers)
-            if validate_this_epoch and not validated_last:
-                run_validation(t)
+            if validate_this_epoch and not validated_last and not self.across_epochs:
+                self._validate()
                 self.agree_on_stop()
         t.metrics.preview_epoch("train")
         with t.metrics.epoch_level():
@@ -317,6 +343,36 @@ class FitLoop:
         hook.on_epoch_end(trainer=t)
         self.agree_on_stop()
         return stopped_early
+
+    # -- data --------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        """A validation pass; with ``reload_dataloaders_every_n_epochs``, over a validation
+        loader asked for again when that many epochs passed since it last was."""
+        t = self.trainer
+        if self.reload_every and t.current_epoch - self.val_loaded >= self.reload_every:
+            stop_workers(t.val_dataloader)
+            t.val_dataloader = t._dataloader("validate")
+            self.val_loaded = t.current_epoch
+        run_validation(t)
+
+    def _reload_training_data(self) -> None:
+        """``reload_dataloaders_every_n_epochs``: the training loader asked for again (at the
+        start of an epoch), and what depends on its length counted again."""
+        t = self.trainer
+        stop_workers(t.train_dataloader)
+        t.train_dataloader = t._dataloader("train")
+        self.train_loaded = t.current_epoch
+        length = loader_length(t.train_dataloader)
+        self.num_batches = t.num_training_batches = limit_batches(length, t.limit_train_batches)
+        if self.num_batches == 0:
+            raise ConfigError(f"no training batches: the training dataloader asked for again at "
+                              f"epoch {t.current_epoch} (reload_dataloaders_every_n_epochs="
+                              f"{self.reload_every}) has {length}, and limit_train_batches="
+                              f"{t.limit_train_batches} keeps none of them.")
+        self.val_interval = self._val_interval()
+        t.loop_state.update(batch_size=loader_batch_size(t.train_dataloader),
+                            loader_batches=None if math.isinf(length) else length)
 
     # -- batches -----------------------------------------------------------------------------
 

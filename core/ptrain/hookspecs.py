@@ -779,7 +779,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str) -> str | None:
 
     Fires: once per ``fit``/``validate`` given a ``ckpt_path``, in the process that called it,
     before ``launch`` (so before any other loop hook of the stage, and before the run folder is
-    chosen: ``trainer.log_dir`` is still that of the trainer's previous run, or ``None``). The
+    chosen: ``trainer.run_dir`` is still that of the trainer's previous run, or ``None``). The
     path that comes back is what every process then hands to ``load_checkpoint``; a checkpoint
     under ``<run>/checkpoints/`` makes ``fit`` continue in ``<run>``. An implementation answers
     only the words it knows and returns ``None`` for the rest; a word it knows but can't resolve
@@ -787,7 +787,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str) -> str | None:
 
     Result: firstresult; the path, as text. Implemented by: callbacks that name checkpoints
     (``checkpoint`` answers ``"best"``), strategies whose checkpoints live elsewhere. Default:
-    ``"last"`` is the newest ``default_root_dir/version_N/checkpoints/last.ckpt``; anything else
+    ``"last"`` is the newest ``run_root/version_N/checkpoints/last.ckpt``; anything else
     is taken as a path.
     """
 

@@ -4,10 +4,12 @@ The names and aggregation follow Lightning's ``self.log``:
 
 - ``on_step`` publishes the latest value at the next publish point (every
   ``log_every_n_steps`` steps); ``on_epoch`` aggregates over the epoch (or evaluation pass) with
-  ``reduce_fx`` (``"mean"``, weighted by the batch size; ``"sum"``, ``"max"``, ``"min"``) and
-  publishes at its end. With both, the logger receives ``NAME_step`` and ``NAME_epoch``, and
+  ``reduce_fx`` (``"mean"``, weighted by the batch size; ``"sum"``, ``"max"``, ``"min"``; or
+  ``torch.mean``, ``max``, ... and ``"avg"``, in any case, as Lightning reads them) and publishes
+  at its end. With both, the logger receives ``NAME_step`` and ``NAME_epoch``, and
   ``callback_metrics`` holds ``NAME`` (the latest of the two) and ``NAME_epoch`` (plus
-  ``NAME_step`` in training), so ``monitor="NAME"`` matches either way.
+  ``NAME_step`` in training), so ``monitor="NAME"`` matches either way. Both off is an error
+  (it would record nothing), as in Lightning.
 - Defaults: ``on_step=True, on_epoch=False`` in training steps and the per-batch hooks of
   training; ``on_step=False, on_epoch=True`` in validation and test steps and in the epoch-level
   hooks (``on_epoch_metrics``, Lightning's ``on_*_epoch_end``).
@@ -16,8 +18,16 @@ The names and aggregation follow Lightning's ``self.log``:
 - A ``torchmetrics.Metric`` (anything with ``update``, ``compute`` and ``reset``) logged as the
   value: its per-batch value on step; at epoch end ``compute()`` (it synchronises across
   processes itself) and ``reset()``.
-- Every published value is reduced across processes (one collective per publish point and
-  operation), whatever ``sync_dist`` says: a metric never differs between ranks.
+- Every published value is reduced across processes with its ``reduce_fx`` (one collective per
+  publish point and operation), whatever ``sync_dist`` says: a metric never differs between
+  ranks.
+- Several evaluation dataloaders (``trainer.dataloader_idx`` set while one of them runs): a name
+  logged there gets ``/dataloader_idx_N``, as Lightning names it (``add_dataloader_idx=False``
+  leaves it as logged); :attr:`MetricStore.results` then holds one dict per dataloader.
+
+What is kept, as Lightning keeps it: :attr:`MetricStore.callback_metrics` (what callbacks
+monitor), :attr:`MetricStore.logged_metrics` (the latest values sent to the loggers) and
+:attr:`MetricStore.progress_bar` (the latest ``prog_bar`` values), all tensors.
 
 Nothing here calls ``.item()``: :meth:`MetricStore.publish_step` and :meth:`publish_epoch`
 convert once per publish point, for every metric together.
@@ -26,11 +36,12 @@ convert once per publish point, for every metric together.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from ptrain.errors import ModelError
+from ptrain.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
@@ -40,15 +51,29 @@ _REDUCTIONS: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     "mean": (torch.add, "mean"), "sum": (torch.add, "sum"),
     "max": (torch.maximum, "max"), "min": (torch.minimum, "min"),
 }
-_FX_NAMES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+#: the functions Lightning takes as reduce_fx, by the name of their reduction
+_FX_FUNCTIONS = {torch.mean: "mean", torch.sum: "sum", sum: "sum", torch.max: "max", max: "max",
+                 torch.min: "min", min: "min"}
+#: what a name logged under one of several evaluation dataloaders gets (Lightning's suffix)
+DATALOADER_SUFFIX = "/dataloader_idx_{}"
 
 
-def _reduce_fx_name(reduce_fx: Any, name: str) -> str:
-    fx = _FX_NAMES.get(reduce_fx, reduce_fx)
+def reduce_fx_name(reduce_fx: Any, name: str) -> str:
+    """``reduce_fx`` as one of ``"mean"``, ``"sum"``, ``"max"``, ``"min"``: a name in any case
+    (``"avg"`` is ``"mean"``), or ``torch.mean``/``sum``/``max``/``min`` (the builtins too)."""
+    if isinstance(reduce_fx, str):
+        fx = reduce_fx.lower()
+        fx = "mean" if fx == "avg" else fx
+    else:
+        try:
+            fx = _FX_FUNCTIONS.get(reduce_fx)
+        except TypeError:  # unhashable
+            fx = None
     if fx not in _REDUCTIONS:
-        raise ModelError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): the epoch "
-                         f"aggregate must be one of {', '.join(_REDUCTIONS)} (or torch.mean, "
-                         f"torch.sum, torch.max, torch.min).")
+        raise ConfigError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): the epoch "
+                          f"aggregate must be one of 'mean', 'sum', 'max', 'min' (a name, or "
+                          f"torch.mean, torch.sum, torch.max, torch.min). For another reduction, "
+                          f"log a torchmetrics.Metric instead.")
     return fx
 
 
@@ -87,17 +112,32 @@ class MetricStore:
         self.trainer = trainer
         self.step_values: dict[str, torch.Tensor] = {}  # training, until the next publish
         self.eval_step_values: dict[str, torch.Tensor] = {}  # evaluation, until its pass ends
+        self.step_ops: dict[str, str] = {}  # a step value's reduction across processes
         self.epoch_sums: dict[str, dict[str, list[Any]]] = {
             stage: {} for stage in ("train", "validate", "test", "predict")}
         self.epoch_objects: dict[str, dict[str, Any]] = {  # torchmetrics objects, per stage
             stage: {} for stage in ("train", "validate", "test", "predict")}
         self.prog_bar: set[str] = set()
         self.not_logged: set[str] = set()  # logger=False: callback_metrics only
-        self.forked: dict[str, str] = {}  # NAME_step / NAME_epoch -> NAME
+        self.local: set[str] = set()  # rank_zero_only=True: not reduced across processes
+        self.forked: dict[str, str] = {}  # NAME_epoch -> NAME (both on_step and on_epoch)
+        self.forked_steps: dict[str, str] = {}  # NAME_step -> NAME
+        self.loader_of: dict[str, int] = {}  # an epoch name -> the dataloader it was logged in
         self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, float] = {}  # the latest values sent to the loggers
+        self.logged_metrics: dict[str, torch.Tensor] = {}  # the latest values sent to loggers
+        self.progress_bar: dict[str, torch.Tensor] = {}  # the latest prog_bar values
+        #: the last validation or test pass: per dataloader, the epoch values it logged for the
+        #: loggers, as numbers (what ``validate``/``test`` return)
+        self.results: list[dict[str, float]] = []
         self.batch: Any = None  # the batch under way (for batch sizes), set by model_step
         self._epoch_level = False
+
+    def reset(self) -> None:
+        """Forget what an earlier stage published (a stage reports its own metrics only)."""
+        self.callback_metrics.clear()
+        self.logged_metrics.clear()
+        self.progress_bar.clear()
+        self.results = []
 
     def own_values(self) -> None:
         """Replace each tensor the store holds that is not already a copy made here with a copy
@@ -119,7 +159,8 @@ class MetricStore:
                 setattr(copy, OWNED, True)
             return copy
 
-        for values in (self.step_values, self.eval_step_values, self.callback_metrics):
+        for values in (self.step_values, self.eval_step_values, self.callback_metrics,
+                       self.progress_bar):
             for name, value in values.items():
                 values[name] = owned(value)
         for sums in self.epoch_sums.values():
@@ -138,60 +179,82 @@ class MetricStore:
 
     def log(self, name: str, value: Any, prog_bar: bool = False, on_step: bool | None = None,
             on_epoch: bool | None = None, logger: bool = True, reduce_fx: Any = "mean",
-            batch_size: int | None = None) -> None:
+            batch_size: int | None = None, add_dataloader_idx: bool = True,
+            reduced: bool = True) -> None:
+        """Record one value (see :meth:`ptrain.TrainModule.log` for the arguments);
+        ``reduced=False``: published as this process has it, not reduced across processes."""
         stage = self.trainer.stage
         if stage == "predict":
-            raise ModelError(f"self.log({name!r}, ...) was called in predict_step, where nothing "
-                             f"is logged: return the value from predict_step instead (it is in "
-                             f"what Trainer.predict returns).")
+            raise ModelError(f"self.log({name!r}, ...) was called in predict_step, where "
+                             f"nothing is logged: return the value from predict_step instead "
+                             f"(it is in what Trainer.predict returns).")
         per_step = stage == "train" and not self._epoch_level
         on_step = per_step if on_step is None else on_step
         on_epoch = (not per_step) if on_epoch is None else on_epoch
         if not (on_step or on_epoch):
-            raise ModelError(f"self.log({name!r}, ..., on_step=False, on_epoch=False) would "
-                             f"record nothing; set on_step=True (each step) or on_epoch=True "
-                             f"(the epoch's aggregate).")
-        fx = "mean" if reduce_fx == "mean" else _reduce_fx_name(reduce_fx, name)
+            raise ConfigError(f"self.log({name!r}, ..., on_step=False, on_epoch=False) is not "
+                              f"useful: it would record nothing. Set on_step=True (each step) "
+                              f"or on_epoch=True (the epoch's aggregate).")
+        fx = "mean" if reduce_fx == "mean" else reduce_fx_name(reduce_fx, name)
         metric_object = None
         if isinstance(value, torch.Tensor):  # the usual case first: no more checks per call
             value = value.detach()
             if value.numel() != 1:
-                raise ModelError(f"self.log({name!r}, ...) got a tensor of shape "
-                                 f"{tuple(value.shape)}; log one number (a 0-dim or one-element "
-                                 f"tensor), e.g. its .mean().")
+                raise ConfigError(f"self.log({name!r}, ...) got a tensor of shape "
+                                  f"{tuple(value.shape)}; log one number (a 0-dim or "
+                                  f"one-element tensor), e.g. its .mean().")
+        elif isinstance(value, numbers.Number):
+            value = torch.tensor(value, dtype=torch.get_default_dtype(),
+                                 device=self.trainer.device)
         elif _is_metric_object(value):
             metric_object = value
             value = getattr(metric_object, "_forward_cache", None) if on_step else None
             if on_step and value is None:
-                raise ModelError(f"self.log({name!r}, metric, on_step=True) needs the metric's "
-                                 f"value for this batch: call metric(preds, target) (its "
-                                 f"forward) before logging it, not only metric.update(...).")
+                raise ConfigError(f"self.log({name!r}, metric, on_step=True) needs the metric's "
+                                  f"value for this batch: call metric(preds, target) (its "
+                                  f"forward) before logging it, not only metric.update(...).")
         else:
-            try:
-                value = torch.tensor(float(value), device=self.trainer.device)
-            except (TypeError, ValueError):
-                raise ModelError(f"self.log({name!r}, ...) got a {type(value).__qualname__}; "
-                                 f"log a number, a one-element tensor or a torchmetrics "
-                                 f"Metric.") from None
+            raise ConfigError(f"self.log({name!r}, {value!r:.60}) got a "
+                              f"{type(value).__qualname__}, which can't be logged; log a "
+                              f"number, a one-element tensor or a torchmetrics Metric (for "
+                              f"several values, self.log_dict with one number each).")
+        loader = self.trainer.dataloader_idx
+        if add_dataloader_idx and DATALOADER_SUFFIX.format("") in name:
+            raise ConfigError(f"self.log({name!r}, ...): the name already says which "
+                              f"dataloader it comes from, which ptrain adds itself under "
+                              f"several evaluation dataloaders; log it without "
+                              f"'/dataloader_idx_N', or pass add_dataloader_idx=False.")
+        suffix = DATALOADER_SUFFIX.format(loader) if loader is not None and add_dataloader_idx \
+            else ""
         forked = on_step and on_epoch
-        step_name, epoch_name = (f"{name}_step", f"{name}_epoch") if forked else (name, name)
+        step_name, epoch_name = ((f"{name}_step{suffix}", f"{name}_epoch{suffix}") if forked
+                                 else (name + suffix, name + suffix))
         if forked:
-            self.forked[step_name] = self.forked[epoch_name] = name
+            self.forked[epoch_name] = self.forked_steps[step_name] = name + suffix
         if prog_bar:
             self.prog_bar.add(step_name)
             self.prog_bar.add(epoch_name)
         if not logger:
             self.not_logged.add(step_name)
             self.not_logged.add(epoch_name)
+        if not reduced:
+            self.local.add(step_name)
+            self.local.add(epoch_name)
         if on_step:
+            if fx != "mean":
+                self.step_ops[step_name] = fx
+            if prog_bar:
+                self.progress_bar[step_name] = value
             if stage == "train":
                 self.step_values[step_name] = value
                 self.callback_metrics[step_name] = value
                 if forked:
-                    self.callback_metrics[name] = value
+                    self.callback_metrics[name + suffix] = value
             else:  # published with the pass's epoch values (the latest batch's)
                 self.eval_step_values[step_name] = value
         if on_epoch:
+            if loader is not None:
+                self.loader_of[epoch_name] = loader
             if metric_object is not None:
                 self.epoch_objects[stage][epoch_name] = metric_object
                 return
@@ -209,9 +272,9 @@ class MetricStore:
             sums[name] = [value * weight if fx == "mean" else value, weight, fx]
             return
         if len(entry) > 2 and entry[2] != fx:
-            raise ModelError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r} after "
-                             f"reduce_fx={entry[2]!r} in the same epoch; log one name with one "
-                             f"reduce_fx.")
+            raise ConfigError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r} after "
+                              f"reduce_fx={entry[2]!r} in the same epoch; log one name with "
+                              f"one reduce_fx.")
         combine = _REDUCTIONS[fx][0]
         entry[0] = combine(entry[0], value * weight if fx == "mean" else value)
         entry[1] += weight
@@ -224,20 +287,30 @@ class MetricStore:
             fx = entry[2] if len(entry) > 2 else "mean"
             value = entry[0] / entry[1] if fx == "mean" else entry[0]
             self.callback_metrics[name] = value
-            if name in self.forked and name.endswith("_epoch"):
+            if name in self.forked:
                 self.callback_metrics[self.forked[name]] = value
 
     def publish_step(self) -> None:
         """Reduce and write the latest step values (a publish point: every process calls it)."""
-        if self.step_values:
-            self._publish({n: (v, "mean") for n, v in self.step_values.items()},
-                          update_callback_metrics=False)
-            self.step_values.clear()
+        if not self.step_values:
+            return
+        reduced = self._publish({n: (v, self.step_ops.get(n, "mean"))
+                                 for n, v in self.step_values.items()},
+                                update_callback_metrics=False)
+        callback = self.callback_metrics
+        for name, value in reduced.items():  # where no later value replaced them
+            logged = self.step_values[name]
+            for key in (name, self.forked_steps.get(name)):
+                if key is not None and callback.get(key) is logged:
+                    callback[key] = value
+        self.step_values.clear()
 
-    def publish_epoch(self, stage: str) -> dict[str, torch.Tensor]:
+    def publish_epoch(self, stage: str, dataloaders: int = 1) -> dict[str, torch.Tensor]:
         """Aggregate, reduce and write ``stage``'s epoch values; they join ``callback_metrics``
-        (a forked ``NAME_epoch`` also as ``NAME``)."""
-        values: dict[str, tuple[torch.Tensor, str]] = {}
+        (a forked ``NAME_epoch`` also as ``NAME``). After a validation or test pass (over
+        ``dataloaders`` dataloaders), :attr:`results` holds what it logged for the loggers, per
+        dataloader."""
+        values: dict[str, tuple[torch.Tensor, str | None]] = {}
         for name, entry in self.epoch_sums[stage].items():
             total, weight = entry[0], entry[1]
             fx = entry[2] if len(entry) > 2 else "mean"
@@ -248,17 +321,29 @@ class MetricStore:
             metric.reset()
         self.epoch_objects[stage].clear()
         if stage != "train":
-            steps = {n: (v, "mean") for n, v in self.eval_step_values.items()}
+            steps = {n: (v, self.step_ops.get(n, "mean"))
+                     for n, v in self.eval_step_values.items()}
             self.eval_step_values.clear()
             if steps:
                 self._publish(steps, update_callback_metrics=False)
-        if not values:
-            return {}
-        reduced = self._publish(values, update_callback_metrics=True)
+        reduced = self._publish(values, update_callback_metrics=True) if values else {}
         for name, value in reduced.items():
-            if name in self.forked and name.endswith("_epoch"):
+            if name in self.forked:
                 self.callback_metrics[self.forked[name]] = value
+        if stage in ("validate", "test"):
+            self.results = self._results(reduced, dataloaders)
         return reduced
+
+    def _results(self, reduced: dict[str, torch.Tensor],
+                 loaders: int) -> list[dict[str, float]]:
+        """Per dataloader of the pass, the epoch values logged for the loggers: those logged
+        under it, and those logged outside any (the epoch-end hooks); numbers."""
+        logged = [n for n in reduced if n not in self.not_logged]
+        numbers = self._numbers(reduced, logged)
+        if loaders <= 1:
+            return [numbers]
+        return [{n: v for n, v in numbers.items() if self.loader_of.get(n, i) == i}
+                for i in range(loaders)]
 
     def discard(self, stage: str) -> None:
         """Forget what ``stage`` logged without publishing it (the sanity check, prediction)."""
@@ -269,31 +354,38 @@ class MetricStore:
         self.step_values.clear()
         self.eval_step_values.clear()
 
+    @staticmethod
+    def _numbers(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, float]:
+        if not names:
+            return {}
+        return dict(zip(names, torch.stack([values[n].detach().float().reshape(())
+                                            for n in names]).tolist()))
+
     def _publish(self, values: dict[str, tuple[torch.Tensor, str | None]],
                  update_callback_metrics: bool) -> dict[str, torch.Tensor]:
         trainer = self.trainer
         reduced: dict[str, torch.Tensor] = {}
         by_op: dict[str | None, dict[str, torch.Tensor]] = {}
         for name, (value, op) in values.items():
-            by_op.setdefault(op, {})[name] = value
+            by_op.setdefault(None if name in self.local else op, {})[name] = value
         for op, metrics in by_op.items():  # one collective per operation
             reduced.update(metrics if op is None else
                            trainer.hook.reduce_metrics(trainer=trainer, metrics=metrics, op=op))
         if update_callback_metrics:
             self.callback_metrics.update(reduced)
+        self.progress_bar.update({n: v for n, v in reduced.items() if n in self.prog_bar})
         names = [n for n in reduced if n not in self.not_logged]
         if names:
-            numbers = dict(zip(names, torch.stack([reduced[n].float().reshape(())
-                                                   for n in names]).tolist()))
-            self.logged_metrics.update(numbers)
-            trainer.hook.log_metrics(trainer=trainer, metrics=numbers, step=trainer.global_step)
+            self.logged_metrics.update({n: reduced[n] for n in names})
+            trainer.hook.log_metrics(trainer=trainer, metrics=self._numbers(reduced, names),
+                                     step=trainer.global_step)
         return reduced
 
     def progress_values(self) -> dict[str, float]:
-        """The ``prog_bar`` metrics as numbers: the latest published values, and the running
-        means of the epoch values the stage under way has logged so far (a host sync: call at
-        a bounded rate)."""
-        shown = {n: self.callback_metrics[n] for n in self.prog_bar if n in self.callback_metrics}
+        """The ``prog_bar`` metrics as numbers: the latest values (published, or logged on
+        step), and the running means of the epoch values the stage under way has logged so far
+        (a host sync: call at a bounded rate)."""
+        shown = dict(self.progress_bar)
         for name, entry in self.epoch_sums.get(self.trainer.stage, {}).items():
             if name in self.prog_bar:
                 fx = entry[2] if len(entry) > 2 else "mean"

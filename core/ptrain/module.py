@@ -10,6 +10,7 @@ import contextlib
 import inspect
 import itertools
 import os
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from ptrain.errors import ConfigError, ModelError
 from ptrain.hook_methods import ModuleHookMethods, overridden_method
-from ptrain.hyperparameters import HyperParametersMixin, restored_hyperparameters
+from ptrain.hyperparameters import HyperParametersMixin
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -330,27 +331,59 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
 
         ``logger=False``: in ``callback_metrics`` and the progress bar, not sent to the loggers.
         ``reduce_fx``: the epoch aggregate, ``"mean"`` (weighted by ``batch_size``, read from
-        the batch when not given), ``"sum"``, ``"max"`` or ``"min"``. Every published value is
-        reduced across processes, so ``sync_dist`` (either value) and ``sync_dist_group=None``
-        are what ptrain always does; ``enable_graph=True``, another ``sync_dist_group`` and
-        ``rank_zero_only=True`` are refused (ptrain's published values are detached and the
-        same on every rank). ``metric_attribute`` is accepted for a Metric logged by name.
-        Outside a stage (no trainer attached) the call records nothing; in ``predict_step``
-        it is an error.
+        the batch when not given), ``"sum"``, ``"max"`` or ``"min"`` (also as ``torch.mean``,
+        ``max``, ...); values reduced across processes are reduced with it too. Every published
+        value is reduced across processes, so ``sync_dist`` (either value) and
+        ``sync_dist_group=None`` are what ptrain always does; ``rank_zero_only=True`` leaves the
+        value unreduced (for a value logged on rank 0 alone; callbacks on the other processes
+        don't see it, as in Lightning). ``add_dataloader_idx``: under several evaluation
+        dataloaders the name gets ``/dataloader_idx_N`` (``False``: name them yourself).
+        Refused: ``enable_graph=True`` (published values are detached) and another
+        ``sync_dist_group``. A ``torchmetrics.Metric`` must be an attribute of the module
+        (its state moves and is saved with it), or be named with ``metric_attribute``, as in
+        Lightning. Outside a stage (no trainer attached) the call records nothing and warns;
+        in ``predict_step`` it is an error.
         """
-        for argument, value_given, refused in (
-                ("enable_graph", enable_graph, True), ("rank_zero_only", rank_zero_only, True)):
-            if value_given is refused:
-                raise ModelError(f"self.log({name!r}, ..., {argument}={refused}) is not supported:"
-                                 f" ptrain publishes detached values reduced over every process, "
-                                 f"the same on every rank. Remove {argument}.")
+        if enable_graph:
+            raise ConfigError(f"self.log({name!r}, ..., enable_graph=True) is not supported: "
+                              f"ptrain publishes detached values. Remove enable_graph, and "
+                              f"keep the tensor yourself where a graph through it is needed.")
         if sync_dist_group is not None:
-            raise ModelError(f"self.log({name!r}, ..., sync_dist_group=...) is not supported: "
-                             f"values are reduced over all processes. Remove sync_dist_group.")
-        if self._trainer is not None:
-            self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch,
-                                      logger=logger is not False, reduce_fx=reduce_fx,
-                                      batch_size=batch_size)
+            raise ConfigError(f"self.log({name!r}, ..., sync_dist_group=...) is not supported: "
+                              f"values are reduced over all processes. Remove sync_dist_group.")
+        if self._trainer is None:
+            warnings.warn(f"self.log({name!r}, ...) records nothing: {type(self).__qualname__} "
+                          f"is not attached to a Trainer (it is while fit, validate or test "
+                          f"runs it).", stacklevel=2)
+            return
+        if metric_attribute is None and isinstance(value, nn.Module):
+            self._check_metric_attribute(name, value)
+        self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch,
+                                  logger=logger is not False, reduce_fx=reduce_fx,
+                                  batch_size=batch_size, add_dataloader_idx=add_dataloader_idx,
+                                  reduced=not rank_zero_only)
+
+    def _check_metric_attribute(self, name: str, metric: nn.Module) -> None:
+        """A metric object logged must be one of this module's submodules, as Lightning
+        requires: else it is not moved with the module, nor saved with it."""
+        known = self.__dict__.get("_metric_ids")  # found once; again when one is missing
+        if known is not None and id(metric) in known:
+            return
+        named = {n: m for n, m in self.named_modules()
+                 if all(callable(getattr(m, a, None)) for a in ("update", "compute", "reset"))}
+        self.__dict__["_metric_ids"] = {id(m) for m in named.values()}
+        if id(metric) in self.__dict__["_metric_ids"]:
+            return
+        found = [n for n in named if n]
+        if not found:
+            raise ConfigError(f"self.log({name!r}, metric): the metric is not an attribute of "
+                              f"{type(self).__qualname__}, so it would neither move to the "
+                              f"device with the module nor be saved with it. Make it one "
+                              f"(self.NAME = Metric(...) in __init__) and log that one.")
+        raise ConfigError(f"self.log({name!r}, metric): the metric is not an attribute of "
+                          f"{type(self).__qualname__}; log the one the module holds, or name "
+                          f"it: self.log({name!r}, ..., metric_attribute=NAME) with NAME one "
+                          f"of {found}.")
 
     def log_dict(self, dictionary: dict[str, Any], prog_bar: bool = False,
                  logger: bool | None = None, on_step: bool | None = None,

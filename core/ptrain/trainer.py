@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import random
 import re
@@ -22,9 +23,9 @@ from ptrain import checkpoint_io, run_folder, script_launch
 from ptrain._version import __version__
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
-from ptrain.config import core_options
+from ptrain.config import core_options, to_seed
 from ptrain.data import rebuild_dataloader, stop_workers
-from ptrain.evaluation_loop import LIMITS
+from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
 from ptrain.hook_calls import StepHooks
 from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
@@ -56,12 +57,20 @@ class Trainer:
     ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
     ``optimizers``, ``lr_schedulers``, ``fit_progress`` (where this trainer's last ``fit``
     ended, ``{"epoch", "global_step"}``: a later ``fit`` without a checkpoint goes on from
-    there, as in Lightning), ``default_root_dir``, ``log_dir`` (this run's folder),
-    ``stage``, ``ckpt_path`` (the checkpoint the stage resumed or evaluated, resolved from what
-    was given: ``"last"`` becomes its path; ``None`` without one), ``sync_gradients`` (whether the next backward's gradients are synchronised
-    across processes; see the ``backward`` hook), ``precision_policy``, ``options`` (the core's
-    resolved options), ``config`` (everything resolved), ``plugins`` (name -> plugin object),
-    ``loggers`` (the logger plugins), ``hook``.
+    there, as in Lightning), ``run_root`` (the folder run folders go under: the
+    ``default_root_dir`` option), ``run_dir`` (this run's folder; ``None`` before the first
+    stage), ``default_root_dir`` and ``log_dir`` (the same two on this class;
+    ``ptrain.lightning.Trainer`` answers them with Lightning's meanings, so a plugin reads
+    ``run_root``/``run_dir``), ``stage`` (the loop running: ``"train"``, ``"validate"``,
+    ``"test"``, ``"predict"``; ``None`` between stages), ``stage_call`` (the stage method
+    running or run last: ``"fit"``, ``"validate"``, ``"test"``, ``"predict"``), ``status``
+    (``"initializing"`` before the first stage, ``"running"``, ``"finished"``, or
+    ``"interrupted"`` after a stage ended with an error), ``ckpt_path`` (the checkpoint the
+    stage resumed or evaluated, resolved from what was given: ``"last"`` becomes its path;
+    ``None`` without one), ``sync_gradients`` (whether the next backward's gradients are
+    synchronised across processes; see the ``backward`` hook), ``precision_policy``,
+    ``options`` (the core's resolved options), ``config`` (everything resolved), ``plugins``
+    (name -> plugin object), ``loggers`` (the logger plugins), ``hook``.
     """
 
     def __init__(
@@ -83,6 +92,7 @@ class Trainer:
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0,
+        reload_dataloaders_every_n_epochs: int = 0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         overfit_batches: int | float = 0,
@@ -138,18 +148,16 @@ class Trainer:
         if self.seed is not None:  # once, here: a model built after the trainer is seeded too
             seed_everything(self.seed)
         self._check_limits()
-        if self.max_epochs == -1:  # Lightning's "no limit on epochs"
-            self.max_epochs = None
-            if self.max_steps is None and self.max_time is None:
-                warnings.warn("max_epochs=-1 and no max_steps or max_time: training runs until "
-                              "it is stopped (a callback, a signal).", stacklevel=2)
-        elif self.max_epochs is None and self.max_steps is None and self.max_time is None:
-            self.max_epochs = 1000
+        # -1 is "no limit" (Lightning's spelling, kept as given); max_epochs=None is decided
+        # when fit starts (see _resolve_epoch_limit)
+        if self.max_epochs == -1 and no_limit(self.max_steps) and self.max_time is None:
+            warnings.warn("max_epochs=-1 and no max_steps or max_time: training runs until "
+                          "it is stopped (a callback, a signal).", stacklevel=2)
         if self.fast_dev_run:
             self._apply_fast_dev_run()
         if self.overfit_batches:
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
-        self.log_dir: Path | None = None
+        self.run_dir: Path | None = None
         self._own_log_dir: Path | None = None  # the run folder this trainer's stages write to
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
@@ -157,8 +165,11 @@ class Trainer:
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
+        self.dataloader_idx: int | None = None  # which of several evaluation dataloaders runs
         self.should_stop = False
         self.stage: str | None = None
+        self.stage_call: str | None = None
+        self.status = "initializing"
         self.sync_gradients = True
         self.device = torch.device("cpu")
         self.world_size = 1
@@ -168,6 +179,10 @@ class Trainer:
         self.module: TrainModule | None = None
         self.datamodule: DataModule | None = None
         self.given_dataloaders: dict[str, Any] = {}  # stage -> the loader fit/test/... received
+        # stage -> a loader asked of the module before the stage prepared it (see
+        # ptrain.lightning.Trainer.estimated_stepping_batches); the stage takes it instead
+        self._asked_early: dict[str, Any] = {}
+        self.num_training_batches: float = math.inf  # set when fit's loop starts
         self._module_plugins: list[Any] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[dict[str, Any]] = []
@@ -234,6 +249,24 @@ class Trainer:
     # -- public API -------------------------------------------------------------------------
 
     @property
+    def default_root_dir(self) -> str:
+        """The folder this trainer's run folders go under (:attr:`run_root`)."""
+        return self.run_root
+
+    @default_root_dir.setter
+    def default_root_dir(self, value: Any) -> None:
+        self.run_root = os.fspath(value)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """This run's folder (:attr:`run_dir`)."""
+        return self.run_dir
+
+    @log_dir.setter
+    def log_dir(self, value: Path | None) -> None:
+        self.run_dir = value
+
+    @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
@@ -249,8 +282,8 @@ class Trainer:
     @property
     def last_checkpoint_path(self) -> Path:
         """Where this run's resumable checkpoint goes (what ``ckpt_path="last"`` finds)."""
-        assert self.log_dir is not None
-        return self.log_dir / LAST_CHECKPOINT
+        assert self.run_dir is not None
+        return self.run_dir / LAST_CHECKPOINT
 
     def fit(self, module: TrainModule, datamodule: DataModule | None = None,
             ckpt_path: str | None = None, *, train_dataloaders: Any = None,
@@ -266,13 +299,15 @@ class Trainer:
                  dataloaders: Any = None) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]`` like Lightning. ``ckpt_path`` (a path,
         ``"last"`` or ``"best"``) loads those weights first."""
-        return [self._run("validate", module, datamodule, ckpt_path, {"validate": dataloaders})]
+        self._run("validate", module, datamodule, ckpt_path, {"validate": dataloaders})
+        return self.metrics.results
 
     def test(self, module: TrainModule, datamodule: DataModule | None = None,
              ckpt_path: str | None = None, *, dataloaders: Any = None) -> list[dict[str, float]]:
         """Run one pass of ``test_step`` over the test dataloader; returns ``[metrics]`` (what
         ``test_step`` logged, averaged over the test set and reduced across processes)."""
-        return [self._run("test", module, datamodule, ckpt_path, {"test": dataloaders})]
+        self._run("test", module, datamodule, ckpt_path, {"test": dataloaders})
+        return self.metrics.results
 
     def predict(self, module: TrainModule, datamodule: DataModule | None = None,
                 ckpt_path: str | None = None, return_predictions: bool = True, *,
@@ -469,6 +504,17 @@ class Trainer:
             raise ModelError(f"datamodule must be a ptrain.DataModule, got "
                              f"{type(datamodule).__qualname__}.")
         _check_stage_methods(stage, module)
+        self.stage_call, self.status = stage, "running"
+        try:
+            result = self._run_checked(stage, module, datamodule, ckpt_path, dataloaders)
+        except BaseException:
+            self.status = "interrupted"
+            raise
+        self.status = "finished"
+        return result
+
+    def _run_checked(self, stage: str, module: TrainModule, datamodule: DataModule | None,
+                     ckpt_path: str | None, dataloaders: dict[str, Any]) -> dict[str, float]:
         self.module, self.datamodule = module, datamodule
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path)
@@ -476,16 +522,16 @@ class Trainer:
         scratch = reserved = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
             scratch = tempfile.mkdtemp(prefix="ptrain-fast-dev-run-")
-            self.log_dir = Path(scratch)
+            self.run_dir = Path(scratch)
             print(f"fast_dev_run: {self.limit_train_batches} batch(es) of each stage, one "
                   f"epoch; no checkpoint or log is written.", flush=True)
         else:
             first_stage = self._own_log_dir is None
-            self.log_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file, stage)
-            if first_stage:
-                reserved = self.log_dir  # removed if the stage fails before writing in it
+            self.run_dir = self._own_log_dir = self._choose_log_dir(checkpoint_file, stage)
+            if first_stage and run_folder.decides_for_job():
+                reserved = self.run_dir  # removed if the stage writes nothing in it
         # one fit at a time writes a run's checkpoints (the process that chose the folder)
-        lock = (run_folder.RunLock.acquire(self.log_dir) if stage == "fit" and scratch is None
+        lock = (run_folder.RunLock.acquire(self.run_dir) if stage == "fit" and scratch is None
                 and run_folder.decides_for_job() else None)
         try:
             function = StageFunction(self, stage, checkpoint_file)
@@ -495,14 +541,14 @@ class Trainer:
             if isinstance(result, WorkerResult):
                 return self._adopt(result, stage)
             return result
-        except BaseException:
-            if reserved is not None and run_folder.is_empty_run(reserved):
-                run_folder.release_unused(reserved)
-                self._own_log_dir = None
-            raise
         finally:
             if lock is not None:
                 lock.release()
+            # a stage that wrote nothing in its run folder (failed at its start, or nothing to
+            # write: no checkpoint, no logger) leaves no folder behind
+            if reserved is not None and run_folder.is_empty_run(reserved):
+                run_folder.release_unused(reserved)
+                self._own_log_dir = None
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
@@ -520,6 +566,7 @@ class Trainer:
         self.metrics.callback_metrics.clear()
         self.metrics.callback_metrics.update(
             {k: torch.tensor(v) for k, v in result.metrics.items()})
+        self.metrics.results = list(result.results or [])
         if stage == "predict":
             self.predictions = result.predictions
             return result.predictions
@@ -530,11 +577,14 @@ class Trainer:
         from ptrain.fit_loop import FitLoop
 
         self.stage = "train" if stage == "fit" else stage
+        self.stage_call, self.status = stage, "running"  # also in a worker process
+        self._asked_early = {}
+        if stage == "fit" and self.max_epochs is None:  # decided now, as in Lightning
+            self.max_epochs = 1000 if no_limit(self.max_steps) and self.max_time is None else -1
         self.exception = None
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume = {}
-        self.metrics.callback_metrics.clear()  # a stage reports its own metrics only
-        self.metrics.logged_metrics.clear()
+        self.metrics.reset()  # a stage reports its own metrics only
         module = self.module
         module._trainer = self
         if self.datamodule is not None:
@@ -560,15 +610,25 @@ class Trainer:
                 setup = configure_optimizers(module, TrainModule)
                 _check_optimized_parameters(module, setup)
                 self._wrap_optimizers(setup)
-            for loader_stage in reversed(_STAGE_LOADERS[stage]):  # Lightning's order: val first
+            # with a sanity check, the validation loader is asked for first, for it, and the
+            # random state is put back after (a val_dataloader() that draws random data leaves
+            # the training run as it would be without the check), as in Lightning; without one,
+            # the training loader comes first, as Lightning asks for validation's later
+            sanity = stage == "fit" and self.num_sanity_val_steps != 0
+            for loader_stage in (reversed(_STAGE_LOADERS[stage]) if sanity
+                                 else _STAGE_LOADERS[stage]):
                 # no validation_step, or an evaluation limited to 0 batches: the loader is not
                 # even asked for, as in Lightning
                 skipped = ((loader_stage == "validate" and not implements(module,
                                                                           "validation_step"))
                            or (loader_stage in ("validate", "test")
                                and getattr(self, LIMITS[loader_stage]) == 0))
+                rng = (checkpoint_io.capture_rng_states()
+                       if sanity and loader_stage == "validate" and not skipped else None)
                 setattr(self, _LOADER_ATTRIBUTES[loader_stage],
                         None if skipped else self._dataloader(loader_stage))
+                if rng is not None:
+                    checkpoint_io.restore_rng_states(rng)
             main_loader = _STAGE_LOADERS[stage][0]
             if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None and not (
                     main_loader in ("validate", "test")
@@ -684,11 +744,21 @@ class Trainer:
         loader = self.given_dataloaders.get(stage)
         source = self.datamodule if self.datamodule is not None else self.module
         if loader is None:
-            loader = getattr(source, _LOADER_METHODS[stage])()
+            loader = self._asked_early.pop(stage, None)
+        if loader is None:
+            method = getattr(source, _LOADER_METHODS[stage])
+            loader = method() if method is not None else None  # Lightning's "none" switch
         if loader is None:
             return None
         where = (f"{type(source).__qualname__}.{_LOADER_METHODS[stage]}()"
                  if stage not in self.given_dataloaders else f"the {stage} dataloader given")
+        several = several_loaders(loader) if stage != "train" else None
+        if several is not None:  # each prepared as one would be; they run one after another
+            prepared = [self._prepare_dataloader(stage, one, where) for one in several[0]]
+            return prepared[0] if len(prepared) == 1 else SeveralLoaders(prepared, several[1])
+        return self._prepare_dataloader(stage, loader, where)
+
+    def _prepare_dataloader(self, stage: str, loader: Any, where: str) -> Any:
         if not hasattr(loader, "__iter__"):
             raise ModelError(f"{where} returned {type(loader).__qualname__} {loader!r:.60}, "
                              f"which can't be iterated over for batches; return a "
@@ -718,10 +788,9 @@ class Trainer:
         """Limits that contradict each other, or that no count can meet, are usage errors."""
         for name in ("max_epochs", "max_steps"):
             value = getattr(self, name)
-            if value is not None and value < (-1 if name == "max_epochs" else 0):
-                raise ConfigError(f"{name}={value} is not valid; give a count >= 0"
-                                  + (", or -1 for no limit on epochs." if name == "max_epochs"
-                                     else "."))
+            if value is not None and value < -1:
+                raise ConfigError(f"{name}={value} is not valid; give a count >= 0, or -1 for "
+                                  f"no limit.")
         for name in ("min_epochs", "min_steps"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -739,6 +808,13 @@ class Trainer:
                 f"fraction <= 1.0 (0.25: four times per epoch), a whole number of batches "
                 f"({int(interval)} without the decimal point), or check_val_every_n_epoch to "
                 f"validate every few epochs.")
+        if self.check_val_every_n_epoch is None and isinstance(interval, float) \
+                and interval != 1.0:  # 1.0, the default: every epoch's worth of batches
+            raise ConfigError(
+                f"check_val_every_n_epoch=None validates every val_check_interval training "
+                f"batches, counted across epochs, so val_check_interval must be a whole number "
+                f"of batches, not the fraction {interval}. Give one (e.g. "
+                f"val_check_interval=100), or a check_val_every_n_epoch.")
 
     def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
         """What the ``resolve_ckpt_path`` hook makes of ``ckpt_path`` ("last", "best", a path)."""
@@ -766,7 +842,7 @@ class Trainer:
                 origin = checkpoint_file
         if self._own_log_dir is not None and origin is None:
             return self._own_log_dir
-        root = Path(self.default_root_dir)
+        root = Path(self.run_root)
         if not run_folder.decides_for_job():  # rank 0's choice arrives with the process group
             return run_folder.next_free(root)
         run = run_folder.reserve(root)
@@ -824,6 +900,11 @@ _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
 _STEP_METHODS = {"fit": "training_step", "validate": "validation_step", "test": "test_step",
                  "predict": "predict_step"}
+
+
+def no_limit(value: int | None) -> bool:
+    """Whether a ``max_epochs``/``max_steps`` value sets no limit: ``None`` or ``-1``."""
+    return value is None or value == -1
 
 
 def is_logger(plugin: Any) -> bool:
@@ -968,6 +1049,7 @@ class WorkerResult:
     global_step: int
     current_epoch: int
     predictions: list[Any] | None = None  # predict: every process's, in dataset order
+    results: list[dict[str, float]] | None = None  # validate/test: per dataloader
 
 
 class StageFunction:
@@ -1002,12 +1084,13 @@ class StageFunction:
             model = full_state_dict(trainer.module, keep=trainer.local_rank == 0)
         if self.stage == "predict":
             return WorkerResult({}, None, trainer.global_step, trainer.current_epoch, result)
-        return WorkerResult(result, model, trainer.global_step, trainer.current_epoch)
+        return WorkerResult(result, model, trainer.global_step, trainer.current_epoch,
+                            results=trainer.metrics.results)
 
     def __reduce__(self):
         t = self.trainer
         recipe = (type(t), t._init_kwargs, t.config, t.module, t.datamodule,
-                  t.given_dataloaders, t.log_dir, t.fit_progress)
+                  t.given_dataloaders, t.run_dir, t.fit_progress)
         # the CPU generators as they are in the launching process (seed_everything before the
         # stage seeds every worker alike, as running the script in each process would)
         rng = {k: v for k, v in checkpoint_io.capture_rng_states().items() if k != "cuda"}
@@ -1019,7 +1102,7 @@ def _rebuild_stage_function(recipe: tuple, stage: str, checkpoint_file: Path | N
     cls, init_kwargs, config, module, datamodule, dataloaders, log_dir, progress = recipe
     trainer = cls(**init_kwargs)
     trainer.config, trainer.fit_progress = config, progress
-    trainer.module, trainer.datamodule, trainer.log_dir = module, datamodule, log_dir
+    trainer.module, trainer.datamodule, trainer.run_dir = module, datamodule, log_dir
     trainer.given_dataloaders = dataloaders
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True, launcher_rng=rng)
 
@@ -1075,6 +1158,10 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
         print(f"seed_everything: no seed given, using {seed}", flush=True)
+    try:
+        seed = to_seed(seed)
+    except ValueError as exc:
+        raise ConfigError(f"seed_everything({seed!r}): {exc}.") from None
     os.environ[_SEED_VARIABLE] = str(seed)  # the ranks the script launcher starts use it too
     random.seed(seed)
     torch.manual_seed(seed)
@@ -1084,4 +1171,5 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
-__all__ = ["StageFunction", "Trainer", "WorkerResult", "full_state_dict", "seed_everything"]
+__all__ = ["StageFunction", "Trainer", "WorkerResult", "full_state_dict", "no_limit",
+           "seed_everything"]

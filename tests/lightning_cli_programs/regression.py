@@ -2,8 +2,8 @@
 
 Written against ``lightning.pytorch``; tests/test_lightning_cli.py runs it as written and, with
 its import lines rewritten, under ``ptrain.lightning``. ``CLI_MODE`` picks how the CLI is
-made (``plain``, ``subclass``, ``custom``, ``env``, ``run_false``); with ``RESULT_FILE`` set,
-what the run ended with is written there as JSON.
+made (``plain``, ``subclass``, ``custom``, ``env``, ``run_false``, ``preseeded``, ``failing``);
+with ``RESULT_FILE`` set, what the run ended with is written there as JSON.
 """
 
 import json
@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 
 class RegressionData(pl.LightningDataModule):
@@ -80,6 +81,13 @@ class Regressor(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class FailingRegressor(Regressor):
+    """A model whose own check fails when fit starts (the program's error, not the CLI's)."""
+
+    def on_fit_start(self):
+        raise MisconfigurationException("FailingRegressor refuses to fit")
 
 
 class WideRegressor(Regressor):
@@ -150,6 +158,11 @@ def _make_cli():
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         cli.test_metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule)
         return cli
+    if mode == "preseeded":  # seeded before the CLI is made; seed_everything left at true
+        pl.seed_everything(11)
+        return LightningCLI(Regressor, RegressionData)
+    if mode == "failing":
+        return LightningCLI(FailingRegressor, RegressionData)
     raise SystemExit(f"unknown CLI_MODE {mode}")
 
 

@@ -110,15 +110,15 @@ def _save_config_refuses_to_overwrite():
         run = cli.LightningCLI(SmokeModel, SmokeData, run=False, args=[
             f"--trainer.default_root_dir={root}", "--trainer.max_epochs=1", *_QUIET])
         saver = cli.SaveConfigCallback(run.parser, run.config)
-        run.trainer.log_dir = Path(root)
         saver.setup(run.trainer, run.model, "fit")
-        assert "hidden: 3" in (Path(root) / "config.yaml").read_text()
+        folder = Path(run.trainer.log_dir)  # Lightning's: the default root without a logger
+        assert "hidden: 3" in (folder / "config.yaml").read_text()
         with pytest.raises(RuntimeError, match="overwrite"):
             cli.SaveConfigCallback(run.parser, run.config).setup(run.trainer, run.model, "fit")
         run.config.model.hidden = 9
         cli.SaveConfigCallback(run.parser, run.config, overwrite=True).setup(
             run.trainer, run.model, "fit")
-        assert "hidden: 9" in (Path(root) / "config.yaml").read_text()
+        assert "hidden: 9" in (folder / "config.yaml").read_text()
         with pytest.raises(ValueError, match="save_config"):
             cli.SaveConfigCallback(run.parser, run.config, save_to_log_dir=False)
 

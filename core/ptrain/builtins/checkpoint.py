@@ -7,17 +7,32 @@ difference):
 - a checkpoint is *taken* at the end of every ``every_n_epochs``-th epoch (or, when the top-k is
   decided on validation metrics, after that epoch's validations), every ``every_n_train_steps``
   optimizer steps and every ``train_time_interval`` seconds; taking one writes a top-k file (see
-  below) and, with ``save_last`` (on by default), ``last.ckpt``, which ``--ckpt-path last`` resumes;
+  below) and, with ``save_last`` (on by default), ``last.ckpt``, which ``--ckpt-path last`` resumes.
+  ``last.ckpt`` is also written after every top-k file, and at a due epoch end unless it was
+  written at that step already (then it resumes into that epoch's end);
+- ``save_last="link"``: ``last.ckpt`` is a symbolic link to the newest top-k file, made
+  atomically; where the filesystem allows no links it is a copy (said once). With weights-only
+  top-k files, or none written yet, it is written as a file;
 - with a ``monitor``, the ``save_top_k`` files with the best values are kept (``-1``: all); a file
-  that falls out of the top k is deleted only after the new one is written, by global rank 0;
+  that falls out of the top k is deleted only after the new one (and ``last.ckpt``) is written,
+  by global rank 0. ``epoch`` and ``step`` can be monitored and named without being logged;
 - without a ``monitor``, ``save_top_k=1`` keeps the newest checkpoint, which is ``last.ckpt``
   itself unless ``save_last`` is off or a ``filename`` is given (no second copy is written);
   ``-1`` keeps every one; ``0`` none; ``best_model_path`` is the newest;
 - a file this callback did not write is never overwritten: a name already taken in the folder
-  (another run's, in a shared ``dirpath``) gets ``-v1``, ``-v2``...;
+  (another run's, in a shared ``dirpath``) gets ``-v1``, ``-v2``...; with
+  ``enable_version_counter=False`` names are reused as given, and replacing another run's file
+  is said once;
 - ``save_weights_only``: the top-k files hold the weights only (``Trainer.save_checkpoint``'s
   ``weights_only``); the full state for an exact resume is still kept, in ``last.ckpt``
   (in the run folder's ``checkpoints/`` when ``save_last`` is off), and the run says where;
+- ``save_on_exception``: when ``fit`` ends with an error (``KeyboardInterrupt`` included) and
+  something was trained since the last save, the state at that moment is written under the
+  top-k name (``filename`` formatted, ``-vN`` if taken), not ranked and not replacing
+  ``last.ckpt``, which stays the last state written at a checkpoint point. Nothing is written
+  after a non-finite loss (that state is not worth resuming), under ``fast_dev_run``, or under
+  several processes (the others can't join a save after one failed); each is said;
+- ``verbose``: a line per top-k decision, on global rank 0;
 - ``--ckpt-path best`` (the ``resolve_ckpt_path`` hook) finds the best file of this callback, or of
   ``dirpath`` or the newest run folder under ``default_root_dir`` whose ``best_k_models.json``
   (written by global rank 0 whenever the top-k changes) records one; with a ``dirpath``,
@@ -33,6 +48,7 @@ identically on every rank), the counters, and, for the time interval, a flag red
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -50,7 +66,8 @@ import torch
 
 from ptrain.config import to_seconds
 from ptrain.checkpoint_io import write_failed
-from ptrain.errors import CheckpointError, CheckpointWriteError, ConfigError
+from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError,
+                           NonFiniteLossError)
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
@@ -75,29 +92,82 @@ def _optional_bool(value: Any) -> bool | None:
     return None if value is None or value == "auto" else to_bool(value)
 
 
+def _save_last(value: Any) -> bool | str:
+    """``save_last``: true, false or ``"link"``."""
+    if isinstance(value, str) and value.strip().lower() == "link":
+        return "link"
+    return to_bool(value)
+
+
+def _yaml_number(value: float) -> str:
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(float(value))
+
+
+def link_or_copy(target: str | Path, link: str | Path) -> bool:
+    """Make ``link`` a symbolic link to ``target`` (relative to the link's folder), replacing
+    what is at ``link`` in one rename, so a reader finds the old or the new one, never none.
+    Where the filesystem allows no symbolic link: a hard link, else a copy. Returns whether it
+    is a link of either kind (``False``: a copy)."""
+    target, link = Path(target), Path(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.parent / f".{link.name}.{os.getpid()}.link"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    linked = True
+    try:
+        os.symlink(os.path.relpath(target, link.parent), tmp)
+    except OSError:
+        try:
+            os.link(target, tmp)
+        except OSError:
+            shutil.copy2(target, tmp)
+            linked = False
+    if link.is_dir() and not link.is_symlink():  # a sharded checkpoint's folder
+        shutil.rmtree(link)
+    os.replace(tmp, link)
+    return linked
+
+
 class ModelCheckpoint:
     """``-p checkpoint`` is on by default; ``ModelCheckpoint(monitor="val_loss", save_top_k=3)``
     given in ``Trainer(callbacks=[...])`` replaces the default one.
 
     Attributes, as in Lightning: ``best_model_path``, ``best_model_score``, ``best_k_models``
     (path -> score), ``kth_best_model_path``, ``kth_value``, ``last_model_path`` (paths as text;
-    ``""`` until a file is written; scores as floats)."""
+    ``""`` until a file is written; scores as floats), ``current_score`` (the monitored value of
+    the last top-k decision) and ``dirpath`` (the folder, once a fit began). The names are made
+    of Lightning's class attributes ``CHECKPOINT_JOIN_CHAR``, ``CHECKPOINT_EQUALS_CHAR``,
+    ``CHECKPOINT_NAME_LAST`` (a template too: ``"last-{epoch}"``), ``FILE_EXTENSION`` and
+    ``STARTING_VERSION``; a subclass may change them."""
 
     name = "checkpoint"  # its entry point's name, also when given as an object
 
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
     def __init__(self, filename: str | None = None, monitor: str | None = None,
-                 mode: str = "min", save_top_k: int = 1, save_last: bool = True,
+                 mode: str = "min", save_top_k: int = 1, save_last: bool | str = True,
                  every_n_epochs: int = 1, every_n_train_steps: int = 0,
                  train_time_interval: float | str | timedelta | None = None,
                  save_on_train_epoch_end: bool | None = None,
                  auto_insert_metric_name: bool = True, on_write_error: str = "stop",
-                 dirpath: str | os.PathLike | None = None, save_weights_only: bool = False):
+                 dirpath: str | os.PathLike | None = None, save_weights_only: bool = False,
+                 save_on_exception: bool = False, enable_version_counter: bool = True,
+                 verbose: bool = False):
         if mode not in ("min", "max"):
             raise ConfigError(f"checkpoint mode {mode!r} is not valid; valid choices: min, max "
                               f"(whether a lower or a higher monitored value is better).")
-        if not isinstance(save_last, bool):
-            raise ConfigError(f"checkpoint save_last must be true or false, got {save_last!r} "
-                              f"(ptrain writes last.ckpt as a file; it has no 'link' mode).")
+        if not (isinstance(save_last, bool) or save_last == "link"):
+            raise ConfigError(f"checkpoint save_last must be true, false or 'link', got "
+                              f"{save_last!r} (link: last.ckpt is a link to the newest top-k "
+                              f"file).")
         for option, value in (("save_top_k", save_top_k), ("every_n_epochs", every_n_epochs),
                               ("every_n_train_steps", every_n_train_steps)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -126,12 +196,13 @@ class ModelCheckpoint:
             raise ConfigError(f"checkpoint train_time_interval: {exc}; give seconds (3600) or "
                               f"DD:HH:MM:SS (\"00:01:00:00\").") from None
         if filename is not None:
-            if not filename or filename.endswith(".ckpt") or _FIELD.sub("", filename) \
-                    .count("{") or _FIELD.sub("", filename).count("}"):
+            if not filename or filename.endswith(self.FILE_EXTENSION) or _FIELD.sub(
+                    "", filename).count("{") or _FIELD.sub("", filename).count("}"):
                 raise ConfigError(
                     f"checkpoint filename {filename!r} is not a valid template: give a name "
-                    f"without the .ckpt extension, with fields in braces such as "
-                    f"\"{{epoch}}-{{val_loss:.3f}}\" (fields: epoch, step, any logged metric).")
+                    f"without the {self.FILE_EXTENSION} extension, with fields in braces such "
+                    f"as \"{{epoch}}-{{val_loss:.3f}}\" (fields: epoch, step, any logged "
+                    f"metric).")
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
         self.every_n_epochs, self.every_n_train_steps = every_n_epochs, every_n_train_steps
@@ -139,9 +210,20 @@ class ModelCheckpoint:
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
         self.on_write_error = on_write_error
-        self.dirpath = None if dirpath is None else os.fspath(dirpath)  # the folder once a fit
-        self._given_dirpath = self.dirpath  # began; None: the run folder's checkpoints/
+        if dirpath is not None and "://" in os.fspath(dirpath):
+            raise ConfigError(
+                f"checkpoint dirpath {os.fspath(dirpath)!r} is a URL; ptrain writes checkpoints "
+                f"to a local or mounted folder (atomically, with fsync), not through a remote "
+                f"filesystem. Give a folder path (mount the storage, or copy the files there "
+                f"after the run).")
+        # the folder once a fit began; None: the run folder's checkpoints/
+        self.dirpath = None if not os.fspath(dirpath or "") else os.path.realpath(
+            os.path.expanduser(os.fspath(dirpath)))
+        self._given_dirpath = self.dirpath
         self.save_weights_only = bool(save_weights_only)
+        self.save_on_exception = bool(save_on_exception)
+        self.enable_version_counter = bool(enable_version_counter)
+        self.verbose = bool(verbose)
 
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -149,6 +231,7 @@ class ModelCheckpoint:
         self.kth_best_model_path = ""
         self.kth_value = math.inf if mode == "min" else -math.inf
         self.last_model_path = ""
+        self.current_score: float | None = None
         self._last_step_saved = -1  # step of the last step/time-triggered checkpoint
         # (step, monitored value) of the last ranking: the same one is not ranked twice
         self._last_ranked: tuple[int, float | None] | None = None
@@ -157,6 +240,11 @@ class ModelCheckpoint:
         self._metrics_published = False  # a validation or an epoch ended in this fit
         self._writes = True  # False under fast_dev_run, which writes no checkpoint
         self._taken_on_disk: set[str] = set()  # files in the folder this callback did not write
+        self._last_global_step_saved = 0  # nothing trained since: no save on an exception
+        self._last_checkpoint_saved = ""  # the newest file written (a link's target)
+        self._last_written_step: int | None = None  # step at which last.ckpt was last written
+        self._wrote_this_fit = True  # a file was written since the fit began (see on_loop_end)
+        self._said: set[str] = set()  # what was said once already
 
     @staticmethod
     @hookimpl
@@ -164,14 +252,16 @@ class ModelCheckpoint:
         options.add("filename", str,
                     help="name of the top-k files, a template: \"{epoch}-{val_loss:.3f}\" gives "
                          "epoch=3-val_loss=0.123.ckpt (default: {epoch}-{step})")
-        options.add("monitor", str, help="the logged metric that ranks the top-k checkpoints")
+        options.add("monitor", str, help="the logged metric that ranks the top-k checkpoints "
+                                         "(or epoch, step)")
         options.add("mode", str, default="min", choices=("min", "max"),
                     help="whether a lower or a higher monitored value is better")
         options.add("save_top_k", int, default=1,
                     help="keep the k best checkpoints (-1: all, 0: none); without a monitor only "
                          "-1, 0 or 1 (the newest)")
-        options.add("save_last", to_bool, default=True,
-                    help="write the resumable last.ckpt each time a checkpoint is taken")
+        options.add("save_last", _save_last, default=True,
+                    help="write the resumable last.ckpt each time a checkpoint is taken; 'link': "
+                         "last.ckpt links to the newest top-k file")
         options.add("every_n_epochs", int, default=1,
                     help="take a checkpoint at the end of every n-th epoch (0: never)")
         options.add("every_n_train_steps", int, default=0,
@@ -190,6 +280,14 @@ class ModelCheckpoint:
         options.add("save_weights_only", to_bool, default=False,
                     help="top-k files with the weights only; the full state for an exact resume "
                          "stays in last.ckpt (the run folder's, when save_last is off)")
+        options.add("save_on_exception", to_bool, default=False,
+                    help="when fit ends with an error, write the state at that moment under the "
+                         "top-k name (last.ckpt stays the last state saved at a checkpoint point)")
+        options.add("enable_version_counter", to_bool, default=True,
+                    help="give a name already in the folder -v1, -v2...; false: reuse it, "
+                         "replacing the file there (said)")
+        options.add("verbose", to_bool, default=False,
+                    help="print a line for each top-k decision")
         options.add("on_write_error", str, default="stop", choices=WRITE_ERROR_CHOICES,
                     help="when a checkpoint can't be written (disk full, permission, quota): "
                          "stop the run with the error, or warn and train on; either way the "
@@ -212,7 +310,14 @@ class ModelCheckpoint:
                     f"checkpoint save_weights_only=True: the top-k files in {self.dirpath} hold "
                     f"the weights only, as Lightning writes them; the full training state for "
                     f"an exact resume is kept in {self._full_state_path(trainer)} "
-                    f"(ckpt_path='last' resumes from it).", stacklevel=2)
+                    f"(ckpt_path='last' resumes from it)"
+                    + (", written as a file, not a link" if self.save_last == "link" else "")
+                    + ".", stacklevel=2)
+        if self.save_on_exception and trainer.world_size > 1 and trainer.is_global_zero:
+            self._say_once("several", f"checkpoint save_on_exception=True writes nothing under "
+                                      f"several processes ({trainer.world_size} here): after an "
+                                      f"error on one, the others can't join a save. Resume from "
+                                      f"the last checkpoint written (ckpt_path='last').")
         if self.save_on_train_epoch_end is not None:
             self._topk_on_epoch_end = self.save_on_train_epoch_end
         else:  # as Lightning: after validation, unless it runs exactly once at each epoch end
@@ -221,6 +326,22 @@ class ModelCheckpoint:
             self._topk_on_epoch_end = not validates or (
                 trainer.check_val_every_n_epoch == 1
                 and isinstance(interval, float) and interval == 1.0)
+
+    @hookimpl
+    def on_loop_start(self, trainer, loop: str) -> None:
+        if loop == "fit":  # what a resumed or a repeated fit starts from is saved already
+            self._last_global_step_saved = trainer.global_step
+            self._last_written_step = None
+            self._wrote_this_fit = False
+
+    @hookimpl
+    def on_loop_end(self, trainer, loop: str) -> None:
+        # save_last: a fit that trained but whose triggers never came due still ends with a
+        # last.ckpt (one that trained nothing, stopped by a finder, rewrites nothing)
+        if loop == "train" and self.save_last and self._writes \
+                and not self._wrote_this_fit \
+                and trainer.global_step != self._last_global_step_saved:
+            self._write_last(trainer)
 
     @hookimpl
     def unused_step_hooks(self) -> list[str] | None:
@@ -272,8 +393,66 @@ class ModelCheckpoint:
             return
         if self._topk_on_epoch_end:
             self._save_topk(trainer, check_now=True)
-        if self._keeps_last:  # always: its loop state (the next epoch) is new even at one step
+        # written again even when a validation at this step wrote it: the state after the
+        # epoch's end resumes into the next epoch, the same with any number of processes
+        if self._keeps_last:
             self._write_last(trainer)
+
+    @hookimpl
+    def teardown(self, trainer, stage: str) -> None:
+        error = trainer.exception
+        if stage != "fit" or error is None or not self.save_on_exception:
+            return
+        try:
+            self._save_on_exception(trainer, error)
+        except Exception as exc:  # noqa: BLE001 - the run's own error is the one to raise
+            if trainer.is_global_zero:
+                warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
+                              f"written: {type(exc).__name__}: {exc}", stacklevel=2)
+
+    def _save_on_exception(self, trainer, error: BaseException) -> None:
+        if not self._writes or trainer.world_size > 1:
+            return  # fast_dev_run writes nothing; several processes: said at setup
+        if trainer.global_step == self._last_global_step_saved:
+            return  # nothing trained since the last save (or since the fit began)
+        if isinstance(error, NonFiniteLossError):
+            if trainer.is_global_zero:
+                warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
+                              f"written: the loss went non-finite, so the weights are not worth "
+                              f"resuming. {self._kept_note()}", stacklevel=3)
+            return
+        candidates = self._candidates(trainer)
+        # the epoch in progress (after fit, trainer.current_epoch counts a part-run one as run)
+        epoch = trainer.loop_state.get("epoch", trainer.current_epoch)
+        if "epoch" not in trainer.callback_metrics:
+            candidates["epoch"] = epoch
+        try:
+            stem = self._format(trainer, candidates)
+        except ConfigError:  # a field the run never logged: the default name instead
+            stem = self._format(trainer, candidates, self._default_template())
+        path = self._unique(trainer, stem, reuse=None)
+        try:
+            trainer.save_checkpoint(path)
+        except NonFiniteLossError:
+            if trainer.is_global_zero:
+                warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
+                              f"written: the loss went non-finite before it, so the weights are "
+                              f"not worth resuming. {self._kept_note()}", stacklevel=3)
+            return
+        self._saved(trainer, path)
+        if trainer.is_global_zero:
+            warnings.warn(
+                f"fit ended with {type(error).__name__}: {error}; the state at that moment "
+                f"(epoch {epoch}, step {trainer.global_step}, possibly part-way "
+                f"through a batch) was saved to {path} (save_on_exception). It is not among the "
+                f"top-k files" + (f", and {self.last_model_path} still holds the last state "
+                                  f"saved at a checkpoint point, which resumes exactly"
+                                  if self.last_model_path else "") + ".", stacklevel=3)
+
+    def _kept_note(self) -> str:
+        if self.last_model_path:
+            return f"The last checkpoint written, {self.last_model_path}, is kept."
+        return "No checkpoint was written over."
 
     def _epoch_due(self, trainer) -> bool:
         n = self.every_n_epochs
@@ -283,55 +462,106 @@ class ModelCheckpoint:
     def _keeps_last(self) -> bool:
         """Whether the resumable full state is written: with ``save_last``, and always when the
         top-k files hold the weights only."""
-        return self.save_last or self.save_weights_only
+        return bool(self.save_last) or self.save_weights_only
 
     def _take(self, trainer, check_now: bool) -> None:
         self._save_topk(trainer, check_now)
-        if self._keeps_last:
+        if self._keeps_last and self._last_written_step != trainer.global_step:
             self._write_last(trainer)
 
     # -- what ------------------------------------------------------------------------------------
 
     def _folder(self, trainer) -> Path:
-        if self._given_dirpath is not None:
-            return Path(self._given_dirpath)
-        return Path(trainer.log_dir) / "checkpoints"
+        own = self._own_folder(trainer)
+        return own if own is not None else Path(trainer.run_dir) / "checkpoints"
+
+    def _own_folder(self, trainer) -> Path | None:
+        """The folder of this callback's files when it is not the run folder's
+        ``checkpoints/`` (``dirpath``): such a folder may hold other runs' files, and
+        ``ckpt_path='last'`` looks there. A subclass may choose one (Lightning's, without a
+        logger)."""
+        return None if self._given_dirpath is None else Path(self._given_dirpath)
+
+    def _record_folder(self, trainer) -> Path | None:
+        """Where the record of the top-k (``best_k_models.json``) goes: beside the files."""
+        return self._folder(trainer)
 
     def _names_left_by_others(self, trainer) -> set[str]:
         """The checkpoint files in the folder now that this callback's state does not name
         (another run's, in a shared ``dirpath``): never overwritten. Listed by rank 0, so every
         rank names files alike."""
-        if self._given_dirpath is None:  # the run folder's own: every file in it is this run's
+        if self._own_folder(trainer) is None:  # the run folder's: every file in it is this run's
             return set()
         names = None
         if trainer.is_global_zero:
             folder = self._folder(trainer)
             own = {Path(p).name for p in (*self.best_k_models, self.best_model_path,
                                           self.last_model_path) if p}
-            names = sorted(p.name for p in folder.glob("*.ckpt") if p.name not in own) \
-                if folder.is_dir() else []
+            names = sorted(p.name for p in folder.glob(f"*{self.FILE_EXTENSION}")
+                           if p.name not in own) if folder.is_dir() else []
         if trainer.world_size > 1:
             names = trainer.hook.all_gather_object(trainer=trainer, obj=names)[0]
         return set(names)
 
-    def _full_state_path(self, trainer) -> Path:
+    def _default_template(self) -> str:
+        return "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
+
+    def _full_state_path(self, trainer, candidates: dict[str, Any] | None = None) -> Path:
         """Where the resumable ``last.ckpt`` goes: this callback's folder with ``save_last``, the
         run folder's otherwise (``save_weights_only`` keeps it without ``save_last``)."""
         if not self.save_last:
             return trainer.last_checkpoint_path
-        stem, version, folder = "last", 0, self._folder(trainer)
-        while f"{stem}.ckpt" in self._taken_on_disk:
+        if candidates is None:
+            candidates = self._candidates(trainer)
+        stem = self._format(trainer, candidates, self.CHECKPOINT_NAME_LAST,
+                            auto_insert=self.auto_insert_metric_name)
+        folder = self._folder(trainer)
+        path = folder / f"{stem}{self.FILE_EXTENSION}"
+        version = self.STARTING_VERSION
+        while self.enable_version_counter and path.name in self._taken_on_disk:
+            path = folder / f"{stem}{self.CHECKPOINT_JOIN_CHAR}v{version}{self.FILE_EXTENSION}"
             version += 1
-            stem = f"last-v{version}"
-        return folder / f"{stem}.ckpt"
+        self._say_if_replacing(path)
+        return path
 
     def _write_last(self, trainer) -> None:
         if not self._writes:
             return
-        path = self._full_state_path(trainer)
+        candidates = self._candidates(trainer)
+        path = self._full_state_path(trainer, candidates)
         previous, self.last_model_path = self.last_model_path, str(path)  # part of the state
-        if not self._save(trainer, path):
+        if self._links_last(path):
+            self._link_last(trainer, path)
+        elif not self._save(trainer, path):
             self.last_model_path = previous
+            return
+        self._last_written_step = trainer.global_step
+        # a templated name ("last-{epoch}") leaves the previous one behind: one last file
+        if previous and previous != str(path) and self._own_file(trainer, previous):
+            self._remove(trainer, previous)
+
+    def _links_last(self, path: Path) -> bool:
+        """Whether ``last.ckpt`` is a link to the newest top-k file: ``save_last="link"``, a
+        full-state top-k file written, and ``path`` in this callback's folder."""
+        return (self.save_last == "link" and not self.save_weights_only
+                and bool(self._last_checkpoint_saved)
+                and self._last_checkpoint_saved != str(path))
+
+    def _link_last(self, trainer, path: Path) -> None:
+        if trainer.is_global_zero:
+            if not link_or_copy(self._last_checkpoint_saved, path):
+                self._say_once("copy", f"checkpoint save_last='link': the filesystem of "
+                                       f"{path.parent} allows no links, so {path.name} is a copy "
+                                       f"of the newest top-k file instead.")
+        if trainer.world_size > 1:  # every rank goes on once the link is there
+            trainer.hook.all_gather_object(trainer=trainer, obj=None)
+
+    def _own_file(self, trainer, path: str) -> bool:
+        """Whether ``path`` may be deleted: in this callback's folder, and not the checkpoint
+        the run resumed from."""
+        target = Path(path).absolute()
+        resumed = Path(trainer.ckpt_path).absolute() if trainer.ckpt_path else None
+        return Path(self._folder(trainer)).absolute() in target.parents and target != resumed
 
     def _save_topk(self, trainer, check_now: bool) -> None:
         """``check_now``: the metrics of the epoch or validation are all there (a monitor missing
@@ -339,32 +569,35 @@ class ModelCheckpoint:
         first validation or epoch end may still come: this trigger then writes only last.ckpt."""
         if self.save_top_k == 0 or not self._writes:
             return
+        candidates = self._candidates(trainer)
         if self.monitor is None:
-            if self.save_top_k == 1 and self.save_last and self.filename is None \
-                    and not self.save_weights_only:
+            if self._newest_is_last():
                 # last.ckpt is the newest checkpoint: no second copy (the epoch end writes it)
-                self.best_model_path = str(self._full_state_path(trainer))
+                self.best_model_path = str(self._full_state_path(trainer, candidates))
                 return
             if self._last_ranked == (trainer.global_step, None):
                 return
             self._last_ranked = (trainer.global_step, None)
-            path = self._unique(trainer, self._format(trainer), reuse=self.best_model_path)
+            path = self._unique(trainer, self._format(trainer, candidates),
+                                reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
             if not self._save(trainer, path, self.save_weights_only):
                 self.best_model_path = previous
                 return
-            if self.save_top_k == 1 and previous and previous != path:
+            self._after_topk_write(trainer)
+            if self.save_top_k == 1 and previous and previous != path \
+                    and self._own_file(trainer, previous):
                 self._remove(trainer, previous)
             return
-        metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
+        if self.monitor not in candidates:
             message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
-                       f"{', '.join(sorted(metrics)) or '(none)'}. Log it with "
+                       f"{', '.join(sorted(trainer.callback_metrics)) or '(none)'}. Log it with "
                        f"self.log({self.monitor!r}, ...) or change --checkpoint-monitor.")
             if check_now or self._metrics_published:
                 raise ConfigError(message)
             return  # a step or time trigger before the first validation: decided there
-        score = float(metrics[self.monitor])
+        raw = candidates[self.monitor]
+        score = float(raw)
         if math.isnan(score):  # ranked as the worst possible value
             score = math.inf if self.mode == "min" else -math.inf
         # a step trigger and the epoch end at one step: ranked again only if the value changed
@@ -374,24 +607,44 @@ class ModelCheckpoint:
         self._last_ranked = (trainer.global_step, score)
         k = self.save_top_k
         full = k != -1 and len(self.best_k_models) >= k
-        if full and not self._better(score, self.best_k_models[self.kth_best_model_path]):
+        if full and not self._better(score, float(
+                self.best_k_models[self.kth_best_model_path])):
+            self._tell(trainer, f"{self.monitor} = {score:.5g} is not among the best {k}; "
+                                f"nothing saved")
             return
         dropped = self.kth_best_model_path if full else None
         ranking = (dict(self.best_k_models), self.best_model_path, self.best_model_score,
-                   self.kth_best_model_path, self.kth_value)
+                   self.kth_best_model_path, self.kth_value, self.current_score)
         if dropped is not None:
             del self.best_k_models[dropped]
-        path = self._unique(trainer, self._format(trainer), reuse=dropped)
-        self.best_k_models[path] = score
+        path = self._unique(trainer, self._format(trainer, candidates), reuse=dropped)
+        self.current_score = self.best_k_models[path] = self._kept_score(raw, score)
         self._rank()
         if not self._save(trainer, path, self.save_weights_only):  # the top-k is as before
             (self.best_k_models, self.best_model_path, self.best_model_score,
-             self.kth_best_model_path, self.kth_value) = ranking
+             self.kth_best_model_path, self.kth_value, self.current_score) = ranking
             return
-        if trainer.is_global_zero:
-            self._write_record(trainer)
-        if dropped is not None and dropped != path:
+        self._tell(trainer, f"{self.monitor} = {score:.5g} is among the best "
+                            f"{k if k != -1 else len(self.best_k_models)} (best "
+                            f"{float(self.best_model_score):.5g}); saved {path}")
+        record = self._record_folder(trainer)
+        if trainer.is_global_zero and record is not None:
+            self._write_record(record)
+        self._after_topk_write(trainer)
+        if dropped is not None and dropped != path and self._own_file(trainer, dropped):
             self._remove(trainer, dropped)
+
+    def _newest_is_last(self) -> bool:
+        """Whether the one top-k file kept without a monitor would be a copy of ``last.ckpt``
+        (``save_top_k=1``, ``save_last``, no ``filename``, full state), so none is written and
+        ``best_model_path`` names ``last.ckpt``. A subclass writing both returns ``False``."""
+        return (self.save_top_k == 1 and self.save_last is True and self.filename is None
+                and not self.save_weights_only)
+
+    def _after_topk_write(self, trainer) -> None:
+        """``last.ckpt`` follows each top-k file (before a dropped file is deleted)."""
+        if self._keeps_last:
+            self._write_last(trainer)
 
     def _save(self, trainer, path: str | Path, weights_only: bool = False) -> bool:
         """Write a checkpoint to ``path``; ``False`` when the system refused the write and
@@ -408,7 +661,30 @@ class ModelCheckpoint:
                 print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
                       f"warn).", file=sys.stderr, flush=True)
             return False
+        self._saved(trainer, path, weights_only)
         return True
+
+    def _saved(self, trainer, path: str | Path, weights_only: bool = False) -> None:
+        self._last_global_step_saved = trainer.global_step
+        self._wrote_this_fit = True
+        if not weights_only:
+            self._last_checkpoint_saved = str(path)
+
+    def _tell(self, trainer, what: str) -> None:
+        """With ``verbose``: one line about a top-k decision, on global rank 0."""
+        if self.verbose and trainer.is_global_zero:
+            print(f"checkpoint: epoch {trainer.current_epoch}, step {trainer.global_step}: "
+                  f"{what}", flush=True)
+
+    def _say_once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            warnings.warn(message, stacklevel=3)
+
+    def _kept_score(self, raw: Any, score: float) -> Any:
+        """What a score is kept as (``best_k_models``' values, ``current_score``): a float,
+        ``score`` (a NaN made the worst value); a subclass may keep ``raw``, as logged."""
+        return score
 
     def _better(self, score: float, than: float) -> bool:
         return score < than if self.mode == "min" else score > than
@@ -417,64 +693,115 @@ class ModelCheckpoint:
         models = self.best_k_models
         worst = max if self.mode == "min" else min
         best = min if self.mode == "min" else max
-        self.best_model_path = best(models, key=models.get)
+        self.best_model_path = best(models, key=lambda path: float(models[path]))
         self.best_model_score = models[self.best_model_path]
         if self.save_top_k == -1 or len(models) >= self.save_top_k:
-            self.kth_best_model_path = worst(models, key=models.get)
+            self.kth_best_model_path = worst(models, key=lambda path: float(models[path]))
             self.kth_value = models[self.kth_best_model_path]
 
-    def _format(self, trainer) -> str:
-        template = self.filename if self.filename is not None else "{epoch}-{step}"
-        metrics = trainer.callback_metrics
-        counters = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+    # -- names -----------------------------------------------------------------------------------
+
+    def _candidates(self, trainer) -> dict[str, Any]:
+        """What a monitor and a filename field may name: the logged metrics, and ``epoch`` and
+        ``step`` (the counters, unless logged under those names)."""
+        candidates: dict[str, Any] = dict(trainer.callback_metrics)
+        for name, counter in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
+            value = candidates.get(name)
+            candidates[name] = counter if value is None else int(float(value))
+        return candidates
+
+    def _format(self, trainer, candidates: dict[str, Any], template: str | None = None,
+                auto_insert: bool | None = None) -> str:
+        template = template if template is not None else (
+            self.filename if self.filename is not None else self._default_template())
+        return self._format_name(template, candidates, self.auto_insert_metric_name
+                                 if auto_insert is None else auto_insert)
+
+    def _format_name(self, template: str, metrics: dict[str, Any], auto_insert: bool) -> str:
+        """``template`` with each ``{name[:spec]}`` field filled from ``metrics`` (as
+        ``name=value`` with ``auto_insert``)."""
 
         def field(match: re.Match) -> str:
             name, spec = match.group(1).strip(), match.group(2)
-            if name in counters:
-                value: Any = counters[name]
-            elif name in metrics:
-                value = float(metrics[name])
+            if name in metrics:
+                value = metrics[name]
+                value = value.item() if isinstance(value, torch.Tensor) else value
             else:
-                raise ConfigError(
-                    f"checkpoint filename {template!r} names {name!r}, which was not logged; "
-                    f"fields can be epoch, step and the logged metrics: "
-                    f"{', '.join(sorted(metrics)) or '(none)'}. Log it with self.log({name!r}, "
-                    f"...) or change --checkpoint-filename.")
+                value = self._missing_field(template, name, metrics)
             text = f"{{0{spec}}}".format(value)
-            return f"{name}={text}" if self.auto_insert_metric_name else text
+            return f"{name}{self.CHECKPOINT_EQUALS_CHAR}{text}" if auto_insert else text
 
         return _FIELD.sub(field, template)
 
+    def _missing_field(self, template: str, name: str, metrics: dict[str, Any]) -> Any:
+        """The value of a filename field nothing was logged under: refused (a subclass may
+        answer a value)."""
+        logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+        raise ConfigError(
+            f"checkpoint filename {template!r} names {name!r}, which was not logged; fields can "
+            f"be epoch, step and the logged metrics: {', '.join(logged) or '(none)'}. Log it "
+            f"with self.log({name!r}, ...) or change --checkpoint-filename.")
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None,
+                               ver: int | None = None, prefix: str | None = None) -> str:
+        """The path a checkpoint with these ``metrics`` gets (Lightning's method): ``filename``
+        (default: this callback's template) filled in, ``prefix`` and ``-v<ver>`` joined with
+        ``CHECKPOINT_JOIN_CHAR``, ``FILE_EXTENSION`` added, in ``dirpath`` when it is known."""
+        template = filename or self.filename or self._default_template()
+        name = self._format_name(template, dict(metrics), self.auto_insert_metric_name)
+        if prefix is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join([prefix, name])
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join([name, f"v{ver}"])
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
     def _unique(self, trainer, stem: str, reuse: str | None) -> str:
         """The path for ``stem``; a name already kept (other than the one about to be replaced,
-        ``reuse``) or ``last.ckpt`` gets ``-v1``, ``-v2``... Decided from this callback's state
-        alone, so every rank picks the same name."""
+        ``reuse``) or ``last.ckpt`` gets ``-v1``, ``-v2``... (with ``enable_version_counter``).
+        Decided from this callback's state alone, so every rank picks the same name."""
         folder = self._folder(trainer)
-        taken = set(self.best_k_models) | {str(folder / LAST)} | {
+        candidate = str(folder / f"{stem}{self.FILE_EXTENSION}")
+        if not self.enable_version_counter:
+            self._say_if_replacing(Path(candidate))
+            return candidate
+        taken = set(self.best_k_models) | {
             str(folder / name) for name in self._taken_on_disk}
+        if self.last_model_path:
+            taken.add(self.last_model_path)
+        if "{" not in self.CHECKPOINT_NAME_LAST:
+            taken.add(str(folder / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"))
         if self.monitor is None and self.save_top_k == -1 and self.best_model_path:
             taken.add(self.best_model_path)
-        candidate, version = str(folder / f"{stem}.ckpt"), 0
+        version = self.STARTING_VERSION
         while candidate in taken and candidate != reuse:
+            candidate = str(folder / f"{stem}{self.CHECKPOINT_JOIN_CHAR}v{version}"
+                                     f"{self.FILE_EXTENSION}")
             version += 1
-            candidate = str(folder / f"{stem}-v{version}.ckpt")
         return candidate
+
+    def _say_if_replacing(self, path: Path) -> None:
+        if path.name in self._taken_on_disk:
+            self._say_once(f"replace {path.name}", (
+                f"checkpoint enable_version_counter=False: {path} was there before this run "
+                f"and is replaced by this run's file of the same name (atomically: the old "
+                f"file stays whole until the new one is complete)."))
 
     def _remove(self, trainer, path: str) -> None:
         if not trainer.is_global_zero:
             return
         target = Path(path)
-        if target.is_dir():  # a sharded checkpoint is a folder
+        if target.is_dir() and not target.is_symlink():  # a sharded checkpoint is a folder
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
 
-    def _write_record(self, trainer) -> None:
-        folder = self._folder(trainer)
+    def _write_record(self, folder: Path) -> None:
         record = {"monitor": self.monitor, "mode": self.mode,
-                  "best_model_path": Path(self.best_model_path).name,
-                  "best_model_score": self.best_model_score,
-                  "best_k_models": {Path(p).name: s for p, s in self.best_k_models.items()}}
+                  "best_model_path": os.path.relpath(self.best_model_path, folder),
+                  "best_model_score": float(self.best_model_score),
+                  "best_k_models": {os.path.relpath(p, folder): float(s)
+                                    for p, s in self.best_k_models.items()}}
         tmp = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -491,24 +818,38 @@ class ModelCheckpoint:
             print(f"ptrain: warning: {error} Training goes on (--checkpoint-on-write-error "
                   f"warn).", file=sys.stderr, flush=True)
 
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """Write ``best_k_models`` (path -> score) as YAML to ``filepath``, by default
+        ``best_k_models.yaml`` in ``dirpath`` (Lightning's method)."""
+        if filepath is None:
+            if not self.dirpath:
+                raise ConfigError("to_yaml(): this callback has no dirpath yet (it is known "
+                                  "once fit began); pass the file to write.")
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        lines = [f"{json.dumps(str(path))}: {_yaml_number(float(score))}"
+                 for path, score in self.best_k_models.items()]
+        Path(filepath).write_text("\n".join(lines) + "\n" if lines else "{}\n",
+                                  encoding="utf-8")
+
     # -- ckpt_path="best" -------------------------------------------------------------------------
 
     @hookimpl
     def resolve_ckpt_path(self, trainer, ckpt_path: str) -> str | None:
         if ckpt_path == "last":
-            return self._resolve_last()
+            return self._resolve_last(trainer)
         if ckpt_path != "best":
             return None
         if self.best_model_path and Path(self.best_model_path).exists():  # trained here
             return self.best_model_path
         from ptrain.trainer import run_folders
 
-        root = Path(trainer.default_root_dir)
+        root = Path(trainer.run_root)
         folders = [run / "checkpoints" for run in run_folders(root)]
-        if trainer.log_dir is not None:  # this trainer's own last run first (workers held state)
-            folders.insert(0, Path(trainer.log_dir) / "checkpoints")
-        if self._given_dirpath is not None:
-            folders.insert(0, Path(self._given_dirpath))
+        if trainer.run_dir is not None:  # this trainer's own last run first (workers held state)
+            folders.insert(0, Path(trainer.run_dir) / "checkpoints")
+        own = self._own_folder(trainer)
+        if own is not None:
+            folders.insert(0, own)
         for folder in folders:
             record_path = folder / RECORD
             if not record_path.is_file():
@@ -527,27 +868,33 @@ class ModelCheckpoint:
             f"metric. Train with --checkpoint-monitor (e.g. val_loss), or give a checkpoint's "
             f"path or 'last'.")
 
-    def _resolve_last(self) -> str | None:
-        """With a ``dirpath``: the ``last.ckpt`` this callback wrote, else the newest
-        ``last*.ckpt`` in ``dirpath`` (none there: a :class:`CheckpointError`); ``None`` (the
-        run folders' ``last.ckpt``) without a ``dirpath``."""
-        if self._given_dirpath is None:
+    def _resolve_last(self, trainer) -> str | None:
+        """With a folder of its own (``dirpath``): the ``last.ckpt`` this callback wrote, else
+        the newest ``last*.ckpt`` there (none there: a :class:`CheckpointError`); ``None`` (the
+        run folders' ``last.ckpt``) otherwise."""
+        folder = self._own_folder(trainer)
+        if folder is None:
             return None
         if self.last_model_path and Path(self.last_model_path).exists():
             return self.last_model_path
-        candidates = sorted(Path(self._given_dirpath).glob("last*.ckpt"),
-                            key=lambda p: p.stat().st_mtime)
+        candidates = sorted(self._last_files(folder), key=lambda p: p.stat().st_mtime)
         if not candidates:
             raise CheckpointError(
-                f"ckpt_path='last' found no last*.ckpt in the checkpoint callback's dirpath "
-                f"{self._given_dirpath!r} (it writes one there when save_last is on); give a "
-                f"checkpoint's path, or start without ckpt_path.")
+                f"ckpt_path='last' found no {self.CHECKPOINT_NAME_LAST}*{self.FILE_EXTENSION} in "
+                f"the checkpoint callback's dirpath {str(folder)!r} (it writes one there when "
+                f"save_last is on); give a checkpoint's path, or start without ckpt_path.")
         return str(candidates[-1])
+
+    def _last_files(self, folder: Path) -> list[Path]:
+        """The files in ``folder`` named as this callback names ``last.ckpt``."""
+        prefix = self.CHECKPOINT_NAME_LAST.split("{", 1)[0]
+        return [p for p in folder.glob(f"{glob.escape(prefix)}*{self.FILE_EXTENSION}")
+                if p.is_file()] if folder.is_dir() else []
 
     # -- state -----------------------------------------------------------------------------------
 
-    @hookimpl
-    def state_dict(self, trainer) -> dict[str, Any]:
+    @hookimpl(specname="state_dict")
+    def _checkpoint_state(self, trainer) -> dict[str, Any]:
         """Paths are stored relative to the run's checkpoint folder, so a run folder can move."""
         folder = self._folder(trainer)
 
@@ -560,10 +907,11 @@ class ModelCheckpoint:
                 "best_k_models": {rel(p): s for p, s in self.best_k_models.items()},
                 "kth_best_model_path": rel(self.kth_best_model_path),
                 "kth_value": self.kth_value,
-                "last_model_path": rel(self.last_model_path)}
+                "last_model_path": rel(self.last_model_path),
+                "current_score": self.current_score}
 
-    @hookimpl
-    def load_state_dict(self, trainer, state: dict[str, Any]) -> None:
+    @hookimpl(specname="load_state_dict")
+    def _restore_state(self, trainer, state: dict[str, Any]) -> None:
         """A resumed run continues the same top-k (in its run folder, where ptrain resumes) when
         it monitors the same metric the same way; otherwise it starts a new top-k."""
         if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
@@ -579,3 +927,4 @@ class ModelCheckpoint:
         self.kth_best_model_path = full(state["kth_best_model_path"])
         self.kth_value = state["kth_value"]
         self.last_model_path = full(state["last_model_path"])
+        self.current_score = state.get("current_score")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
 
 
@@ -19,7 +20,12 @@ class CPUAccelerator:
         return None
 
     @hookimpl
-    def setup_device(self) -> torch.device:
+    def setup_device(self, trainer) -> torch.device:
+        if isinstance(trainer.devices, list):  # as Lightning: the CPU has no device indices
+            raise ConfigError(
+                f"--devices {trainer.devices} names device indices, which the CPU does not have; "
+                f"give a count of processes (--devices {len(trainer.devices)}), or a GPU "
+                f"accelerator for indices.")
         return torch.device("cpu")
 
     @hookimpl

@@ -68,7 +68,7 @@ class CSVLogger:
         self._flushed_step = trainer.global_step
         if not trainer.is_global_zero:
             return
-        self.path = Path(trainer.log_dir) / METRICS_FILE
+        self.path = Path(trainer.run_dir) / METRICS_FILE
         if self.path.is_file():  # a resumed run continues its own file
             with open(self.path, newline="", encoding="utf-8") as f:
                 self.columns = next(csv.reader(f), [])

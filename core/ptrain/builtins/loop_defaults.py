@@ -98,7 +98,7 @@ class LoopDefaults:
     def log_hyperparams(self, trainer: Trainer, hyperparameters: dict[str, Any]) -> None:
         """``<run folder>/hparams.toml`` on global rank 0, when there are any."""
         if trainer.is_global_zero and hyperparameters:
-            path = trainer.log_dir / HPARAMS_FILE
+            path = trainer.run_dir / HPARAMS_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(dump_hyperparameters(hyperparameters), encoding="utf-8")
 
@@ -121,7 +121,7 @@ class LoopDefaults:
             return ckpt_path
         from ptrain.trainer import LAST_CHECKPOINT, run_folders
 
-        root = Path(trainer.default_root_dir)
+        root = Path(trainer.run_root)
         for run in run_folders(root):
             candidate = run / LAST_CHECKPOINT
             if candidate.exists():  # a file, or a folder of shards
@@ -148,12 +148,12 @@ LAST_INTACT = "last-intact"
 
 
 def _last_intact(trainer: Trainer) -> Path:
-    """The newest intact checkpoint under ``trainer.default_root_dir``: each run folder's
+    """The newest intact checkpoint under ``trainer.run_root``: each run folder's
     ``last.ckpt``, newest run first, then its other checkpoints, newest first; every one passed
     over is said on stderr with why."""
     from ptrain.trainer import LAST_CHECKPOINT, run_folders
 
-    root = Path(trainer.default_root_dir)
+    root = Path(trainer.run_root)
     passed_over = 0
     for run in run_folders(root):
         folder = run / LAST_CHECKPOINT.parent

@@ -43,7 +43,7 @@ class PredictionWriter:
         self.written = 0
         if stage == "predict":
             self.folder = Path(self.output_dir) if self.output_dir else \
-                Path(trainer.log_dir) / "predictions"
+                Path(trainer.run_dir) / "predictions"
             self.folder.mkdir(parents=True, exist_ok=True)
 
     @hookimpl

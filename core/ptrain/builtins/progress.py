@@ -108,7 +108,7 @@ class ProgressBar:
         )
 
     def _epoch_label(self, trainer) -> str:
-        limit = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+        limit = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
         return f"Epoch {trainer.current_epoch + 1}{limit}"
 
     def _rate(self, batches_done: int) -> str:

@@ -73,7 +73,7 @@ class TensorBoardLogger:
     def setup(self, trainer) -> None:
         self._session_started = False
         if trainer.is_global_zero and self.writer is None:
-            self._log_dir = str(trainer.log_dir)
+            self._log_dir = str(trainer.run_dir)
 
     @hookimpl
     def log_hyperparams(self, trainer, hyperparameters: dict[str, Any]) -> None:

@@ -53,10 +53,13 @@ def select(given: dict[str, Any]) -> Selection:
     from ptrain.lightning.plugins.environments import ClusterEnvironment
     from ptrain.lightning.strategies import lightning_strategy
 
+    from ptrain.lightning._checkpointing import LightningCheckpointKeys, default_checkpoint
     from ptrain.lightning.utilities.combined_loader import CombinedTrainingData
 
     chosen = Selection(ptrain_accelerator(given["accelerator"]), given["strategy"],
-                       None, given["devices"], callbacks=[CombinedTrainingData()])
+                       None, given["devices"],
+                       callbacks=[CombinedTrainingData(), LightningCheckpointKeys(),
+                                  *default_checkpoint(given)])
     precisions: list[Precision] = []
     ios: list[CheckpointIO] = []
 

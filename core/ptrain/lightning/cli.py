@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import typing
 import warnings
@@ -31,13 +32,14 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from ptrain._version import __version__
+from ptrain.lightning import __version__ as _LIGHTNING_API
 from ptrain.errors import ConfigError, PtrainError
 from ptrain.hook_methods import Callback
 from ptrain.lightning.trainer import Trainer
 from ptrain.module import DataModule as LightningDataModule
 from ptrain.module import TrainModule as LightningModule
 from ptrain.trainer import Trainer as _NativeTrainer
-from ptrain.trainer import seed_everything
+from ptrain.trainer import _SEED_VARIABLE, seed_everything
 
 try:
     import jsonargparse
@@ -64,6 +66,10 @@ else:
 
 #: what to install for this module
 INSTALL = 'pip install "ptrain-core[cli]"'
+
+#: whether jsonargparse is importable here (Lightning's name for the same question; a program
+#: checks it before importing jsonargparse's ``Namespace``/``lazy_instance``)
+_JSONARGPARSE_SIGNATURES_AVAILABLE = jsonargparse is not None
 
 
 def _require_jsonargparse() -> None:
@@ -109,7 +115,7 @@ _HIDDEN_TRAINER_ARGUMENTS = frozenset({"seed", "catalog"})
 def _exported_classes(module_name: str) -> list[type]:
     """The public classes of ``module_name`` (its ``__all__``, else its names without a
     leading underscore), those of a distribution that is not installed left out, each once: a
-    class whose base is already listed is covered by it."""
+    class whose base class is already listed is covered by it."""
     module = importlib.import_module(module_name)
     names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
     found: list[type] = []
@@ -121,7 +127,8 @@ def _exported_classes(module_name: str) -> list[type]:
         if inspect.isclass(value) and value.__module__.startswith("ptrain") \
                 and value not in found:
             found.append(value)
-    return [c for c in found if not any(c is not o and issubclass(c, o) for o in found)]
+    # a real base only: a virtual subclass (``Checkpoint.register``) is not one to jsonargparse
+    return [c for c in found if not any(c is not o and o in c.__mro__ for o in found)]
 
 
 def _one_of(classes: list[type]) -> Any:
@@ -402,11 +409,13 @@ class LightningCLI:
 
     Arguments as Lightning's: ``save_config_callback``/``save_config_kwargs`` (see
     :class:`SaveConfigCallback`), ``trainer_class`` (a ptrain.lightning.Trainer subclass, or a
-    function returning one), ``trainer_defaults`` (``callbacks`` there are always added and not
-    configurable), ``seed_everything_default`` (``True``: a random seed, recorded in the
-    config; ``False``: no seeding), ``parser_kwargs`` (for every parser, or per subcommand
-    under its name), ``parser_class``, ``auto_configure_optimizers`` (add ``--optimizer`` and
-    ``--lr_scheduler`` and write the model's ``configure_optimizers`` when one is given),
+    function returning one), ``trainer_defaults`` (``callbacks`` there, objects or
+    ``class_path``/``init_args`` configs, are always added and not configurable),
+    ``seed_everything_default`` (``True``: the seed the process already has from an earlier
+    ``seed_everything``, else a random one, recorded in the config; ``False``: no seeding),
+    ``parser_kwargs`` (for every parser, or per subcommand under its name), ``parser_class``,
+    ``auto_configure_optimizers`` (add ``--optimizer`` and ``--lr_scheduler`` and write the
+    model's ``configure_optimizers`` when one is given),
     ``load_from_checkpoint_support`` (see docs/from-lightning.md, "LightningCLI").
 
     A subclass may override :meth:`add_arguments_to_parser` (add arguments, link them),
@@ -415,9 +424,10 @@ class LightningCLI:
     ``before_<subcommand>``/``after_<subcommand>`` methods, or a ``<subcommand>`` method that
     replaces the trainer's.
 
-    A ptrain error (a value ptrain refuses, a module that can't run) while making the objects
-    or running the subcommand is printed as ``error: ...`` and exits with code 2, as a parse
-    error does, unless ``parser_kwargs={"exit_on_error": False}``.
+    A ptrain error (a Trainer value ptrain refuses) while the objects are made from the config
+    is printed as ``error: ...`` and exits with code 2, as a parse error does, unless
+    ``parser_kwargs={"exit_on_error": False}``. An error while the subcommand runs is raised as
+    it is, as in Lightning.
     """
 
     def __init__(self, model_class: Any = None, datamodule_class: Any = None,
@@ -455,19 +465,20 @@ class LightningCLI:
         self._parse_ckpt_path()
         self.subcommand = self.config["subcommand"] if run else None
         self._set_seed()
+        self.before_instantiate_classes()
         with self._ptrain_errors_exit():
-            self.before_instantiate_classes()
             self.instantiate_classes()
-            self.after_instantiate_classes()
-            if self.subcommand is not None:
-                self._run_subcommand(self.subcommand)
+        self.after_instantiate_classes()
+        if self.subcommand is not None:
+            self._run_subcommand(self.subcommand)
 
     # -- the parser ---------------------------------------------------------------------------
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """A new parser (``kwargs``: the parser's arguments) with ``-c/--config``, which also
         brings ``--print_config``."""
-        kwargs.setdefault("dump_header", [f"ptrain-core=={__version__} (ptrain.lightning)"])
+        kwargs.setdefault("dump_header", [f"ptrain.lightning=={_LIGHTNING_API} "
+                                          f"(ptrain-core=={__version__})"])
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=ActionConfigFile,
                             help="A YAML or JSON configuration file; give several to merge them "
@@ -635,7 +646,8 @@ class LightningCLI:
         given.extend(callbacks)
         defaults = self.trainer_defaults.get("callbacks")
         if defaults is not None:
-            given.extend(defaults if isinstance(defaults, (list, tuple)) else [defaults])
+            given.extend(_made_callback(entry) for entry in (
+                defaults if isinstance(defaults, (list, tuple)) else [defaults]))
         if self.save_config_callback and not config.get("fast_dev_run", False):
             given.append(self.save_config_callback(
                 self._parser(self.subcommand),
@@ -668,8 +680,8 @@ class LightningCLI:
     def _add_configure_optimizers_method_to_model(self, subcommand: Optional[str]) -> None:
         """With one ``AUTOMATIC`` optimizer group given a value, make the optimizer (and the
         scheduler) from the config and give the model a ``configure_optimizers`` returning
-        :meth:`configure_optimizers`'s answer. A scheduler given without an optimizer is an
-        error (it would do nothing)."""
+        :meth:`configure_optimizers`'s answer. A scheduler given without an optimizer is not
+        used, as in Lightning, and a warning says so."""
         if not self.auto_configure_optimizers:
             return
         parser = self._parser(subcommand)
@@ -687,12 +699,13 @@ class LightningCLI:
         scheduler_init = self._init_of(parser._lr_schedulers, schedulers[0]) \
             if schedulers else None
         if not optimizer_init:
-            if scheduler_init:
-                self._parser(subcommand).error(
-                    f"--{schedulers[0]} was given without --{optimizers[0]}: the CLI makes the "
-                    f"scheduler for the optimizer it makes, so alone it would do nothing. Give "
-                    f"--{optimizers[0]} too, or leave --{schedulers[0]} out and return the "
-                    f"scheduler from the model's configure_optimizers.")
+            if scheduler_init:  # Lightning runs on without it, silently
+                warnings.warn(
+                    f"--{schedulers[0]} was given without --{optimizers[0]}, so it is not used: "
+                    f"the CLI makes a scheduler only for the optimizer it makes, and the "
+                    f"model's own configure_optimizers runs as written. Give --{optimizers[0]} "
+                    f"too, or leave --{schedulers[0]} out and return the scheduler from the "
+                    f"model's configure_optimizers.", stacklevel=2)
             return
         if type(self.model).configure_optimizers is not LightningModule.configure_optimizers:
             warnings.warn(f"{type(self.model).__qualname__}.configure_optimizers is replaced by "
@@ -735,9 +748,14 @@ class LightningCLI:
         return kwargs
 
     def _set_seed(self) -> None:
+        """Seed as ``seed_everything`` says: an int seeds with it; ``True`` keeps the seed this
+        process already has (an earlier ``seed_everything(...)``, or one given by the process
+        that started it), else draws one; the seed used is recorded in the config."""
         seed = self._get(self.config, "seed_everything")
         if seed is False:
             return
+        if seed is True and _SEED_VARIABLE in os.environ:
+            seed = int(os.environ[_SEED_VARIABLE])
         seed = seed_everything(None if seed is True else seed, workers=True)
         if self.subcommand:
             self.config[self.subcommand]["seed_everything"] = seed
@@ -746,9 +764,10 @@ class LightningCLI:
 
     @contextlib.contextmanager
     def _ptrain_errors_exit(self) -> Iterator[None]:
-        """Inside, a ptrain error (a value refused, a module that can't run) ends the program as
-        a parse error does: its message and exit code 2, unless the parser was made with
-        ``exit_on_error=False``."""
+        """Inside (while the objects are made from the config), a ptrain error (a value the
+        Trainer refuses) ends the program as a parse error does: its message and exit code 2,
+        unless the parser was made with ``exit_on_error=False``. An error while the subcommand
+        runs is raised as it is (the program's own included), as in Lightning."""
         try:
             yield
         except PtrainError as exc:
@@ -766,6 +785,17 @@ def _automatic(groups: dict[str, tuple[Any, str]], bases: tuple[type, ...]) -> l
         if link_to == "AUTOMATIC" and any(issubclass(c, bases) for c in classes):
             found.append(key)
     return found
+
+
+def _made_callback(entry: Any) -> Any:
+    """A callback of ``trainer_defaults``: an object as it is, or one made from its config
+    (``{"class_path": ..., "init_args": ...}``, checked as ``--trainer.callbacks`` is)."""
+    if not isinstance(entry, (dict, Namespace)) or "class_path" not in entry:
+        return entry
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--callback", type=_callback_type())
+    value = entry.as_dict() if isinstance(entry, Namespace) else dict(entry)
+    return _instantiate(parser, parser.parse_object({"callback": value})).callback
 
 
 def _with_class_path(class_type: type, init_args: Any) -> dict[str, Any]:

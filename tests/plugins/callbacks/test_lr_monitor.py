@@ -70,9 +70,9 @@ def test_step_values_equal_the_schedulers_rates_in_tensorboard(tmp_path):
     schedule = torch.optim.lr_scheduler.StepLR(reference, step_size=1, gamma=0.5)
     expected = []
     for step in range(1, 2 * STEPS_PER_EPOCH + 1):
+        expected.append((step, schedule.get_last_lr()[0]))  # what the step reaching it used
         reference.step()
         schedule.step()
-        expected.append((step, schedule.get_last_lr()[0]))
     assert recorder.series("lr-SGD") == expected
     logged = read_tensorboard(trainer.log_dir, "lr-SGD")
     assert [s for s, _ in logged] == [s for s, _ in expected]
@@ -86,7 +86,7 @@ def test_step_logging_follows_log_every_n_steps(tmp_path):
     _, recorder = fit(tmp_path, module, log_every_n_steps=3)
     lr = recorder.series("lr-SGD")
     assert [s for s, _ in lr] == [3, 6, 9, 12, 15]
-    assert [v for _, v in lr] == pytest.approx([0.1 * 0.9 ** s for s, _ in lr])
+    assert [v for _, v in lr] == pytest.approx([0.1 * 0.9 ** (s - 1) for s, _ in lr])
     # on the same steps as the module's own step metric
     loss_steps = {s for s, m in recorder.rows if "train_loss" in m}
     assert {s for s, _ in lr} <= loss_steps
@@ -102,7 +102,9 @@ def test_logging_interval_step_overrides_an_epoch_scheduler(tmp_path):
     module = TinyRegressor(scheduler={"gamma": 0.5, "interval": "epoch"})
     _, recorder = fit(tmp_path, module, LearningRateMonitor(logging_interval="step"),
                       log_every_n_steps=4)
-    assert recorder.series("lr-SGD") == [(4, 0.1), (8, 0.05), (12, 0.05), (16, 0.025)]
+    # the rate each batch reaching the step trained with: the epoch's (the scheduler steps after
+    # the epoch's last batch)
+    assert recorder.series("lr-SGD") == [(4, 0.1), (8, 0.1), (12, 0.05), (16, 0.05)]
 
 
 def test_logging_interval_epoch_with_a_step_scheduler(tmp_path):
@@ -301,13 +303,13 @@ def test_log_momentum_warns_for_an_optimizer_without_momentum(tmp_path):
         def configure_optimizers(self):
             return torch.optim.Adagrad(self.parameters(), lr=0.1)
 
-    with pytest.warns(UserWarning, match="Adagrad has no momentum; 0 is logged"):
+    with pytest.warns(RuntimeWarning, match="do not have momentum: Adagrad; 0 is logged"):
         _, recorder = fit(tmp_path, Adagrad(), LearningRateMonitor(log_momentum=True),
                           max_epochs=1)
     assert recorder.series("lr-Adagrad-momentum")[0] == (0, 0.0)
     # SGD has a momentum (0 by default): no warning, as in Lightning
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("error", RuntimeWarning)
         _, recorder = fit(tmp_path / "sgd", TinyRegressor(), LearningRateMonitor(log_momentum=True),
                           max_epochs=1)
     assert recorder.series("lr-SGD-momentum")[0] == (0, 0.0)
@@ -360,4 +362,135 @@ def test_two_rank_ddp_logs_each_step_once(tmp_path):
     logged = read_tensorboard(tmp_path / "version_0", "lr-SGD")
     # 64 samples over 2 ranks in batches of 8: 4 steps per epoch
     assert [s for s, _ in logged] == [2, 4, 6, 8]
-    assert [v for _, v in logged] == pytest.approx([0.1 * 0.5 ** s for s in (2, 4, 6, 8)])
+    assert [v for _, v in logged] == pytest.approx([0.1 * 0.5 ** (s - 1) for s in (2, 4, 6, 8)])
+
+
+# ---------------------------------------------------------------------------------------------
+# What the callback keeps (lrs, last_momentum_values, last_weight_decay_values), against
+# Lightning's LearningRateMonitor on the same program
+
+
+def _lightning_kept(tmp_path, case: str, interval: str | None, every: int, epochs: int) -> dict:
+    L = pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import LearningRateMonitor as LightningLRMonitor
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Dropout(0.0), nn.Linear(4, 1))
+            self.extra = nn.Linear(4, 1)
+            self.automatic_optimization = not KEPT_CASES[case][1]
+
+        def training_step(self, batch, batch_idx):
+            return _train(self, batch)
+
+        def configure_optimizers(self):
+            return KEPT_CASES[case][0](list(self.net.parameters()), list(self.extra.parameters()))
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(28, 4), torch.randn(28, 1)), batch_size=4)
+
+    monitor = LightningLRMonitor(logging_interval=interval, log_momentum=True,
+                                 log_weight_decay=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(max_epochs=epochs, logger=CSVLogger(str(tmp_path / "lightning")),
+                            log_every_n_steps=every, callbacks=[monitor],
+                            enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=False, accelerator="cpu")
+        trainer.fit(Module())
+    return {"lrs": monitor.lrs, "momentum": monitor.last_momentum_values,
+            "weight_decay": monitor.last_weight_decay_values}
+
+
+def _train(module, batch):
+    x, y = batch
+    loss = nn.functional.mse_loss(module.net(x) + module.extra(x), y)
+    if module.automatic_optimization:
+        return loss
+    optimizers = module.optimizers()
+    for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+        optimizer.zero_grad()
+    module.manual_backward(loss)
+    for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+        optimizer.step()
+    return None
+
+
+def _two_adams(a, b):
+    o1, o2 = torch.optim.Adam(a, lr=0.1), torch.optim.Adam(b, lr=0.2, weight_decay=0.01)
+    return [o1, o2], [torch.optim.lr_scheduler.StepLR(o1, 1, 0.5),
+                      {"scheduler": torch.optim.lr_scheduler.StepLR(o2, 1, 0.9),
+                       "interval": "step"}]
+
+
+def _step_schedule(a, b):
+    o = torch.optim.SGD([{"params": a}, {"params": b, "lr": 0.01}], lr=0.1, momentum=0.5)
+    return {"optimizer": o, "lr_scheduler": {
+        "scheduler": torch.optim.lr_scheduler.StepLR(o, 1, 0.8), "interval": "step"}}
+
+
+#: name -> (configure_optimizers(params_a, params_b), manual optimization)
+KEPT_CASES = {"two_adams_manual": (_two_adams, True), "step_schedule": (_step_schedule, False)}
+
+
+class KeptModule(ptrain.TrainModule):
+    def __init__(self, case):
+        super().__init__()
+        self.case = case
+        self.net = nn.Sequential(nn.Dropout(0.0), nn.Linear(4, 1))
+        self.extra = nn.Linear(4, 1)
+        self.automatic_optimization = not KEPT_CASES[case][1]
+
+    def training_step(self, batch, batch_idx):
+        return _train(self, batch)
+
+    def configure_optimizers(self):
+        return KEPT_CASES[self.case][0](list(self.net.parameters()),
+                                        list(self.extra.parameters()))
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(28, 4), torch.randn(28, 1)), batch_size=4)
+
+
+@pytest.mark.parametrize("interval", [None, "step", "epoch"])
+@pytest.mark.parametrize("case", list(KEPT_CASES))
+def test_kept_values_match_lightning(tmp_path, case, interval):
+    """7 batches an epoch, log_every_n_steps=2: Lightning counts batches that stepped (the manual
+    module steps two optimizers per batch) and logs the rates each such batch trains with."""
+    monitor = LearningRateMonitor(logging_interval=interval, log_momentum=True,
+                                  log_weight_decay=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(tmp_path, KeptModule(case), monitor, log_every_n_steps=2, max_epochs=2)
+    expected = _lightning_kept(tmp_path, case, interval, every=2, epochs=2)
+    assert list(monitor.lrs) == list(expected["lrs"])
+    for name, values in expected["lrs"].items():
+        assert monitor.lrs[name] == pytest.approx(values), name
+    assert monitor.last_momentum_values == pytest.approx(expected["momentum"])
+    assert monitor.last_weight_decay_values == pytest.approx(expected["weight_decay"])
+
+
+def test_a_param_group_added_in_training_gets_its_own_history(tmp_path):
+    """A finetuning callback adds a group to the only one at the second epoch's start: ``lr-SGD``
+    becomes ``lr-SGD/pg1`` with its history, beside the new ``lr-SGD/pg2`` (Lightning's keys)."""
+
+    class AddGroup:
+        @ptrain.hookimpl(tryfirst=True)
+        def on_epoch_start(self, trainer):
+            if trainer.current_epoch == 1:
+                trainer.optimizers[0].add_param_group({"params": [module.extra], "lr": 0.5})
+
+    class WithExtra(TinyRegressor):
+        def __init__(self):
+            super().__init__()
+            self.extra = nn.Parameter(torch.zeros(1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+    module = WithExtra()
+    monitor = LearningRateMonitor(logging_interval="epoch")
+    fit(tmp_path, module, monitor, callbacks=[AddGroup()], max_epochs=3)
+    assert monitor.lrs == {"lr-SGD/pg1": [0.1, 0.1, 0.1], "lr-SGD/pg2": [0.5, 0.5]}

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptrain.builtins.checkpoint import ModelCheckpoint as _Checkpoint
-from ptrain.errors import ConfigError
 from ptrain.hook_methods import Callback
-from ptrain.lightning._common import from_distribution, refuse, refuse_unless
+from ptrain.lightning._common import from_distribution
 
 from ptrain.lightning.callbacks.checkpoint import Checkpoint
 from ptrain.lightning.callbacks.device_stats_monitor import DeviceStatsMonitor
@@ -25,6 +23,7 @@ from ptrain.lightning.callbacks.finetuning import (
 from ptrain.lightning.callbacks.gradient_accumulation_scheduler import (
     GradientAccumulationScheduler)
 from ptrain.lightning.callbacks.lambda_function import LambdaCallback
+from ptrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
 from ptrain.lightning.callbacks.model_summary import ModelSummary
 from ptrain.lightning.callbacks.on_exception_checkpoint import (
     OnExceptionCheckpoint)
@@ -40,55 +39,6 @@ from ptrain.lightning.callbacks.throughput_monitor import ThroughputMonitor
 from ptrain.lightning.callbacks.timer import Timer
 from ptrain.lightning.callbacks.weight_averaging import (
     EMAWeightAveraging, WeightAveraging)
-
-
-class ModelCheckpoint(_Checkpoint):
-    """Lightning's ``ModelCheckpoint``, as ptrain's ``checkpoint`` callback (it replaces the
-    default one). Files go to ``dirpath``, by default ``<run folder>/checkpoints`` like
-    Lightning's; ``save_last=None`` (Lightning's default) writes no ``last.ckpt``. With
-    ``save_weights_only=True`` the top-k files hold the weights only, as Lightning writes them,
-    and the full state for an exact resume is kept in a ``last.ckpt`` (said once, with where)."""
-
-    def __init__(self, dirpath: Any = None, filename: str | None = None,
-                 monitor: str | None = None, verbose: bool = False,
-                 save_last: bool | None = None, save_top_k: int = 1,
-                 save_on_exception: bool = False, save_weights_only: bool = False,
-                 mode: str = "min", auto_insert_metric_name: bool = True,
-                 every_n_train_steps: int | None = None, train_time_interval: Any = None,
-                 every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
-                 enable_version_counter: bool = True):
-        refuse_unless("ModelCheckpoint", locals(), {
-            "save_on_exception": (False, "a checkpoint is not written after an error; resume "
-                                         "from the last one written"),
-            "enable_version_counter": (True, "ptrain never overwrites a kept checkpoint "
-                                             "file"),
-        })
-        if save_last == "link":
-            raise refuse("ModelCheckpoint", "save_last", save_last,
-                         "last.ckpt is written as a file; use save_last=True")
-        # Lightning's triggers: one of them (each epoch when none is given); ptrain's own
-        # callback can combine them (ptrain.builtins.checkpoint.ModelCheckpoint)
-        if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
-            every_n_epochs, every_n_train_steps = 1, 0
-        every_n_epochs, every_n_train_steps = every_n_epochs or 0, every_n_train_steps or 0
-        given = [f"{name}={value!r}" for name, value, on in (
-            ("every_n_train_steps", every_n_train_steps, every_n_train_steps > 0),
-            ("every_n_epochs", every_n_epochs, every_n_epochs > 0),
-            ("train_time_interval", train_time_interval, train_time_interval is not None))
-            if on]
-        if len(given) > 1:
-            raise ConfigError(
-                f"ModelCheckpoint({', '.join(given)}): Lightning's ModelCheckpoint takes one of "
-                f"these triggers, not several; give one (ptrain's own "
-                f"ptrain.builtins.checkpoint.ModelCheckpoint combines them).")
-        super().__init__(filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
-                         save_last=bool(save_last), every_n_epochs=every_n_epochs,
-                         every_n_train_steps=every_n_train_steps,
-                         train_time_interval=train_time_interval,
-                         save_on_train_epoch_end=save_on_train_epoch_end,
-                         auto_insert_metric_name=auto_insert_metric_name, dirpath=dirpath,
-                         save_weights_only=save_weights_only)
-        self.verbose = verbose
 
 
 def __getattr__(name: str) -> Any:

@@ -3,6 +3,7 @@ displays), ``TQDMProgressBar`` and ``RichProgressBar`` (both ptrain's ``progress
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ptrain.builtins.progress import ProgressBar as _Display
@@ -51,6 +52,25 @@ class ProgressBar(PluginCallback):
     total_predict_batches_current_dataloader = total_val_batches_current_dataloader
 
     @property
+    def total_val_batches(self) -> int | float:
+        """The batches of every validation dataloader in this epoch's validation (0 in an
+        epoch that does not validate)."""
+        trainer = self.trainer
+        every = trainer.check_val_every_n_epoch
+        if not trainer.enable_validation or (
+                every is not None and (trainer.current_epoch + 1) % every != 0):
+            return 0
+        return sum(trainer.num_val_batches)
+
+    @property
+    def total_test_batches(self) -> int | float:
+        return sum(self.trainer.num_test_batches)
+
+    @property
+    def total_predict_batches(self) -> int | float:
+        return sum(self.trainer.num_predict_batches)
+
+    @property
     def is_enabled(self) -> bool:
         return self._enabled
 
@@ -72,9 +92,9 @@ class ProgressBar(PluginCallback):
         """What the display shows beside the progress: the values logged with
         ``prog_bar=True`` and ``v_num``, the run folder's version number, as Lightning's."""
         metrics: dict[str, int | float | str] = dict(trainer.metrics.progress_values())
-        folder = getattr(trainer, "log_dir", None)
+        folder = getattr(trainer, "run_dir", None)
         if folder is not None and getattr(trainer, "loggers", None):
-            name = folder.name if hasattr(folder, "name") else str(folder)
+            name = Path(folder).name
             if name.startswith("version_") and name[len("version_"):].isdigit():
                 metrics["v_num"] = int(name[len("version_"):])
         return metrics

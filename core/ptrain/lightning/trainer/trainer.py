@@ -3,19 +3,52 @@
 
 from __future__ import annotations
 
+import ast
 import collections.abc
+import functools
+import inspect
+import math
 import os
+import signal
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ptrain.errors import CheckpointError, ConfigError
+from ptrain import run_folder
+from ptrain.errors import CheckpointError, ConfigError, ModelError
+from ptrain.evaluation_loop import stage_batches
 from ptrain.lightning._common import refuse
 from ptrain.lightning._selection import select
-from ptrain.module import DataModule
+from ptrain.lightning.trainer.states import BoundTrainerState
+from ptrain.module import DataModule, TrainModule
 from ptrain.trainer import Trainer as _Trainer
+from ptrain.trainer import no_limit
+
+#: Lightning reads a default for each Trainer argument from ``PL_TRAINER_<ARGUMENT>``
+ENV_PREFIX = "PL_TRAINER_"
+
+
+def _defaults_from_environment(init: Any) -> Any:
+    """``__init__`` taking, for each argument not passed, the value of the environment variable
+    ``PL_TRAINER_<NAME>`` when it is set (read as a Python literal where it is one:
+    ``PL_TRAINER_MAX_STEPS=7``, ``PL_TRAINER_LOGGER=False``), as Lightning's Trainer does."""
+    names = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in names:
+            text = os.environ.get(f"{ENV_PREFIX}{name.upper()}")
+            if text is not None and name not in kwargs:
+                try:
+                    kwargs[name] = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    kwargs[name] = text
+        init(self, *args, **kwargs)
+
+    return wrapper
+
 
 class Trainer(_Trainer):
     """Lightning's ``Trainer(...)``: each argument keeps its Lightning meaning and becomes a
@@ -26,10 +59,18 @@ class Trainer(_Trainer):
 
     Also Lightning's attribute names: ``lightning_module``, ``logger``,
     ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
-    ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``, and
-    Lightning's objects for the run's ``accelerator``, ``strategy`` and ``profiler``.
+    ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``,
+    ``state`` (``fn``, ``stage``, ``status``), ``interrupted``, the dataloaders of the stages
+    (``train_dataloader``, ``val_dataloaders``, ...) and their batch counts
+    (``num_training_batches``, ``num_val_batches``, ...), ``lr_scheduler_configs``,
+    ``estimated_stepping_batches``, ``log_dir`` and ``default_root_dir`` with Lightning's
+    meanings, the limits as Lightning shows them (``max_steps`` ``-1`` for none, ``max_epochs``
+    decided when ``fit`` starts), and Lightning's objects for the run's ``accelerator``,
+    ``strategy`` and ``profiler``. Arguments not passed are read from ``PL_TRAINER_<NAME>``
+    environment variables where set, as in Lightning.
     """
 
+    @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
                  devices: Any = "auto", num_nodes: int = 1, precision: Any = None,
                  logger: Any = None, callbacks: Any = None, fast_dev_run: int | bool = False,
@@ -57,6 +98,7 @@ class Trainer(_Trainer):
                  plugin_options: dict[str, dict[str, Any]] | None = None,
                  seed: int | None = None):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        _check_barebones(given)
         options, loggers, implied_options = _translate(given)
         if implied_options:  # what Lightning's objects and names imply, per plugin
             plugin_options = dict(plugin_options or {})
@@ -65,8 +107,25 @@ class Trainer(_Trainer):
         super().__init__(plugin_options=plugin_options, **options)
         self._init_kwargs = given  # a worker rebuilds this trainer from Lightning's arguments
         self._given_loggers = loggers
+        self._lightning_root = os.path.normpath(os.path.expanduser(os.fspath(
+            default_root_dir if default_root_dir is not None else os.getcwd())))
+        self.barebones = barebones
+        if self.num_sanity_val_steps == -1:  # Lightning's "all of them"
+            self.num_sanity_val_steps = math.inf
+        if not use_distributed_sampler:
+            self._keep_samplers()
         if benchmark is not None:  # Lightning sets it for the process, as here
             torch.backends.cudnn.benchmark = benchmark
+
+    def _keep_samplers(self) -> None:
+        """``use_distributed_sampler=False``: the run's strategy leaves the dataloaders as they
+        are (its ``distributed_sampler`` option off); a single-process strategy never changes
+        them."""
+        name = self.options["strategy"]
+        strategy = self.plugins.get(name)
+        if hasattr(strategy, "distributed_sampler"):
+            strategy.distributed_sampler = False
+            self.config["plugins"].setdefault(name, {})["distributed_sampler"] = False
 
     # -- Lightning's stage signatures ---------------------------------------------------------
 
@@ -81,6 +140,13 @@ class Trainer(_Trainer):
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None,
             weights_only: bool | None = None) -> None:
+        _check_model(model, "fit")
+        if self.max_epochs is None and no_limit(self.max_steps) and self.max_time is None:
+            from ptrain.lightning.utilities.warnings import PossibleUserWarning
+
+            warnings.warn("max_epochs is not set, so fit trains for 1000 epochs, as in "
+                          "Lightning; give max_epochs (-1 for no limit) to choose.",
+                          PossibleUserWarning, stacklevel=2)
         if isinstance(train_dataloaders, DataModule):  # fit(model, datamodule) positionally
             train_dataloaders, datamodule = None, train_dataloaders
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
@@ -90,21 +156,24 @@ class Trainer(_Trainer):
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: Any = None,
                  weights_only: bool | None = None) -> list[dict[str, float]]:
-        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        model, dataloaders, datamodule = self._stage_arguments("validate", model, dataloaders,
+                                                               datamodule)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: Any = None,
              weights_only: bool | None = None) -> list[dict[str, float]]:
-        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        model, dataloaders, datamodule = self._stage_arguments("test", model, dataloaders,
+                                                               datamodule)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
                 weights_only: bool | None = None) -> list[Any] | None:
-        model, dataloaders, datamodule = self._stage_arguments(model, dataloaders, datamodule)
+        model, dataloaders, datamodule = self._stage_arguments("predict", model, dataloaders,
+                                                               datamodule)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().predict(model, datamodule, ckpt_path,
                                return_predictions=return_predictions is not False,
@@ -131,14 +200,17 @@ class Trainer(_Trainer):
                 return None
         return ckpt_path
 
-    def _stage_arguments(self, model: Any, dataloaders: Any, datamodule: Any) -> tuple:
+    def _stage_arguments(self, stage: str, model: Any, dataloaders: Any,
+                         datamodule: Any) -> tuple:
         if isinstance(dataloaders, DataModule):
             dataloaders, datamodule = None, dataloaders
-        if model is None:  # Lightning: the model of the last fit
+        if model is None:  # Lightning: the model of the last stage
             if self.module is None:
-                raise ConfigError("no model was given and this trainer has not run fit(); pass "
-                                  "the model: trainer.test(model, ...).")
+                raise _ModelTypeError(f"trainer.{stage}() needs a LightningModule: no model "
+                                      f"was given and this trainer has run no stage with one; "
+                                      f"pass it: trainer.{stage}(model, ...).")
             model = self.module
+        _check_model(model, stage)
         return model, dataloaders, datamodule
 
     # -- Lightning's attribute names ----------------------------------------------------------
@@ -202,6 +274,192 @@ class Trainer(_Trainer):
     def predicting(self) -> bool:
         return self.stage == "predict"
 
+    @property
+    def evaluating(self) -> bool:
+        return self.stage in ("validate", "test")
+
+    @property
+    def state(self) -> BoundTrainerState:
+        """Lightning's ``TrainerState`` of this trainer: ``fn`` (the stage method running or
+        run last), ``stage`` (the loop running), ``status``; setting a field sets the
+        trainer's."""
+        return BoundTrainerState(self)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the last stage ended with an error (``KeyboardInterrupt`` included)."""
+        return self.status == "interrupted"
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether the ``stop-signals`` callback received SIGTERM during this ``fit``."""
+        watcher = self.plugins.get("stop-signals")
+        return getattr(watcher, "received", None) == signal.SIGTERM
+
+    @property
+    def is_last_batch(self) -> bool:
+        """Whether the training batch running (or run last) is the epoch's last."""
+        return self.batch_idx + 1 == self.num_training_batches
+
+    # -- folders, with Lightning's meanings -------------------------------------------------
+
+    @property
+    def default_root_dir(self) -> str:
+        """The folder given as ``default_root_dir`` (the working directory without one), with
+        ``~`` expanded; the run folders go under ``lightning_logs`` in it (or under the first
+        logger's folder), which is :attr:`run_root`."""
+        return self._lightning_root if hasattr(self, "_lightning_root") else self.run_root
+
+    @default_root_dir.setter
+    def default_root_dir(self, value: Any) -> None:  # the native Trainer sets its option value
+        self.run_root = os.fspath(value)
+
+    @property
+    def log_dir(self) -> str | None:
+        """Lightning's ``trainer.log_dir``: the first logger's folder (a file logger's run
+        folder, ``save_dir/name/version_N``; another logger's ``save_dir``), or
+        ``default_root_dir`` with no logger. Known before the first stage: the run folder the
+        first stage will take (the next free ``version_N``). ptrain writes its own files
+        (checkpoints, ``hparams.toml``) to :attr:`run_dir`, the same folder whenever a file
+        logger (or the default TensorBoard one) takes part."""
+        from ptrain.lightning.loggers._run_folder import RunFolder
+
+        loggers = self.loggers
+        if not loggers:
+            return self.default_root_dir
+        first = loggers[0]
+        if not isinstance(first, RunFolder) and hasattr(first, "save_dir"):
+            return first.save_dir
+        folder = self._own_log_dir
+        if folder is None:  # the same answer until a stage takes a folder, as Lightning's
+            predicted = getattr(self, "_predicted_log_dir", None)
+            if predicted is None or predicted[0] != self.run_root:
+                predicted = self._predicted_log_dir = (
+                    self.run_root, run_folder.next_free(Path(self.run_root)))
+            folder = predicted[1]
+        return str(folder)
+
+    @log_dir.setter
+    def log_dir(self, value: Path | None) -> None:  # the native Trainer sets its run folder
+        self.run_dir = value
+
+    # -- the stages' data, as Lightning names it ----------------------------------------------
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation dataloader(s) of the last ``fit`` or ``validate``."""
+        return self.val_dataloader
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The test dataloader(s) of the last ``test``."""
+        return self.test_dataloader
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The prediction dataloader(s) of the last ``predict``."""
+        return self.predict_dataloader
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Per validation dataloader, the batches a validation pass runs (after
+        ``limit_val_batches``; ``inf`` for a loader without a length)."""
+        return self._batches_per_loader("validate", self.val_dataloader)
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """Per validation dataloader, the batches the sanity check runs."""
+        return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        return self._batches_per_loader("test", self.test_dataloader)
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        return self._batches_per_loader("predict", self.predict_dataloader)
+
+    def _batches_per_loader(self, stage: str, loaders: Any) -> list[int | float]:
+        return [stage_batches(self, stage, loader) for loader in _loader_list(loaders)]
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The schedulers ``configure_optimizers`` gave, as Lightning's ``LRSchedulerConfig``
+        (``scheduler``, ``interval``, ``frequency``, ``monitor``, ``strict``, ``name``)."""
+        from ptrain.lightning.utilities.types import LRSchedulerConfig
+
+        return [LRSchedulerConfig(
+            scheduler=entry["scheduler"], name=entry.get("name"), interval=entry["interval"],
+            frequency=entry["frequency"], monitor=entry.get("monitor"),
+            strict=entry.get("strict", True),
+            reduce_on_plateau=isinstance(entry["scheduler"],
+                                         torch.optim.lr_scheduler.ReduceLROnPlateau))
+            for entry in self.lr_schedulers]
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps ``fit`` will take, from the limits, the training batches per
+        epoch and ``accumulate_grad_batches``, as Lightning estimates them (``inf`` without a
+        limit). Outside ``fit`` the training dataloader is asked for, to count its batches."""
+        epochs = self.max_epochs
+        if epochs is None:  # what fit will decide
+            epochs = 1000 if no_limit(self.max_steps) and self.max_time is None else -1
+        steps = -1 if no_limit(self.max_steps) else self.max_steps
+        if epochs == -1:
+            return math.inf if steps == -1 else steps
+        batches = self._count_training_batches()
+        if math.isinf(batches):
+            return steps if steps != -1 else math.inf
+        estimate = math.ceil(batches / self.accumulate_grad_batches) * max(epochs, 1)
+        return min(estimate, steps) if steps != -1 else estimate
+
+    def _count_training_batches(self) -> int | float:
+        from ptrain.evaluation_loop import limit_batches, loader_length
+
+        loader = next((x for x in (self.train_dataloader, self.given_dataloaders.get("train"),
+                                   self._asked_early.get("train")) if x is not None), None)
+        if loader is None:
+            source = self.datamodule if self.datamodule is not None else self.module
+            if source is None:
+                raise ConfigError("estimated_stepping_batches counts the training batches, "
+                                  "and this trainer has no model yet; read it inside a stage "
+                                  "(configure_optimizers, a hook).")
+            # the stage takes this loader rather than asking again (see Trainer._dataloader)
+            loader = self._asked_early["train"] = source.train_dataloader()
+        return limit_batches(loader_length(loader), self.limit_train_batches)
+
+    # -- devices -----------------------------------------------------------------------------
+
+    @property
+    def num_devices(self) -> int:
+        """The devices (processes) per machine the run uses."""
+        strategy = self.plugins.get(self.options["strategy"])
+        per_node = getattr(strategy, "processes_per_node", None)
+        return per_node(self) if callable(per_node) else 1
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The indices of the devices this machine's processes use."""
+        if isinstance(self.devices, list):
+            return list(self.devices)
+        return list(range(self.num_devices))
+
+    @property
+    def node_rank(self) -> int:
+        return self.global_rank // max(1, self.num_devices)
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        """The run's ``ProgressBar`` (a ``TQDMProgressBar`` unless one was given), or
+        ``None``."""
+        return self.plugins.get("progress-bar")
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether ``fit`` validates: the module has a ``validation_step`` and validation data,
+        and ``limit_val_batches`` is not 0."""
+        return self.val_dataloader is not None and self.limit_val_batches != 0
+
     # Lightning's objects for the run's plugins (ptrain's option values stay in self.options)
 
     @property
@@ -242,6 +500,75 @@ class Trainer(_Trainer):
         return profiler
 
 
+class _ModelTypeError(ModelError, TypeError):
+    """What the stages raise for a model that is not a ``LightningModule`` (a ``TypeError``, as
+    Lightning's)."""
+
+
+def _check_model(model: Any, stage: str) -> None:
+    if model is None:
+        raise _ModelTypeError(f"trainer.{stage}() needs a LightningModule: pass it as the first "
+                              f"argument.")
+    if not isinstance(model, TrainModule):
+        raise _ModelTypeError(f"the model given to trainer.{stage}() must be a LightningModule "
+                              f"(ptrain.TrainModule), got {type(model).__qualname__}; subclass "
+                              f"LightningModule (training_step, configure_optimizers).")
+
+
+def _loader_list(loaders: Any) -> list[Any]:
+    """The dataloaders of one stage as a list: ``None`` is none, several (a list, tuple, or the
+    values of a dict) each, one itself."""
+    if loaders is None:
+        return []
+    if isinstance(loaders, dict):
+        return list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
+
+
+#: under barebones=True: argument -> (what it becomes, the values that may be passed)
+_BAREBONES = {"enable_checkpointing": (False, (None, False)),
+              "logger": (False, (None, False)),
+              "enable_progress_bar": (False, (None, False)),
+              "enable_model_summary": (False, (None, False)),
+              "num_sanity_val_steps": (0, (None, 0)),
+              "fast_dev_run": (False, (False, 0)),
+              "detect_anomaly": (False, (False,)),
+              "profiler": (None, (None,))}
+
+
+def _check_barebones(given: dict[str, Any]) -> None:
+    """``barebones=True`` turns off everything that costs speed (checkpoints, loggers, the
+    progress bar, the model summary, the sanity check) and refuses an argument that asks for
+    one of them, as Lightning does. ptrain still checks the loss for NaN at its usual points
+    (every ``log_every_n_steps`` steps), so ``log_every_n_steps`` keeps its value."""
+    if not given["barebones"]:
+        return
+    for argument, (off, allowed) in _BAREBONES.items():
+        value = given[argument]
+        if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+            raise ConfigError(f"Trainer(barebones=True, {argument}={value!r}) contradict each "
+                              f"other: barebones turns off {argument.replace('_', ' ')} to "
+                              f"measure the trainer's own speed. Leave {argument} out, or "
+                              f"barebones.")
+        given[argument] = off
+
+
+def _default_logger(root: Any) -> Any:
+    """The logger of a Trainer given none (or ``logger=True``), as Lightning's:
+    ``TensorBoardLogger(save_dir=default_root_dir)``, a ``CSVLogger`` there without the
+    ``tensorboard`` package."""
+    import importlib.util
+
+    from ptrain.lightning.loggers import CSVLogger, TensorBoardLogger
+
+    save_dir = os.path.expanduser(root) if root is not None else "."
+    if importlib.util.find_spec("tensorboard") is None:
+        return CSVLogger(save_dir=save_dir)
+    return TensorBoardLogger(save_dir=save_dir)
+
+
 def _as_list(value: Any) -> list[Any]:
     """``callbacks=``/``logger=`` as a list: ``None`` is none, a sequence (a list, a tuple,
     Hydra's ``ListConfig``) its items, anything else the one object."""
@@ -260,26 +587,22 @@ def _translate(given: dict[str, Any]
     ``profiler``)."""
     g = given
     for argument, accepted, instead in (
-        ("use_distributed_sampler", True, "ptrain's multi-process strategies always shard the "
-                                          "data; give your own sampler in the dataloader and "
-                                          "leave this out"),
-        ("sync_batchnorm", False, "convert the model yourself with "
-                                  "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)"),
-        ("reload_dataloaders_every_n_epochs", 0, "build a dataloader whose dataset changes "
-                                                 "per epoch instead"),
         ("enable_autolog_hparams", True, "leave out save_hyperparameters() to log none"),
         ("model_registry", None, "push the checkpoint to your registry after fit()"),
     ):
         if g[argument] != accepted:
             raise refuse("Trainer", argument, g[argument], instead)
     callbacks = _as_list(g["callbacks"])
-    if g["enable_progress_bar"] is False:
-        from ptrain.lightning.callbacks.progress import ProgressBar
+    from ptrain.lightning.callbacks.progress import ProgressBar, TQDMProgressBar
 
-        bars = [type(c).__name__ for c in callbacks if isinstance(c, ProgressBar)]
-        if bars:
-            raise ConfigError(f"Trainer(enable_progress_bar=False) contradicts the {bars[0]} in "
-                              f"callbacks: remove one of them (as Lightning refuses too).")
+    bars = [type(c).__name__ for c in callbacks if isinstance(c, ProgressBar)]
+    if g["enable_progress_bar"] is False and bars:
+        raise ConfigError(f"Trainer(enable_progress_bar=False) contradicts the {bars[0]} in "
+                          f"callbacks: remove one of them (as Lightning refuses too).")
+    if g["enable_progress_bar"] is not False and not bars:
+        # Lightning's default display, drawn by ptrain's progress-bar (trainer.
+        # progress_bar_callback answers as Lightning's: total_train_batches, ...)
+        callbacks.append(TQDMProgressBar())
     for argument, name in (("enable_checkpointing", "checkpoint"),
                            ("enable_progress_bar", "progress-bar"),
                            ("enable_model_summary", "model-summary")):
@@ -287,18 +610,25 @@ def _translate(given: dict[str, Any]
             callbacks.append(f"no:{name}")
     logger = g["logger"]
     loggers = [] if logger is None or isinstance(logger, bool) else _as_list(logger)
-    if logger is False or g["barebones"] or (loggers and not any(
-            getattr(x, "name", None) == "tensorboard" for x in loggers)):
+    if logger in (None, True) and not g["barebones"]:  # Lightning's default logger, as its
+        loggers = [_default_logger(g["default_root_dir"])]  # object (trainer.logger.log_dir...)
+    if logger is False or g["barebones"] or not loggers or not any(
+            getattr(x, "name", None) == "tensorboard" for x in loggers):
         callbacks.append("no:tensorboard")
     callbacks.extend(loggers)
     chosen = select(g)
     callbacks.extend(chosen.callbacks)
+    if g["sync_batchnorm"]:
+        from ptrain.lightning.plugins import LayerSync, TorchSyncBatchNorm
+
+        if not any(isinstance(c, LayerSync) for c in chosen.callbacks):  # plugins= gave one
+            callbacks.append(TorchSyncBatchNorm())
     root = g["default_root_dir"]
     logger_root = getattr(loggers[0], "root_dir", None) if loggers else None
     if logger_root is not None:
-        root = logger_root
+        root = os.path.expanduser(logger_root)
     else:
-        root = str(Path(root if root is not None else ".") / "lightning_logs")
+        root = str(Path(os.path.expanduser(root if root is not None else ".")) / "lightning_logs")
     strategy, devices = chosen.strategy, chosen.devices
     if strategy == "auto":
         many = (isinstance(devices, int) and (devices > 1 or devices == -1)) or (
@@ -314,7 +644,9 @@ def _translate(given: dict[str, Any]
         "accelerator": chosen.accelerator, "strategy": strategy, "devices": devices,
         "num_nodes": g["num_nodes"], "callbacks": callbacks, "default_root_dir": root,
         "fast_dev_run": g["fast_dev_run"], "overfit_batches": g["overfit_batches"] or 0,
-        "check_val_every_n_epoch": g["check_val_every_n_epoch"] or 1,
+        "check_val_every_n_epoch": g["check_val_every_n_epoch"],
+        "reload_dataloaders_every_n_epochs": g["reload_dataloaders_every_n_epochs"],
+        "max_steps": g["max_steps"],
         "accumulate_grad_batches": g["accumulate_grad_batches"],
         "detect_anomaly": g["detect_anomaly"], "inference_mode": g["inference_mode"],
         "deterministic": bool(g["deterministic"])
@@ -329,8 +661,6 @@ def _translate(given: dict[str, Any]
                      "gradient_clip_algorithm", "seed"):
         if g[argument] is not None:
             options[argument] = g[argument]
-    if g["max_steps"] != -1:
-        options["max_steps"] = g["max_steps"]
     if g["gradient_clip_val"]:  # Lightning: 0 or None is no clipping
         options["gradient_clip_val"] = g["gradient_clip_val"]
     if isinstance(options.get("max_time"), dict):  # Lightning allows {"hours": 1, ...}

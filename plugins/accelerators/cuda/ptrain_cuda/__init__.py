@@ -181,8 +181,8 @@ class CUDAAccelerator:
         if self.memory_snapshot is None or not torch.cuda.is_initialized():
             return
         path = Path(self.memory_snapshot)
-        if not path.is_absolute() and trainer.log_dir is not None:
-            path = Path(trainer.log_dir) / path
+        if not path.is_absolute() and trainer.run_dir is not None:
+            path = Path(trainer.run_dir) / path
         if trainer.world_size > 1:
             path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -348,7 +348,7 @@ class BatchSizeFinder(Finder):
         line += " " + self._lr_advice(trainer)
         if self.then == "fit":
             line += f" Training with batch size {self.batch_size}."
-        write_json(trainer.log_dir / DATA_NAME, {
+        write_json(trainer.run_dir / DATA_NAME, {
             "trials": self.trials, "found": self.found, "batch_size": self.batch_size,
             "initial": self.initial, "max_batch_size": self.cap, "margin": self.margin,
             "steps_per_trial": self.steps_per_trial, "seconds": self.seconds,

@@ -252,7 +252,7 @@ class LRFinder(Finder):
     def _write_results(self, trainer, num_groups: int) -> None:
         if not trainer.is_global_zero:
             return
-        folder = trainer.log_dir
+        folder = trainer.run_dir
         data = {"lrs": self.lrs, "losses": self.losses, "smoothed": self.smoothed,
                 "suggestion": self.suggestion, "configured_lr": self.configured_lr,
                 "min_lr": self.min_lr, "max_lr": self.max_lr, "num_steps": self.num_steps,

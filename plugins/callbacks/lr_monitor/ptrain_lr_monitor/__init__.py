@@ -11,12 +11,15 @@ What is logged, under which names, and when:
   ``log_momentum`` ``<that>-momentum`` (``betas[0]`` for Adam-style optimizers, else the
   group's ``momentum``, else 0) and with ``log_weight_decay`` ``<that>-weight_decay``.
 - **When:** ``logging_interval="step"``: every optimizer, at the trainer's step publish points
-  (each ``log_every_n_steps`` optimizer steps, the same steps as the module's step metrics);
-  ``"epoch"``: every optimizer, when each training epoch starts; unset: an optimizer whose
-  scheduler has interval ``"step"`` per step, one whose scheduler has interval ``"epoch"`` per
-  epoch, and an optimizer without a scheduler at both.
-- **Value at step ``s``:** the rate the optimizer's next step uses after ``s`` optimizer steps
-  (after the schedulers stepped), as Lightning pairs them.
+  (every ``log_every_n_steps`` training batches that took an optimizer step, as in Lightning:
+  a batch stepping two optimizers counts once); ``"epoch"``: every optimizer, when each
+  training epoch starts; unset: an optimizer whose scheduler has interval ``"step"`` per step,
+  one whose scheduler has interval ``"epoch"`` per epoch, and an optimizer without a scheduler
+  at both.
+- **Value at step ``s``:** the rate the optimizer step that reached ``s`` trained with (read at
+  the start of its batch, before the step and its schedulers), on the same row as that
+  batch's loss; at an epoch's start, the rate its first step will use. These are the values
+  Lightning's callback logs (and keeps in ``lrs``).
 
 Values go through the ``log_metrics`` hook, so every logger records them (loggers write on rank 0
 only), and into ``trainer.callback_metrics`` (a checkpoint or early-stopping callback can
@@ -26,7 +29,6 @@ monitor them). Reading a param group's ``lr`` is a Python number: no host-device
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 
@@ -37,7 +39,16 @@ INTERVALS = ("step", "epoch")
 
 
 class LearningRateMonitor:
-    """``-p learning-rate-monitor [--learning-rate-monitor-logging-interval step|epoch]``."""
+    """``-p learning-rate-monitor [--learning-rate-monitor-logging-interval step|epoch]``.
+
+    What it logged, for code to read after (or during) ``fit``, as Lightning's callback keeps
+    it: ``lrs`` (metric name -> every rate logged, in order), ``last_momentum_values`` and
+    ``last_weight_decay_values`` (``NAME-momentum`` / ``NAME-weight_decay`` -> the last value
+    logged, ``None`` before the first or without ``log_momentum`` / ``log_weight_decay``).
+    The names are made when training starts and again at each log, so a param group added
+    during training (a finetuning callback) gets its own entry: an optimizer's only group
+    ``lr-SGD`` becomes ``lr-SGD/pg1`` (its history moves with it) beside the new
+    ``lr-SGD/pg2``."""
 
     name = "learning-rate-monitor"
 
@@ -51,12 +62,15 @@ class LearningRateMonitor:
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
-        # (optimizer, names of its param groups) to log per step / per epoch; set in setup
-        self.per_step: list[tuple[torch.optim.Optimizer, list[str]]] = []
-        self.per_epoch: list[tuple[torch.optim.Optimizer, list[str]]] = []
-        self.last_logged_step = 0
-        self.pending = False  # a step log waiting for the end of the epoch
-        self.history: list[tuple[int, dict[str, float]]] = []  # what was logged, for code to read
+        self.lrs: dict[str, list[float]] = {}
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
+        self.history: list[tuple[int, dict[str, float]]] = []  # (step, what was logged)
+        # training batches that took an optimizer step (log_every_n_steps counts those, as in
+        # Lightning: a batch stepping two optimizers counts once), and the global step last seen
+        self._stepped = self._seen_step = 0
+        # the values read at the start of the batch whose step makes the next log point
+        self._captured: tuple[dict[str, float], list[str]] | None = None
 
     @staticmethod
     @hookimpl
@@ -115,22 +129,29 @@ class LearningRateMonitor:
                                                                optimizer)))
         return result
 
+    def _follow_names(self, names: list[str]) -> None:
+        """Give each of ``names`` an entry in :attr:`lrs` (and the momentum and weight decay
+        records): a name ``BASE/pg1`` takes over the history of ``BASE`` (the optimizer had one
+        group and got more)."""
+        for name in names:
+            if name in self.lrs:
+                continue
+            old = name.replace("/pg1", "") if "/pg1" in name else None
+            self.lrs[name] = self.lrs.pop(old) if old in self.lrs else []
+            for record, suffix in ((self.last_momentum_values, "-momentum"),
+                                   (self.last_weight_decay_values, "-weight_decay")):
+                record[name + suffix] = (record.pop(old + suffix, None)
+                                         if old is not None else None)
+
     # -- hooks -------------------------------------------------------------------------------
 
     @hookimpl
     def setup(self, trainer, stage: str) -> None:
-        self.per_step, self.per_epoch = [], []
-        self.pending = False
         if stage != "fit":
             return
-        for optimizer, interval, names in self.assign_names(trainer):
-            if self.logging_interval == "step" or (self.logging_interval is None
-                                                   and interval in ("step", "none")):
-                self.per_step.append((optimizer, names))
-            if self.logging_interval == "epoch" or (self.logging_interval is None
-                                                    and interval in ("epoch", "none")):
-                self.per_epoch.append((optimizer, names))
-        self.last_logged_step = trainer.global_step  # after a resume, the restored count
+        named = self.assign_names(trainer)
+        self.lrs, self.last_momentum_values, self.last_weight_decay_values = {}, {}, {}
+        self._follow_names([n for _, _, names in named for n in names])
         loggers = [impl.plugin_name for impl in trainer.hook.log_metrics.get_hookimpls()
                    if impl.plugin is not self]
         if not loggers:
@@ -140,36 +161,55 @@ class LearningRateMonitor:
                 "the tensorboard callback (remove -p no:tensorboard) or add a logger plugin.",
                 stacklevel=2)
         if self.log_momentum:
-            without = sorted({type(o).__name__ for o, _ in self.per_step + self.per_epoch
+            without = sorted({type(o).__name__ for o, _, _ in named
                               if "betas" not in o.defaults and "momentum" not in o.defaults})
             if without:
-                warnings.warn(f"learning-rate-monitor: log_momentum is on, but {', '.join(without)}"
-                              f" has no momentum; 0 is logged for it.", stacklevel=2)
+                warnings.warn(f"learning-rate-monitor: log_momentum is on, but these optimizers "
+                              f"do not have momentum: {', '.join(without)}; 0 is logged for "
+                              f"each.", RuntimeWarning, stacklevel=2)
+
+    @hookimpl
+    def on_loop_start(self, trainer, loop: str) -> None:
+        if loop == "train":  # after a resume, the restored count
+            self._stepped = self._seen_step = trainer.global_step
+            self._captured = None
+
+    def _wanted(self, interval: str, when: str) -> bool:
+        """Whether an optimizer whose scheduler has ``interval`` is logged ``when`` ("step" or
+        "epoch")."""
+        if self.logging_interval is not None:
+            return self.logging_interval == when
+        return interval in (when, "none")
 
     @hookimpl
     def on_epoch_start(self, trainer) -> None:
-        if self.per_epoch:
-            self._log(trainer, self.per_epoch)
+        if self.logging_interval != "step":
+            self._log(trainer, "epoch", self._current(trainer, "epoch"))
 
     @hookimpl
-    def on_train_batch_end(self, trainer, batch_idx: int) -> None:
-        # the core's rule for its step publish points (see FitLoop.run_epoch), applied after
-        # the same batch: the rows land on the steps of the module's own step metrics
-        n = trainer.log_every_n_steps
-        if self.per_step and trainer.global_step // n > self.last_logged_step // n:
-            self.last_logged_step = trainer.global_step
-            if batch_idx + 1 >= trainer.num_training_batches:
-                # epoch-interval schedulers step after the epoch's last batch: log the rate
-                # the next step will use once they did, at the same step
-                self.pending = True
-            else:
-                self._log(trainer, self.per_step)
+    def on_batch_start(self, trainer, stage: str) -> None:
+        # the rates the batch whose optimizer step makes the next log point trains with, read
+        # before that step (and its schedulers) change them
+        if (stage == "train" and self._captured is None and self.logging_interval != "epoch"
+                and (self._stepped + 1) % trainer.log_every_n_steps == 0):
+            self._captured = self._current(trainer, "step")
 
     @hookimpl
-    def on_epoch_end(self, trainer) -> None:
-        if self.pending:
-            self.pending = False
-            self._log(trainer, self.per_step)
+    def on_train_batch_end(self, trainer) -> None:
+        if trainer.global_step == self._seen_step:  # no optimizer stepped in this batch
+            return
+        self._seen_step = trainer.global_step
+        self._stepped += 1
+        if self._captured is not None and self._stepped % trainer.log_every_n_steps == 0:
+            captured, self._captured = self._captured, None
+            self._log(trainer, "step", captured)
+
+    def _current(self, trainer, when: str) -> tuple[dict[str, float], list[str]]:
+        """The values to log ``when``, and every name the optimizers have now."""
+        named = self.assign_names(trainer)  # again: param groups may have been added
+        stats = self.stats([(o, names) for o, interval, names in named
+                            if self._wanted(interval, when)])
+        return stats, [n for _, _, names in named for n in names]
 
     def stats(self, optimizers: list[tuple[torch.optim.Optimizer, list[str]]]) -> dict[str, float]:
         """The current values, by metric name."""
@@ -185,8 +225,18 @@ class LearningRateMonitor:
                     stats[f"{name}-weight_decay"] = float(group.get("weight_decay", 0))
         return stats
 
-    def _log(self, trainer, optimizers: list[tuple[torch.optim.Optimizer, list[str]]]) -> None:
-        stats = self.stats(optimizers)
+    def _log(self, trainer, when: str, current: tuple[dict[str, float], list[str]]) -> None:
+        stats, names = current
+        self._follow_names(names)
+        if not stats:
+            return
+        for name, value in stats.items():
+            if name in self.lrs:
+                self.lrs[name].append(value)
+            elif name in self.last_momentum_values:
+                self.last_momentum_values[name] = value
+            else:
+                self.last_weight_decay_values[name] = value
         self.history.append((trainer.global_step, stats))
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})
         trainer.hook.log_metrics(trainer=trainer, metrics=stats, step=trainer.global_step)

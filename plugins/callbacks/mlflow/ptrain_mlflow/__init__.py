@@ -108,7 +108,7 @@ class MLflowLogger:
             return self.tracking_uri
         if os.environ.get("MLFLOW_TRACKING_URI"):
             return os.environ["MLFLOW_TRACKING_URI"]
-        return f"sqlite:///{Path(trainer.default_root_dir, 'mlflow.db').resolve()}"
+        return f"sqlite:///{Path(trainer.run_root, 'mlflow.db').resolve()}"
 
     @hookimpl
     def setup(self, trainer, stage: str) -> None:
@@ -134,9 +134,9 @@ class MLflowLogger:
             experiment_id = (found.experiment_id if found is not None
                              else self.client.create_experiment(
                                  experiment, artifact_location=artifacts))
-            tags = {"ptrain.log_dir": str(trainer.log_dir), "ptrain.stage": stage, **self.tags}
+            tags = {"ptrain.log_dir": str(trainer.run_dir), "ptrain.stage": stage, **self.tags}
             run = self.client.create_run(experiment_id,
-                                         run_name=self.run_name or Path(trainer.log_dir).name,
+                                         run_name=self.run_name or Path(trainer.run_dir).name,
                                          tags=tags)
         except ImportError as exc:
             raise PluginError(

@@ -74,9 +74,10 @@ def to_sort_key(value: Any) -> str:
 def _last_batch(trainer, batch_idx: int) -> bool:
     """Whether the loop ends after this training batch by its limits (``max_epochs``,
     ``max_steps``); a stop asked for by a plugin is not foreseen."""
-    if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
-        return True
-    return (trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+    if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        return True  # -1: no limit
+    return (trainer.max_epochs not in (None, -1)
+            and trainer.current_epoch + 1 >= trainer.max_epochs
             and batch_idx + 1 >= getattr(trainer, "num_training_batches", float("inf")))
 
 
@@ -214,7 +215,7 @@ class Profiler:
         # After this step the schedule records nothing more (None: it never ends).
         self._last_step = (self.skip_first + self.repeat * (self.wait + self.warmup + self.active)
                            if self.repeat else None)
-        base = trainer.log_dir if trainer.log_dir is not None else trainer.default_root_dir
+        base = trainer.run_dir if trainer.run_dir is not None else trainer.run_root
         self.trace_dir = Path(self.dir) if self.dir else Path(base) / "profiler"
         self._worker = f"rank{trainer.global_rank}"
         self._write = tensorboard_trace_handler(str(self.trace_dir), worker_name=self._worker,

@@ -1,0 +1,358 @@
+"""``ptrain.lightning.callbacks.ModelCheckpoint`` against Lightning 2.6.6 running the same
+program: the files each writes and their names (``save_last`` True and ``"link"``,
+``enable_version_counter=False``, the default callback and its folder, ``save_on_exception``),
+the keys of the checkpoint files a Lightning program reads, the callback's attributes and
+state, ``verbose`` lines, and Lightning's class attributes and methods (``state_key``,
+``format_checkpoint_name``, ``to_yaml``, ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch.utils.data import DataLoader, Dataset
+
+FRAMEWORKS = ("lightning.pytorch", "ptrain.lightning")
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+
+
+class Numbers(Dataset):
+    def __init__(self, n: int, seed: int = 0):
+        self.rows = torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.rows[index]
+
+
+def model_class(pl, fail_at: tuple[int, int] | None = None):
+    """A small regression module against ``pl`` that logs ``val_loss`` and ``score`` (a value
+    scripted per epoch, so the top-k is known); it raises ``RuntimeError("Trouble")`` in
+    ``on_train_batch_end`` at ``fail_at`` (epoch, batch)."""
+
+    class Model(pl.LightningModule):
+        scores = [3.0, 1.0, 2.0, 0.5]
+
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).pow(2).mean()
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if fail_at == (self.current_epoch, batch_idx):
+                raise RuntimeError("Trouble")
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.layer(batch).pow(2).mean())
+
+        def on_validation_epoch_end(self):
+            self.log("score", self.scores[self.current_epoch % len(self.scores)])
+
+        def train_dataloader(self):
+            return DataLoader(Numbers(8), batch_size=4)
+
+        def val_dataloader(self):
+            return DataLoader(Numbers(4, seed=1), batch_size=4)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Model
+
+
+def both(run):
+    """``run(pl, folder)`` under Lightning and ptrain.lightning; their results."""
+    results = []
+    for name in FRAMEWORKS:
+        pl = importlib.import_module(name)
+        pl.seed_everything(0)
+        results.append(run(pl, name.split(".")[0]))
+    return results
+
+
+def listing(folder: Path) -> dict[str, str]:
+    """Each entry of ``folder``: ``link->TARGET``, ``dir`` or ``file``."""
+    return {p.name: (f"link->{os.readlink(p)}" if p.is_symlink() else
+                     "dir" if p.is_dir() else "file") for p in sorted(folder.iterdir())}
+
+
+def fit(pl, root: Path, callbacks, max_epochs: int = 4, fail_at=None, **options):
+    trainer = pl.Trainer(default_root_dir=root, max_epochs=max_epochs, logger=False,
+                         callbacks=callbacks, **{**QUIET, **options})
+    trainer.fit(model_class(pl, fail_at)())
+    return trainer
+
+
+# -- files and names ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("save_last", [True, "link", None])
+def test_top_k_files_last_and_attributes_match_lightning(tmp_path, save_last):
+    def run(pl, name):
+        folder = tmp_path / name / "ckpts"
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="score", save_top_k=2,
+                                                filename="{epoch}-{score:.1f}",
+                                                save_last=save_last)
+        fit(pl, tmp_path / name, [callback])
+        return (listing(tmp_path / name), listing(folder),
+                Path(callback.best_model_path).name, Path(callback.kth_best_model_path).name,
+                Path(callback.last_model_path).name,
+                {Path(p).name: float(s) for p, s in callback.best_k_models.items()},
+                float(callback.best_model_score), float(callback.current_score),
+                type(callback.best_model_score), callback.dirpath == str(folder))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    if save_last == "link":  # the link resolves to the newest top-k file
+        folder = tmp_path / "ptrain" / "ckpts"
+        assert os.path.realpath(folder / "last.ckpt") == str(folder / "epoch=3-score=0.5.ckpt")
+
+
+def test_the_default_callback_and_its_folder_match_lightnings(tmp_path):
+    def run(pl, name):
+        root = tmp_path / name
+        trainer = pl.Trainer(default_root_dir=root, max_epochs=2, **QUIET)  # a logger
+        trainer.fit(model_class(pl)())
+        quiet = pl.Trainer(default_root_dir=root / "quiet", max_epochs=2, logger=False, **QUIET)
+        quiet.fit(model_class(pl)())
+        callback = quiet.checkpoint_callback
+        return (type(trainer.checkpoint_callback).__name__,
+                os.path.relpath(trainer.checkpoint_callback.dirpath, root),
+                sorted(os.listdir(trainer.checkpoint_callback.dirpath)),
+                listing(root / "quiet"), sorted(os.listdir(callback.dirpath)),
+                os.path.relpath(callback.best_model_path, root))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_enable_version_counter_false_replaces_the_files_as_lightnings_does(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        for _ in range(2):
+            callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="epoch", mode="max",
+                                                    save_top_k=-1, save_last=True,
+                                                    filename="{epoch}",
+                                                    enable_version_counter=False)
+            fit(pl, folder, [callback], max_epochs=2)
+        return listing(folder), sorted(Path(p).name for p in callback.best_k_models)
+
+    with pytest.warns(UserWarning, match="enable_version_counter=False.*replaced"):
+        lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_the_version_counter_gives_a_second_run_new_names_as_lightnings_does(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        for _ in range(2):
+            callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="epoch", mode="max",
+                                                    save_top_k=-1, save_last=True,
+                                                    filename="{epoch}")
+            fit(pl, folder, [callback], max_epochs=2)
+        return (listing(folder), sorted(Path(p).name for p in callback.best_k_models),
+                Path(callback.last_model_path).name)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_save_on_exception_writes_the_files_lightning_writes(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, filename="exception",
+                                                save_on_exception=True, every_n_epochs=7)
+        with pytest.raises(RuntimeError, match="Trouble"):
+            fit(pl, folder, [callback], fail_at=(1, 0))
+        saved = torch.load(folder / "exception.ckpt", weights_only=True)
+        return (listing(folder), saved["global_step"], sorted(saved["state_dict"]),
+                callback.best_model_path, callback.best_k_models)
+
+    with pytest.warns(UserWarning, match="RuntimeError: Trouble.*saved to .*exception.ckpt"):
+        lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_a_file_is_written_only_when_a_step_was_trained_since_the_last(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, filename="{step}",
+                                                save_on_exception=True, every_n_train_steps=1)
+        with pytest.raises(RuntimeError, match="Trouble"):
+            fit(pl, folder, [callback], fail_at=(0, 1))
+        return listing(folder)
+
+    lightning, ours = both(run)
+    # the error came after step 2 was saved: no exception file (save_top_k=1 keeps the newest)
+    assert ours == lightning == {"step=2.ckpt": "file"}
+
+
+# -- what the files hold --------------------------------------------------------------------------
+
+
+def test_checkpoint_files_carry_lightnings_keys_without_storing_the_weights_twice(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="score", save_last=True,
+                                                filename="best")
+        trainer = fit(pl, folder, [callback], max_epochs=2)
+        trainer.save_checkpoint(folder / "weights.ckpt", weights_only=True)
+        full = torch.load(folder / "last.ckpt", weights_only=True)
+        weights = torch.load(folder / "weights.ckpt", weights_only=True)
+        state = full["callbacks"][callback.state_key]
+        return (full["epoch"], full["global_step"], sorted(full["state_dict"]),
+                len(full["optimizer_states"]), len(full["lr_schedulers"]),
+                {k: (v == str(folder) if k == "dirpath" else Path(v).name if isinstance(v, str)
+                     else float(v) if k.endswith("score") else None) for k, v in state.items()},
+                weights["epoch"], weights["global_step"], sorted(weights["state_dict"]),
+                "optimizer_states" in weights, "pytorch-lightning_version" in full)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    full = torch.load(tmp_path / "ptrain" / "last.ckpt", weights_only=True)
+    assert full["state_dict"] is full["model"]  # one object, written once
+    # about the bytes of one copy of the weights: aliases cost a name each
+    one_copy = torch.load(tmp_path / "ptrain" / "last.ckpt", weights_only=True)
+    del one_copy["state_dict"], one_copy["optimizer_states"], one_copy["callbacks"]
+    torch.save(one_copy, tmp_path / "one_copy.pt")
+    grown = os.path.getsize(tmp_path / "ptrain" / "last.ckpt") - os.path.getsize(
+        tmp_path / "one_copy.pt")
+    assert grown < 1024
+
+
+def test_resuming_from_a_linked_last_checkpoint_goes_on_as_lightning(tmp_path):
+    def run(pl, name):
+        folder = tmp_path / name
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="score", save_top_k=1,
+                                                save_last="link")
+        fit(pl, folder, [callback], max_epochs=2)
+        resumed = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="score", save_top_k=1,
+                                               save_last="link")
+        trainer = pl.Trainer(default_root_dir=folder, max_epochs=4, logger=False,
+                             callbacks=[resumed], **QUIET)
+        model = model_class(pl)()
+        trainer.fit(model, ckpt_path=str(folder / "last.ckpt"))
+        return (trainer.global_step, listing(folder), Path(resumed.best_model_path).name,
+                [round(float(p), 4) for p in model.parameters() for p in p.flatten()])
+
+    lightning, ours = both(run)
+    assert ours[:3] == lightning[:3]
+    assert ours[3] == pytest.approx(lightning[3], abs=1e-5)
+
+
+# -- Lightning's class attributes and methods -----------------------------------------------------
+
+
+def test_state_key_names_and_yaml_match_lightnings(tmp_path):
+    def run(pl, name):
+        made = pl.callbacks.ModelCheckpoint
+        keys = [made(monitor="val_loss").state_key,
+                made(every_n_train_steps=3).state_key]
+        checkpoint = made(dirpath=tmp_path / name, filename="{epoch:03d}-{val/acc:.2f}")
+        names = [os.path.basename(checkpoint.format_checkpoint_name(
+                     {"epoch": 2, "val/acc": torch.tensor(0.256)})),
+                 os.path.basename(checkpoint.format_checkpoint_name(
+                     {"epoch": 2, "val/acc": 0.5}, ver=2, prefix="run")),
+                 made(filename="{step}").format_checkpoint_name({"step": 7})]
+        subclass = type("Renamed", (made,), {"FILE_EXTENSION": ".pt",
+                                             "CHECKPOINT_NAME_LAST": "final-{epoch}"})
+        callback = subclass(dirpath=tmp_path / name / "sub", monitor="score", save_last=True,
+                            save_top_k=2)
+        fit(pl, tmp_path / name, [callback], max_epochs=3)
+        callback.to_yaml(tmp_path / name / "best.yaml")
+        table = yaml.safe_load((tmp_path / name / "best.yaml").read_text())
+        return (keys, names, listing(tmp_path / name / "sub"),
+                {Path(k).name: round(v, 4) for k, v in table.items()})
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_save_last_annotation_parses_link_with_jsonargparse():
+    from jsonargparse import ArgumentParser
+
+    from ptrain.lightning.callbacks import ModelCheckpoint
+
+    annotation = inspect.signature(ModelCheckpoint).parameters["save_last"].annotation
+    parser = ArgumentParser()
+    parser.add_argument("--a", type=annotation)
+    assert parser.parse_args(["--a", "link"]).a == "link"
+    assert parser.parse_args(["--a", "false"]).a is False
+
+
+def test_verbose_says_each_top_k_decision_as_lightning_does(tmp_path, capsys, caplog):
+    def run(pl, name):
+        callback = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / name, monitor="score",
+                                                save_top_k=1, verbose=True)
+        with caplog.at_level(logging.INFO):
+            fit(pl, tmp_path / name, [callback])
+        said = caplog.text + capsys.readouterr().out
+        caplog.clear()
+        return [line for line in said.splitlines() if "'score'" in line or "score =" in line]
+
+    lightning, ours = both(run)
+    assert len(ours) == len(lightning) == 4
+    # epochs 0, 1, 3 enter the top 1; epoch 2 (2.0) does not
+    assert ["not among" in line for line in ours] == [False, False, True, False]
+
+
+def test_a_filename_field_never_logged_shows_0_with_a_warning(tmp_path):
+    def run(pl, name):
+        callback = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / name, filename="{missing}")
+        fit(pl, tmp_path / name, [callback], max_epochs=1)
+        return sorted(os.listdir(tmp_path / name))
+
+    with pytest.warns(UserWarning, match="'missing', which was not logged.*missing=0"):
+        lightning, ours = both(run)
+    assert ours == lightning == ["missing=0.ckpt"]
+
+
+def test_enable_checkpointing_false_with_a_checkpoint_callback_is_refused():
+    import ptrain.lightning as pl
+
+    with pytest.raises(ptrain_config_error(), match="enable_checkpointing=False.*ModelCheckpoint"):
+        pl.Trainer(enable_checkpointing=False, callbacks=[pl.callbacks.ModelCheckpoint()])
+    assert pl.Trainer(enable_checkpointing=False, **QUIET).checkpoint_callback is None
+
+
+def ptrain_config_error():
+    from ptrain.errors import ConfigError
+
+    return ConfigError
+
+
+def test_a_url_dirpath_is_refused():
+    from ptrain.lightning.callbacks import ModelCheckpoint
+
+    with pytest.raises(ptrain_config_error(), match="is a URL.*local or mounted folder"):
+        ModelCheckpoint(dirpath="s3://bucket/checkpoints")
+
+
+def test_lightning_state_dict_round_trip_and_a_changed_dirpath(tmp_path):
+    from ptrain.lightning.callbacks import ModelCheckpoint
+
+    written = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True)
+    written.best_model_path = str(tmp_path / "a.ckpt")
+    written.best_k_models = {str(tmp_path / "a.ckpt"): torch.tensor(1.5)}
+    written.last_model_path = str(tmp_path / "last.ckpt")
+    state = written.state_dict()
+    assert state["dirpath"] == str(tmp_path) and state["best_k_models"] == written.best_k_models
+    same = ModelCheckpoint(dirpath=tmp_path)
+    same.load_state_dict(state)
+    assert same.last_model_path == written.last_model_path
+    moved = ModelCheckpoint(dirpath=tmp_path / "elsewhere")
+    with pytest.warns(UserWarning, match="The dirpath has changed"):
+        moved.load_state_dict(state)
+    assert moved.best_model_path == written.best_model_path and moved.best_k_models == {}
+    assert math.isinf(float(moved.kth_value))

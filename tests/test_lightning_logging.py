@@ -1,0 +1,362 @@
+"""``self.log`` and the metrics a ``ptrain.lightning`` run keeps, against Lightning 2.6.6 (the
+oracle, installed) running the same program: the names in ``logged_metrics``,
+``callback_metrics`` and ``progress_bar_metrics`` and their values, ``reduce_fx`` as Lightning
+reads it, several evaluation dataloaders (``dataloader_idx``, ``/dataloader_idx_N`` names, one
+result per dataloader), a callback's ``self.log``, and the refusals Lightning makes too."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+pl = pytest.importorskip("lightning.pytorch", reason="the oracle: pip install lightning==2.6.6")
+
+from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
+
+import ptrain  # noqa: E402
+import ptrain.lightning as ppl  # noqa: E402
+
+FRAMEWORKS = {"lightning": pl, "ptrain": ppl}
+LIGHTNING_ERRORS = (ValueError, MisconfigurationException)
+
+
+def _data(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def _loader(n: int = 8, seed: int = 0, batch_size: int = 2) -> DataLoader:
+    return DataLoader(_data(n, seed), batch_size=batch_size)
+
+
+def base_module(framework):
+    """A linear regression module of ``framework`` (``pl`` or ``ppl``), the same weights under
+    both from the same seed; subclasses log."""
+
+    class Base(framework.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def loss(self, batch):
+            x, y = batch
+            return nn.functional.mse_loss(self(x), y)
+
+        def training_step(self, batch, batch_idx):
+            return self.loss(batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            return _loader(8, 0)
+
+        def val_dataloader(self):
+            return _loader(6, 1)
+
+        def test_dataloader(self):
+            return _loader(6, 2)
+
+    return Base
+
+
+def run(framework, make_module, tmp_path, stage: str = "fit", callbacks=(), **options):
+    """``make_module(framework)`` trained (or tested, ...) by ``framework``'s Trainer; returns
+    (trainer, module, what the stage returned)."""
+    torch.manual_seed(0)
+    module = make_module(framework)()
+    settings = dict(default_root_dir=str(tmp_path / framework.__name__), max_epochs=2,
+                    accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                    enable_checkpointing=False, logger=False, log_every_n_steps=1,
+                    num_sanity_val_steps=0, callbacks=list(callbacks))
+    settings.update(options)
+    trainer = framework.Trainer(**settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        returned = getattr(trainer, stage)(module)
+    return trainer, module, returned
+
+
+def both(make_module, tmp_path, stage="fit", callbacks=None, **options):
+    """The same program under Lightning and ptrain: {framework name: (trainer, module, result)};
+    ``callbacks(framework)`` makes the callbacks of each."""
+    return {name: run(framework, make_module, tmp_path, stage,
+                      callbacks(framework) if callbacks else (), **options)
+            for name, framework in FRAMEWORKS.items()}
+
+
+def numbers(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The three dicts: names, kinds and values
+
+
+def logging_everywhere(framework):
+    class Module(base_module(framework)):
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("default", loss)
+            self.log("l_s", loss, on_step=True, on_epoch=False)
+            self.log("l_e", loss, on_step=False, on_epoch=True)
+            self.log("l_se", loss, on_step=True, on_epoch=True)
+            self.log("p_s", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+            self.log("p_se", loss, on_step=True, on_epoch=True, prog_bar=True, logger=False)
+            self.log_dict({"d1": loss, "d2": 2.0})
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("v", loss)
+            self.log("v_se", loss, on_step=True, on_epoch=True, prog_bar=True)
+            self.log("v_s", loss, on_step=True, on_epoch=False, prog_bar=True)
+
+        def on_validation_epoch_end(self):
+            self.log("v_end", torch.tensor(3.0), prog_bar=True)
+
+        def on_train_epoch_end(self):
+            self.log("t_end", 4)
+
+    return Module
+
+
+def test_logged_callback_and_progress_bar_metrics_match_lightning(tmp_path):
+    runs = both(logging_everywhere, tmp_path)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    assert set(pt.logged_metrics) == set(lt.logged_metrics)
+    assert set(pt.callback_metrics) == set(lt.callback_metrics)
+    assert set(pt.progress_bar_metrics) == set(lt.progress_bar_metrics)
+    # Lightning's kinds: tensors in the first two, numbers in the progress bar's
+    for metrics in (pt.logged_metrics, pt.callback_metrics):
+        assert all(isinstance(v, torch.Tensor) for v in metrics.values())
+    assert all(isinstance(v, float) for v in pt.progress_bar_metrics.values())
+    for name, value in numbers(lt.callback_metrics).items():
+        assert float(pt.callback_metrics[name]) == pytest.approx(value, rel=1e-5), name
+    for name, value in numbers(lt.logged_metrics).items():
+        assert float(pt.logged_metrics[name]) == pytest.approx(value, rel=1e-5), name
+    for name, value in lt.progress_bar_metrics.items():
+        assert pt.progress_bar_metrics[name] == pytest.approx(value, rel=1e-5), name
+
+
+def reductions(framework):
+    class Module(base_module(framework)):
+        def training_step(self, batch, batch_idx):
+            value = torch.tensor(batch_idx, dtype=torch.long)
+            for name, fx in (("min", min), ("max", max), ("sum", sum), ("torch_max", torch.max),
+                             ("SUM", "SUM"), ("avg", "avg"), ("Max", "Max")):
+                self.log(f"t_{name}", value, on_step=False, on_epoch=True, reduce_fx=fx)
+            self.log("t_step_sum", value, reduce_fx="sum")
+            return self.loss(batch)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("v_min", float(batch_idx), reduce_fx=min)
+            self.log("v_sum", float(batch_idx), reduce_fx=torch.sum)
+
+    return Module
+
+
+def test_reduce_fx_as_lightning_reads_it(tmp_path):
+    runs = both(reductions, tmp_path)
+    lightning, ours = runs["lightning"][0].logged_metrics, runs["ptrain"][0].logged_metrics
+    assert set(ours) == set(lightning)
+    assert numbers(ours) == pytest.approx(numbers(lightning))
+
+
+# ---------------------------------------------------------------------------------------------
+# Several evaluation dataloaders
+
+
+def several_loaders(framework):
+    class Module(base_module(framework)):
+        seen: list = []
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            loss = self.loss(batch)
+            self.log("val_loss", loss, on_step=True, on_epoch=True)
+            self.log(f"named_{dataloader_idx}", loss, add_dataloader_idx=False)
+            self.log("common", 1.0 + dataloader_idx)
+
+        test_step = validation_step
+
+        def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+            self.seen.append((batch_idx, dataloader_idx))
+
+        def on_validation_epoch_end(self):
+            self.log("after", 5.0)
+
+        on_test_epoch_end = on_validation_epoch_end
+
+        def val_dataloader(self):
+            return [_loader(6, 1), _loader(4, 3)]
+
+        def test_dataloader(self):
+            return {"a": _loader(6, 2), "b": _loader(2, 4)}
+
+    return Module
+
+
+def test_several_validation_dataloaders_as_lightning(tmp_path):
+    runs = both(several_loaders, tmp_path, max_epochs=1, limit_val_batches=2)
+    (lt, lm, _), (pt, pm, _) = runs["lightning"], runs["ptrain"]
+    assert set(pt.logged_metrics) == set(lt.logged_metrics)
+    assert "val_loss_epoch/dataloader_idx_1" in pt.logged_metrics
+    assert set(pt.callback_metrics) == set(lt.callback_metrics)
+    assert numbers(pt.callback_metrics) == pytest.approx(numbers(lt.callback_metrics), rel=1e-5)
+    # the hooks get the index: each loader's batches, up to the limit each, one after the other
+    assert pm.seen == lm.seen == [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+def test_several_test_dataloaders_return_one_result_each(tmp_path):
+    runs = both(several_loaders, tmp_path, stage="test")
+    lightning, ours = runs["lightning"][2], runs["ptrain"][2]
+    assert len(ours) == len(lightning) == 2
+    for mine, theirs in zip(ours, lightning):
+        assert mine == pytest.approx(numbers(theirs), rel=1e-5)
+
+
+def test_a_step_without_dataloader_idx_under_several_dataloaders_is_refused(tmp_path):
+    class Module(several_loaders(ppl)):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.loss(batch))
+
+    trainer = ppl.Trainer(default_root_dir=str(tmp_path), max_epochs=1, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False,
+                          enable_model_summary=False)
+    with pytest.raises(ptrain.ModelError, match="2 dataloaders.*dataloader_idx"):
+        trainer.validate(Module())
+
+
+def test_predict_with_several_dataloaders_returns_a_list_per_dataloader(tmp_path):
+    def make(framework):
+        class Module(base_module(framework)):
+            def predict_step(self, batch, batch_idx, dataloader_idx=0):
+                return self(batch[0]) * 0 + dataloader_idx
+
+            def predict_dataloader(self):
+                return [_loader(4, 1), _loader(2, 2)]
+
+        return Module
+
+    runs = both(make, tmp_path, stage="predict")
+    lightning, ours = runs["lightning"][2], runs["ptrain"][2]
+    assert [len(x) for x in ours] == [len(x) for x in lightning] == [2, 1]
+    for mine, theirs in zip(ours, lightning):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def test_val_dataloader_set_to_none_runs_no_validation(tmp_path):
+    def make(framework):
+        module = logging_everywhere(framework)()
+        module.val_dataloader = None  # Lightning's switch
+        return lambda: module
+
+    runs = both(lambda f: make(f), tmp_path, max_epochs=1)
+    assert set(runs["ptrain"][0].logged_metrics) == set(runs["lightning"][0].logged_metrics)
+    assert not any(n.startswith("v") for n in runs["ptrain"][0].logged_metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# A callback's self.log
+
+
+def test_a_callback_logs_through_the_module(tmp_path):
+    def callbacks(framework):
+        class Logging(framework.Callback):
+            def on_train_start(self, trainer, pl_module):
+                pl_module.log("on_train_start", 1)
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                pl_module.log("on_train_batch_end", float(batch_idx), prog_bar=True)
+
+            def on_validation_epoch_end(self, trainer, pl_module):
+                pl_module.log_dict({"cb_val": 7.0})
+
+        return [Logging()]
+
+    runs = both(base_module, tmp_path, callbacks=callbacks, max_epochs=1)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    assert numbers(pt.callback_metrics) == numbers(lt.callback_metrics)
+    assert pt.progress_bar_metrics == lt.progress_bar_metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused, as Lightning refuses them
+
+
+def refusing(value=None, **log_arguments):
+    def make(framework):
+        class Module(base_module(framework)):
+            def training_step(self, batch, batch_idx):
+                self.log("foo", 1.0 if value is None else value, **log_arguments)
+                return self.loss(batch)
+
+        return Module
+
+    return make
+
+
+@pytest.mark.parametrize(("make", "lightning_error"), [
+    (refusing(on_step=False, on_epoch=False), "is not useful"),
+    (refusing(reduce_fx="median"), "reduce_fx"),
+    (refusing({"a": 1}), "values cannot be logged"),
+    (refusing([1, 2]), "values cannot be logged"),
+    (refusing("1.0"), "values cannot be logged"),
+    (refusing(torch.ones(2)), "single element"),
+])
+def test_what_self_log_refuses(tmp_path, make, lightning_error):
+    """Lightning raises a ValueError or its MisconfigurationException; ptrain a ConfigError,
+    which is a ValueError and what ptrain.lightning names MisconfigurationException."""
+    with pytest.raises(LIGHTNING_ERRORS, match=lightning_error):
+        run(pl, make, tmp_path, max_epochs=1)
+    with pytest.raises(ptrain.ConfigError):
+        run(ppl, make, tmp_path, max_epochs=1)
+
+
+def test_a_dataloader_idx_in_the_name_is_refused(tmp_path):
+    make = refusing()
+
+    def named(framework):
+        class Module(make(framework)):
+            def training_step(self, batch, batch_idx):
+                self.log("foo/dataloader_idx_0", 1.0)
+                return self.loss(batch)
+
+        return Module
+
+    with pytest.raises(LIGHTNING_ERRORS, match="dataloader_idx"):
+        run(pl, named, tmp_path, max_epochs=1)
+    with pytest.raises(ptrain.ConfigError, match="dataloader_idx"):
+        run(ppl, named, tmp_path, max_epochs=1)
+
+
+def test_a_metric_not_held_by_the_module_is_refused(tmp_path):
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.held = torchmetrics.MeanMetric()
+
+            def training_step(self, batch, batch_idx):
+                loose = torchmetrics.MeanMetric()
+                loose.update(1.0)
+                self.log("loose", loose)
+                return self.loss(batch)
+
+        return Module
+
+    with pytest.raises(LIGHTNING_ERRORS, match="held"):
+        run(pl, make, tmp_path, max_epochs=1)
+    with pytest.raises(ptrain.ConfigError, match="metric_attribute=NAME\\) with NAME one of "
+                                                 "\\['held'\\]"):
+        run(ppl, make, tmp_path, max_epochs=1)

@@ -1,0 +1,427 @@
+"""``ptrain.lightning.Trainer``'s attributes and arguments, each checked against Lightning 2.6.6
+running the same program: the state (``fn``, ``stage``, ``status``), the folders
+(``log_dir``, ``default_root_dir``), the limits as Lightning shows them, the stages' dataloaders
+and their batch counts, ``estimated_stepping_batches``, and the arguments ptrain took over from
+Lightning (``reload_dataloaders_every_n_epochs``, ``check_val_every_n_epoch=None``,
+``limit_train_batches=0``, ``use_distributed_sampler``, ``sync_batchnorm``, ``barebones``,
+``PL_TRAINER_*`` defaults)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import ptrain
+
+FRAMEWORKS = ("lightning.pytorch", "ptrain.lightning")
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+
+
+class Numbers(Dataset):
+    """``n`` rows of 4 features, the same in every process and framework."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.rows = torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.rows[index]
+
+
+def model_class(pl):
+    """A small regression module written against ``pl`` (Lightning or ptrain.lightning) that
+    records what the trainer says in its hooks."""
+
+    class Model(pl.LightningModule):
+        def __init__(self, n_train=16, n_val=8, batch_size=4):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.n_train, self.n_val, self.batch_size = n_train, n_val, batch_size
+            self.seen: list = []
+            self.asked: list = []
+
+        def training_step(self, batch, batch_idx):
+            state = self.trainer.state
+            self.seen.append(("train", str(state.fn), str(state.stage), str(state.status),
+                              self.trainer.is_last_batch))
+            return self.layer(batch).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            state = self.trainer.state
+            self.seen.append(("val", str(state.fn), str(state.stage), self.global_step))
+            self.log("val_loss", self.layer(batch).pow(2).mean())
+
+        def test_step(self, batch, batch_idx):
+            self.seen.append(("test", str(self.trainer.state.fn),
+                              str(self.trainer.state.stage)))
+
+        def train_dataloader(self):
+            self.asked.append(("train", self.current_epoch, self.trainer.sanity_checking))
+            return DataLoader(Numbers(self.n_train), batch_size=self.batch_size)
+
+        def val_dataloader(self):
+            self.asked.append(("val", self.current_epoch, self.trainer.sanity_checking))
+            return DataLoader(Numbers(self.n_val, seed=1), batch_size=self.batch_size)
+
+        def test_dataloader(self):
+            return DataLoader(Numbers(self.n_val, seed=2), batch_size=self.batch_size)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Model
+
+
+def both(function):
+    """``function(pl)`` run under Lightning, then under ptrain.lightning: their results."""
+    results = []
+    for name in FRAMEWORKS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results.append(function(importlib.import_module(name)))
+    return results
+
+
+# -- state ------------------------------------------------------------------------------------
+
+def test_state_follows_the_stages_as_lightnings_does(tmp_path):
+    def run(pl):
+        model = model_class(pl)()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             num_sanity_val_steps=1, logger=False, **QUIET)
+        before = (trainer.state.fn, trainer.state.stage, trainer.state.status.value)
+        trainer.fit(model)
+        after_fit = (str(trainer.state.fn), trainer.state.stage, str(trainer.state.status),
+                     trainer.state.finished, trainer.interrupted)
+        trainer.test(model)
+        after_test = (str(trainer.state.fn), trainer.state.stage, trainer.state.finished)
+        return before, after_fit, after_test, model.seen
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    # the sanity check is a stage of its own
+    assert ("val", "TrainerFn.FITTING", "RunningStage.SANITY_CHECKING", 0) in ours[3]
+
+
+def test_an_error_in_a_stage_leaves_the_trainer_interrupted(tmp_path):
+    def run(pl):
+        class Fails(model_class(pl)):
+            def training_step(self, batch, batch_idx):
+                raise RuntimeError("stop here")
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             logger=False, enable_checkpointing=False, **QUIET)
+        with pytest.raises(RuntimeError, match="stop here"):
+            trainer.fit(Fails())
+        return trainer.state.status.value, trainer.interrupted, trainer.state.stage
+
+    lightning, ours = both(run)
+    assert ours == lightning == ("interrupted", True, None)
+
+
+def test_setting_the_state_sets_the_trainers_fields():
+    from ptrain.lightning.trainer.states import RunningStage, TrainerFn
+
+    trainer = ptrain.lightning.Trainer(logger=False, **QUIET)
+    trainer.state.fn = TrainerFn.TESTING
+    trainer.state.stage = RunningStage.SANITY_CHECKING
+    assert trainer.stage_call == "test" and trainer.sanity_checking
+    assert trainer.state.stage is RunningStage.SANITY_CHECKING and trainer.validating is False
+
+
+def test_a_stage_without_a_module_is_a_type_error_as_in_lightning():
+    trainer = ptrain.lightning.Trainer(logger=False, **QUIET)
+    for stage in ("validate", "test", "predict"):
+        with pytest.raises(TypeError, match="LightningModule"):
+            getattr(trainer, stage)()
+    with pytest.raises(TypeError, match="must be a LightningModule"):
+        trainer.fit(torch.nn.Linear(2, 2))
+    with pytest.raises(ptrain.ModelError):  # and still ptrain's own kind of error
+        trainer.fit(torch.nn.Linear(2, 2))
+
+
+# -- folders ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("logger", ["default", "none", "tensorboard", "csv"])
+def test_log_dir_is_lightnings_before_during_and_after_fit(tmp_path, logger):
+    def run(pl):
+        root = tmp_path / pl.__name__
+        loggers = importlib.import_module(f"{pl.__name__}.loggers")
+        loggers = {"default": None, "none": False,
+                   "tensorboard": loggers.TensorBoardLogger(root, name="custom"),
+                   "csv": loggers.CSVLogger(root / "csv")}
+        seen = []
+
+        class Model(model_class(pl)):
+            def on_train_start(self):
+                seen.append(self.trainer.log_dir)
+
+        trainer = pl.Trainer(default_root_dir=root, max_steps=1, logger=loggers[logger],
+                             enable_checkpointing=False, **QUIET)
+        before = trainer.log_dir
+        trainer.fit(Model())
+        relative = [os.path.relpath(p, root) for p in (before, seen[0], trainer.log_dir)]
+        return relative, type(before).__name__, trainer.default_root_dir == str(root)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_default_root_dir_expands_the_home_folder_as_lightnings_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    trainer = ptrain.lightning.Trainer(default_root_dir="~/runs", logger=False, **QUIET)
+    assert trainer.default_root_dir == str(tmp_path / "runs")
+    assert trainer.run_root == str(tmp_path / "runs" / "lightning_logs")  # no "~" folder made
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_epochs, max_steps", [(None, -1), (-1, -1), (3, -1), (None, 2),
+                                                   (-1, 5)])
+def test_the_limits_read_as_lightnings_before_and_after_fit(tmp_path, max_epochs, max_steps):
+    def run(pl):
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=max_epochs,
+                             max_steps=max_steps, limit_train_batches=2, limit_val_batches=1,
+                             logger=False, enable_checkpointing=False, **QUIET)
+        before = (trainer.max_epochs, trainer.max_steps)
+        if max_epochs not in (None, 3) or max_steps == -1 and max_epochs is None:
+            return before, None  # a fit without an end (or 1000 epochs): not run here
+        trainer.fit(model_class(pl)())
+        return before, (trainer.max_epochs, trainer.max_steps, trainer.global_step)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_limit_train_batches_zero_trains_nothing_as_in_lightning(tmp_path):
+    def run(pl):
+        model = model_class(pl)()
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=2,
+                             limit_train_batches=0.0, logger=False, **QUIET)
+        trainer.fit(model)
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        return unchanged, trainer.current_epoch, [s[0] for s in model.seen]
+
+    lightning, ours = both(run)
+    assert ours == lightning == (True, 0, ["val", "val"])  # the sanity check only
+    trainer = ptrain.lightning.Trainer(limit_train_batches=0, logger=False, **QUIET)
+    with pytest.warns(UserWarning, match="limit_train_batches=0: fit trains nothing"):
+        trainer.fit(model_class(ptrain.lightning)())
+
+
+def test_a_whole_float_limit_counts_batches_and_zero_turns_a_stage_off():
+    trainer = ptrain.Trainer(limit_val_batches=3.0, limit_test_batches=0.0)
+    assert trainer.limit_val_batches == 3 and type(trainer.limit_val_batches) is int
+    with pytest.raises(ptrain.ConfigError, match="fraction must be in"):
+        ptrain.Trainer(limit_val_batches=2.5)
+
+
+# -- the stages' data ---------------------------------------------------------------------------
+
+def test_dataloaders_and_their_batch_counts_read_as_lightnings(tmp_path):
+    def run(pl):
+        model = model_class(pl)()
+        train = DataLoader(Numbers(18), batch_size=4)
+        val = DataLoader(Numbers(10), batch_size=4)
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             limit_val_batches=2, num_sanity_val_steps=1, logger=False,
+                             enable_checkpointing=False, **QUIET)
+        trainer.fit(model, train, val)
+        fitted = (trainer.val_dataloaders is val, trainer.num_training_batches,
+                  trainer.num_val_batches, trainer.num_sanity_val_batches)
+        test = DataLoader(Numbers(3), batch_size=2)
+        trainer.test(model, test)
+        return fitted, trainer.test_dataloaders is test, trainer.num_test_batches
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0] == (True, 5, [2], [1])
+
+
+def test_an_infinite_sanity_check_reads_as_lightnings():
+    trainer = ptrain.lightning.Trainer(num_sanity_val_steps=-1, logger=False, **QUIET)
+    assert trainer.num_sanity_val_steps == math.inf
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(max_epochs=3), dict(max_epochs=3, accumulate_grad_batches=2),
+    dict(max_epochs=3, max_steps=4), dict(max_epochs=-1, max_steps=7),
+    dict(max_epochs=2, limit_train_batches=0.5), dict(max_epochs=-1),
+])
+def test_estimated_stepping_batches_are_lightnings(tmp_path, arguments):
+    def run(pl):
+        estimates = []
+
+        class Model(model_class(pl)):
+            def configure_optimizers(self):
+                estimates.append(self.trainer.estimated_stepping_batches)
+                return super().configure_optimizers()
+
+        model = Model(n_train=20, batch_size=4)
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, logger=False,
+                             enable_checkpointing=False, **QUIET, **arguments)
+        if arguments.get("max_epochs") == -1 and "max_steps" not in arguments:
+            return trainer.estimated_stepping_batches
+        trainer.fit(model)
+        return estimates[0], [asked for asked in model.asked if asked[0] == "train"]
+
+    lightning, ours = both(run)
+    assert ours == lightning  # the training loader is asked for once, as by Lightning
+
+
+def test_lr_scheduler_configs_are_lightnings_config_objects(tmp_path):
+    from ptrain.lightning.utilities.types import LRSchedulerConfig
+
+    class Model(model_class(ptrain.lightning)):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    trainer = ptrain.lightning.Trainer(default_root_dir=tmp_path, max_steps=1, logger=False,
+                                       enable_checkpointing=False, **QUIET)
+    trainer.fit(Model())
+    [config] = trainer.lr_scheduler_configs
+    assert isinstance(config, LRSchedulerConfig)
+    assert (config.interval, config.frequency, config.monitor) == ("step", 1, None)
+    assert config.scheduler is trainer.lr_schedulers[0]["scheduler"]
+
+
+# -- arguments ptrain takes over from Lightning ------------------------------------------------
+
+@pytest.mark.parametrize("check_val_every_n_epoch, reload", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_reload_dataloaders_every_n_epochs_asks_again_as_lightning(tmp_path,
+                                                                  check_val_every_n_epoch,
+                                                                  reload):
+    def run(pl):
+        model = model_class(pl)()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=5,
+                             limit_train_batches=1, limit_val_batches=1,
+                             num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                             check_val_every_n_epoch=check_val_every_n_epoch,
+                             reload_dataloaders_every_n_epochs=reload, **QUIET)
+        trainer.fit(model)
+        return ([epoch for kind, epoch, _ in model.asked if kind == "train"],
+                [seen[3] for seen in model.seen if seen[0] == "val"])
+
+    lightning, ours = both(run)
+    assert ours[0] == lightning[0]  # the training loader: the same epochs
+    assert ours[1] == lightning[1]  # validation at the same steps
+
+
+def test_reloaded_validation_data_is_what_validation_reads(tmp_path):
+    sizes = iter([8, 12, 16, 20, 24])
+
+    class Growing(model_class(ptrain.lightning)):
+        def val_dataloader(self):
+            return DataLoader(Numbers(next(sizes)), batch_size=4)
+
+    model = Growing()
+    trainer = ptrain.lightning.Trainer(default_root_dir=tmp_path, max_epochs=3,
+                                       num_sanity_val_steps=0, logger=False,
+                                       enable_checkpointing=False,
+                                       reload_dataloaders_every_n_epochs=1, **QUIET)
+    trainer.fit(model)
+    per_epoch = [sum(1 for s in model.seen if s[0] == "val" and s[3] == 4 * (e + 1))
+                 for e in range(3)]
+    assert per_epoch == [2, 3, 4]  # each epoch's validation read the loader asked for then
+
+
+def test_check_val_every_n_epoch_none_counts_batches_across_epochs_as_lightning(tmp_path):
+    def run(pl):
+        model = model_class(pl)(n_train=12, batch_size=4)  # 3 batches per epoch
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=4,
+                             check_val_every_n_epoch=None, val_check_interval=5,
+                             limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                             enable_checkpointing=False, **QUIET)
+        trainer.fit(model)
+        return [seen[3] for seen in model.seen if seen[0] == "val"]
+
+    lightning, ours = both(run)
+    assert ours == lightning == [5, 10]
+    with pytest.raises(ptrain.ConfigError, match="whole number of batches"):
+        ptrain.lightning.Trainer(check_val_every_n_epoch=None, val_check_interval=0.5)
+
+
+def test_use_distributed_sampler_false_turns_the_strategys_sharding_off():
+    trainer = ptrain.lightning.Trainer(strategy="ddp", devices=2, use_distributed_sampler=False,
+                                       **QUIET)
+    assert trainer.plugins["ddp"].distributed_sampler is False
+    assert trainer.config["plugins"]["ddp"]["distributed_sampler"] is False
+    assert ptrain.lightning.Trainer(strategy="ddp", devices=2, **QUIET
+                                    ).plugins["ddp"].distributed_sampler is True
+
+
+def test_sync_batchnorm_takes_part_as_torch_sync_batch_norm():
+    from ptrain.lightning.plugins import TorchSyncBatchNorm
+
+    trainer = ptrain.lightning.Trainer(sync_batchnorm=True, **QUIET)
+    assert any(isinstance(p, TorchSyncBatchNorm) for p in trainer.plugins.values())
+    assert not any(isinstance(p, TorchSyncBatchNorm)
+                   for p in ptrain.lightning.Trainer(**QUIET).plugins.values())
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("enable_checkpointing", True), ("logger", True), ("enable_progress_bar", True),
+    ("enable_model_summary", True), ("num_sanity_val_steps", 1), ("fast_dev_run", 1),
+    ("detect_anomaly", True), ("profiler", "simple"),
+])
+def test_barebones_refuses_what_it_turns_off_as_lightning(argument, value):
+    import lightning.pytorch as lightning
+
+    with pytest.raises(ValueError):
+        lightning.Trainer(barebones=True, **{argument: value})
+    with pytest.raises(ptrain.ConfigError, match=f"barebones=True, {argument}="):
+        ptrain.lightning.Trainer(barebones=True, **{argument: value})
+
+
+def test_barebones_turns_off_checkpoints_loggers_and_displays():
+    trainer = ptrain.lightning.Trainer(barebones=True, accelerator="cpu")
+    assert trainer.barebones and not trainer.loggers and trainer.num_sanity_val_steps == 0
+    assert {"checkpoint", "progress-bar", "model-summary"}.isdisjoint(trainer.plugins)
+
+
+def test_arguments_not_passed_come_from_pl_trainer_variables(monkeypatch):
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_DEFAULT_ROOT_DIR", "/tmp/somewhere")  # not a literal: text
+    trainer = ptrain.lightning.Trainer(**QUIET)
+    assert trainer.max_steps == 7 and trainer.logger is None
+    assert trainer.default_root_dir == "/tmp/somewhere"
+    passed = ptrain.lightning.Trainer(max_steps=3, logger=None, **QUIET)
+    assert passed.max_steps == 3  # what is passed wins
+    assert ptrain.lightning.Trainer(**QUIET).max_steps == 7
+
+
+def test_devices_read_as_lightnings():
+    def run(pl):
+        return [(t.num_devices, t.device_ids, t.num_nodes) for t in (
+            pl.Trainer(accelerator="cpu", logger=False),
+            pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False),
+            pl.Trainer(accelerator="cpu", devices=3, strategy="ddp_spawn", logger=False))]
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
+def test_the_native_trainer_keeps_its_run_folder_attributes(tmp_path):
+    trainer = ptrain.Trainer(default_root_dir=str(tmp_path), max_epochs=1, accelerator="cpu",
+                             callbacks=["no:progress-bar", "no:model-summary"])
+    assert trainer.default_root_dir == trainer.run_root == str(tmp_path)
+    assert trainer.log_dir is None and trainer.max_epochs == 1
+    from conftest import TinyRegressor
+
+    trainer.fit(TinyRegressor())
+    assert trainer.log_dir == trainer.run_dir == Path(tmp_path) / "version_0"
+    assert (trainer.stage_call, trainer.status) == ("fit", "finished")
