@@ -111,6 +111,7 @@ import importlib
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import subprocess
@@ -743,6 +744,8 @@ class Run:
     log: Path
     wall: float = 0.0
     restarts: int = 0
+    #: only these tests of the file (node ids relative to the tests folder); None: all of them
+    nodeids: list[str] | None = None
 
 
 def run_file(root: Path, run: Run, timeout: float, refs: Path | None) -> Run:
@@ -763,7 +766,10 @@ def run_file(root: Path, run: Run, timeout: float, refs: Path | None) -> Run:
         if refs is not None:
             args.append(f"--peer-refs={refs}")
         args += [f"--deselect={nodeid}" for nodeid in sorted(done)]
-        args.append(str(root / "tests" / "tests_pytorch" / run.test))
+        if run.nodeids is None:
+            args.append(str(root / "tests" / "tests_pytorch" / run.test))
+        else:
+            args += [str(root / "tests" / nodeid) for nodeid in run.nodeids]
         with open(run.log.with_suffix(".out"), "a") as out:
             proc = subprocess.run(args, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
         records = read_log(run.log)
@@ -991,6 +997,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the Lightning run's outcomes from this results.json (same "
                              "ref and Lightning version) instead of running them again")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="run only N public-API tests that passed under Lightning in "
+                             "--baseline-json, drawn with --seed from the selected files (the "
+                             "suite's quick check; the full run is the measurement)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --sample's draw")
     parser.add_argument("--regroup", type=Path, metavar="RESULTS_JSON",
                         help="run no test: classify, recount and regroup the outcomes in this "
                              "results.json again (after a change to the rules) into --out")
@@ -1033,6 +1044,13 @@ def main(argv: list[str] | None = None) -> int:
                          f"with Lightning {baseline['meta']['lightning']}")
 
     static = classify_all(texts, tests)
+    sampled: dict[str, list[str]] | None = None  # file -> the node ids drawn from it
+    if args.sample is not None:
+        if baseline is None:
+            parser.error("--sample draws from the outcomes of --baseline-json: give one")
+        sampled = draw_sample(baseline, set(tests), args.sample, args.seed)
+        files = [(g, f) for g, f in files if f in sampled]
+        tests = [f for _, f in files]
 
     tmp = Path(tempfile.mkdtemp(prefix="lightning-peer-"))
     started = time.perf_counter()
@@ -1047,7 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "lightning" and baseline and test in baseline["files"]:
                     continue
                 log = tmp / "logs" / mode / (test.replace("/", "__") + ".jsonl")
-                runs.append((tmp / TREES[mode], Run(mode, test, log),
+                nodeids = sampled[test] if sampled is not None else None
+                runs.append((tmp / TREES[mode], Run(mode, test, log, nodeids=nodeids),
                              refs_path if mode == "ptrain" else None))
         print(f"{len(tests)} files, {len(static)} test functions; {len(runs)} pytest runs in "
               f"{tmp} ({args.jobs} at a time)", flush=True)
@@ -1058,7 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = future.result()
                 print(f"  {run.mode:<9} {run.test:<55} {run.wall:7.1f} s"
                       + (f" ({run.restarts} restarts)" if run.restarts else ""), flush=True)
-        results = collect_results(tmp, files, static, baseline)
+        only = None if sampled is None else {n for ids in sampled.values() for n in ids}
+        results = collect_results(tmp, files, static, baseline, only)
         wall = time.perf_counter() - started
         walls = Counter()
         for _, run, _ in runs:
@@ -1072,6 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
             "timeout_s": args.timeout, "jobs": args.jobs,
             "baseline_from": baseline_source(baseline) if baseline else None,
             "groups": {g: [f for gg, f in files if gg == g] for g, _ in files},
+            "sample": None if sampled is None else {"size": args.sample, "seed": args.seed},
         }
     finally:
         if not args.keep:
@@ -1126,8 +1147,22 @@ def baseline_source(baseline: dict) -> str:
             f"{meta['pytest_s'].get('lightning', 0):.0f} s of pytest)")
 
 
+def draw_sample(baseline: dict, files: set[str], size: int, seed: int) -> dict[str, list[str]]:
+    """``size`` public-API tests that passed under Lightning in ``baseline``, from ``files``,
+    drawn with ``seed`` (the same draw for the same baseline): file -> node ids."""
+    pool = sorted(t["nodeid"] for t in baseline["tests"]
+                  if t["file"] in files and t["api"] == "public"
+                  and t["lightning"]["outcome"] == "passed")
+    drawn: dict[str, list[str]] = {}
+    for nodeid in sorted(random.Random(seed).sample(pool, min(size, len(pool)))):
+        drawn.setdefault(nodeid.split("::", 1)[0].removeprefix("tests_pytorch/"),
+                         []).append(nodeid)
+    return drawn
+
+
 def collect_results(tmp: Path, files: list[tuple[str, str]], static: dict,
-                    baseline: dict | None) -> dict[str, Any]:
+                    baseline: dict | None, only: set[str] | None = None) -> dict[str, Any]:
+    """Every test's outcomes under both; ``only``: just these node ids (a sample)."""
     by_mode: dict[str, dict[str, dict]] = {}
     collect_errors: dict[str, list[dict]] = {}
     for mode in ("lightning", "ptrain"):
@@ -1141,6 +1176,8 @@ def collect_results(tmp: Path, files: list[tuple[str, str]], static: dict,
         by_mode[mode] = merged
     if baseline:
         for t in baseline["tests"]:
+            if only is not None and t["nodeid"] not in only:
+                continue
             if t["key"] not in by_mode["lightning"]:
                 by_mode["lightning"][t["key"]] = {"nodeid": t["nodeid"], **t["lightning"]}
     group_of = {f: g for g, f in files}
