@@ -147,6 +147,9 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     levels = [log.level for log in loggers]
     for log in loggers:
         log.setLevel(logging.CRITICAL)
+    # elastic_launch sets this in the launching process and leaves it: a stage call must not
+    # change the caller's environment (a test suite that checks for leaks sees it)
+    signals_variable = os.environ.get(_ELASTIC_SIGNALS)
     try:
         with tempfile.TemporaryDirectory(prefix="ptrain-workers-") as error_dir:
             try:
@@ -156,7 +159,14 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     finally:
         for log, level in zip(loggers, levels):
             log.setLevel(level)
+        if signals_variable is None:
+            os.environ.pop(_ELASTIC_SIGNALS, None)
+        else:
+            os.environ[_ELASTIC_SIGNALS] = signals_variable
     return results[min(results)] if results else None
+
+
+_ELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
 def _run_worker(payload: bytes, error_dir: str) -> Any:

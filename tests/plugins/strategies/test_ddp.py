@@ -323,14 +323,21 @@ def test_two_ranks_train_like_one_process_with_twice_the_batch(make_trainer, acc
 
 
 @pytest.mark.slow
-def test_metrics_are_reduced_and_each_epoch_reshuffles_the_shards(make_trainer, tmp_path):
+def test_metrics_are_reduced_and_each_epoch_reshuffles_the_shards(make_trainer, tmp_path,
+                                                                  monkeypatch):
     record_dir = tmp_path / "records"
     record_dir.mkdir()
     module = RankRecorder(str(record_dir), n=64, batch_size=8, shuffle=True, val_n=16)
     epochs = 2
     trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=epochs, seed=3,
                            callbacks=QUIET, plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
+    environment = dict(os.environ)
     trainer.fit(module)
+    # starting the workers left the caller's environment as it was (torch's launcher sets a
+    # variable in it)
+    assert {k: v for k, v in os.environ.items() if not k.endswith("GLOBAL_SEED")} == \
+        {k: v for k, v in environment.items() if not k.endswith("GLOBAL_SEED")}
 
     # every rank logged its own rank; what comes back is their mean, not rank 0's value
     mean_rank = sum(range(WORLD)) / WORLD
