@@ -78,7 +78,12 @@ class EarlyStopping(_EarlyStopping):
 
     @property
     def stopping_reason_message(self) -> str | None:
-        return self.reason
+        """Why it stopped, headed by the phrase Lightning's message starts with (programs
+        match on it); ``None`` before it stops."""
+        if self.reason is None:
+            return None
+        heading = _HEADINGS.get(self.reason_kind)
+        return f"{heading}: {self.reason}" if heading else self.reason
 
     @property
     def stopped_epoch(self) -> int:
@@ -89,3 +94,10 @@ class EarlyStopping(_EarlyStopping):
     @stopped_epoch.setter
     def stopped_epoch(self, value: int | None) -> None:
         self.__dict__["_stopped_epoch"] = value
+
+
+#: reason_kind -> the phrase Lightning's stopping_reason_message begins with
+_HEADINGS = {"stopping_threshold": "Stopping threshold reached",
+             "divergence_threshold": "Divergence threshold reached",
+             "non_finite": "Monitored metric is not finite",
+             "patience": "Monitored metric did not improve"}
