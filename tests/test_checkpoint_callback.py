@@ -120,11 +120,11 @@ def test_top_k_after_each_validation_when_validation_runs_within_the_epoch(make_
                      val_check_interval=0.5, num_sanity_val_steps=0)  # it would count a check
     assert snapshots.after_epoch == [["epoch=0-step=2-val_metric=2.ckpt"],
                                      ["epoch=1-step=4-val_metric=1.ckpt"]]
-    # last.ckpt follows each top-k file (as Lightning's save_last); an epoch end at the step of
-    # a write does not write it again
+    # last.ckpt follows each top-k file (as Lightning's save_last), and is written again at the
+    # epoch's end: that state resumes into the next epoch, with any number of processes
     assert [n for n, _ in snapshots.after_write] == [
         "epoch=0-step=1-val_metric=5.ckpt", "last.ckpt", "epoch=0-step=2-val_metric=2.ckpt",
-        "last.ckpt", "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt"]
+        "last.ckpt", "last.ckpt", "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt", "last.ckpt"]
 
 
 def test_a_nan_monitored_value_ranks_worst(make_trainer):
