@@ -629,8 +629,9 @@ class QuietRegressor(TinyRegressor):
         return nn.functional.mse_loss(self(x), y)
 
 
+# without a sanity check (as here) the training loader is asked for first, as in Lightning
 START = ["launch", "setup_device", "precision_policy", "wrap_model", "wrap_optimizer",
-         "prepare_dataloader:validate", "prepare_dataloader:train", "setup:fit"]
+         "prepare_dataloader:train", "prepare_dataloader:validate", "setup:fit"]
 
 
 def expected_fit(epochs: int, batches: int, clip: bool, publish_every_step: bool) -> list[str]:
