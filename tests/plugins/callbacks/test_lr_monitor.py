@@ -255,16 +255,7 @@ def _lightning_names(case: str) -> set[str]:
             self.automatic_optimization = not _opt_configs(([None], [None]))[case][1]
 
         def training_step(self, batch, batch_idx):
-            x, y = batch
-            loss = nn.functional.mse_loss(self.net(x) + self.extra(x), y)
-            if self.automatic_optimization:
-                return loss
-            optimizers = self.optimizers()
-            for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
-                optimizer.zero_grad()
-            self.manual_backward(loss)
-            for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
-                optimizer.step()
+            return _train(self, batch)
 
         def configure_optimizers(self):
             return _opt_configs((list(self.net.parameters()),
