@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ptrain import hookimpl
 from ptrain.catalog import Catalog, PluginInfo
@@ -41,6 +41,24 @@ class SlowDataRegressor(TinyRegressor):
 
     def val_dataloader(self):
         return None
+
+
+class WorkerSlowItems(SlowItems):
+    """Regression items fetched at once in the main process, and ``ms`` milliseconds each in a
+    loader worker: a candidate with workers runs far longer than the user's configuration."""
+
+    def __getitem__(self, index: int):
+        if get_worker_info() is not None:
+            time.sleep(self.ms / 1000)
+        return self.data[index]
+
+
+class SlowInWorkersRegressor(SlowDataRegressor):
+    """SlowDataRegressor whose items are slow only in loader workers (see WorkerSlowItems)."""
+
+    def __init__(self, ms: float = 500.0, n: int = 128, batch_size: int = 2):
+        super().__init__(ms=ms, n=n, batch_size=batch_size)
+        self.slow = WorkerSlowItems(n, ms)
 
 
 class SmallBatchRegressor(TinyRegressor):
@@ -100,4 +118,4 @@ def catalog_with(*names: str) -> Catalog:
 
 
 __all__ = ["FailingCompileOffer", "FailingRegressor", "NoOpOffer", "SlowDataRegressor",
-           "SmallBatchRegressor", "catalog_with"]
+           "SlowInWorkersRegressor", "SmallBatchRegressor", "WorkerSlowItems", "catalog_with"]

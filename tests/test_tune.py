@@ -5,6 +5,7 @@ caller's random state as it was. Bad input is a one-paragraph error with exit co
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -143,6 +144,26 @@ def test_the_command_writes_a_config_that_fit_trains_with(cli, tmp_path):
                   "--tune-output", str(other))
     assert refused.returncode == 2 and "was not written by ptrain tune" in refused.stderr
     assert other.read_text() == "[trainer]\n"
+
+
+def test_a_budget_the_candidates_trials_outlast_is_an_error_not_a_verdict(cli, tmp_path):
+    """Issue 34: the user's configuration fits the budget, every candidate's trial runs far past
+    it (its items are slow in loader workers). The tune ends with exit 2 and one paragraph
+    naming the budget, what is needed and the fix -- not "no candidate beat your
+    configuration", and no file written."""
+    out = tmp_path / "tuned.toml"
+    result = cli("tune", "--model", "tests._tune_models:SlowInWorkersRegressor", "--accelerator",
+                 "cpu", "--tune-only", "dataloading", "--tune-steps", "40", "--tune-warmup", "1",
+                 "--tune-budget", "15s", "--tune-output", str(out))
+    assert result.returncode == 2, (result.stdout, result.stderr[-3000:])
+    message = " ".join(result.stderr.split())
+    assert "--tune-budget 15s is too small: " in message, result.stderr
+    needed = int(re.search(r"needs? (?:about|at least) (\d+) s", message)[1])
+    given = int(re.search(r"Give --tune-budget (\d+)s or more", message)[1])
+    assert given >= needed > 15, message
+    assert "fewer candidates (--tune-only, --tune-skip)" in message, message
+    assert "Traceback" not in result.stderr and "No candidate" not in result.stdout
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("args, said", [

@@ -9,7 +9,7 @@ from typing import Any
 
 from ptrain.errors import ConfigError
 from ptrain.tuning.run import TuneOutcome
-from ptrain.tuning.search import Entry, loss_verdict, speed_verdict
+from ptrain.tuning.search import Decision, Entry
 
 #: the first line of every file ``ptrain tune`` writes; a file without it is not replaced
 MARK = "# written by ptrain tune"
@@ -17,31 +17,39 @@ MARK = "# written by ptrain tune"
 
 def rows(outcome: TuneOutcome) -> list[dict[str, Any]]:
     """The table's rows, fastest first: the baseline, every measured candidate and combination,
-    then those that failed or were not measured, each with the reason."""
+    then those that failed or were not measured, each with the reason. Every row reads its
+    entry's :class:`~ptrain.tuning.search.Decision` and judges nothing itself."""
     base = outcome.baseline
-    measured, others = [], []
-    for entry in [base, *outcome.entries, *outcome.combinations]:
+    rates = base.rates
+    measured: list[dict[str, Any]] = [{
+        "candidate": base.label, "samples_per_s": base.median,
+        "spread": (min(rates), max(rates)) if rates else None, "speedup": 1.0,
+        "peak_bytes": base.peak_bytes, "loss": "(reference)",
+        "verdict": f"{len(rates)} repeats", "warmup_s": base.warmup_s, "best": False,
+        "wins": False}]
+    others = []
+    for entry in [*outcome.entries, *outcome.combinations]:
+        decision = _decision(entry)
         row: dict[str, Any] = {"candidate": entry.label, "samples_per_s": None, "spread": None,
                                "speedup": None, "peak_bytes": entry.peak_bytes, "loss": "",
-                               "verdict": "", "warmup_s": entry.warmup_s,
-                               "best": entry is outcome.best}
-        if entry.skipped:
-            row["verdict"] = entry.skipped
+                               "verdict": decision.verdict, "warmup_s": entry.warmup_s,
+                               "best": entry is outcome.best, "wins": decision.wins}
+        if decision.unmeasured is not None:
             others.append(row)
-        elif entry.error:
-            row["verdict"] = f"failed: {entry.error}"
-            others.append(row)
-        elif entry.runs:
-            rates = entry.rates
-            row.update(samples_per_s=entry.median, spread=(min(rates), max(rates)),
-                       speedup=entry.median / base.median)
-            if entry is base:
-                row.update(loss="(reference)", verdict=f"{len(rates)} repeats")
-            else:
-                row.update(loss=loss_verdict(entry, base), verdict=speed_verdict(entry, base))
-            measured.append(row)
+            continue
+        rates = entry.rates
+        row.update(samples_per_s=decision.rate, spread=(min(rates), max(rates)),
+                   speedup=decision.speedup, loss=decision.loss)
+        measured.append(row)
     measured.sort(key=lambda r: r["samples_per_s"], reverse=True)
     return measured + others
+
+
+def _decision(entry: Entry) -> Decision:
+    if entry.decision is None:
+        raise ValueError(f"{entry.label!r} was never decided: build outcomes with "
+                         f"ptrain.tuning.run.conclude")
+    return entry.decision
 
 
 def noise(outcome: TuneOutcome) -> float:
@@ -51,22 +59,31 @@ def noise(outcome: TuneOutcome) -> float:
 
 
 def summary(outcome: TuneOutcome, output: Path) -> str:
-    """The one line saying what changed and the measured gain."""
+    """The one line saying what changed and the measured gain, from the decisions alone."""
     best = outcome.best
-    if best is None:
-        base = outcome.baseline
-        faster = [e for e in outcome.entries if e.measured and speed_verdict(e, base) == "faster"]
-        if faster:
-            rejected = "; ".join(f"{e.label} was {e.median / base.median:.2f}x as fast, but its "
-                                 f"loss: {loss_verdict(e, base)}" for e in faster)
-            return (f"No candidate was faster and trained the same: {rejected}. {output} is "
-                    f"your configuration as it is.")
-        return (f"No candidate beat your configuration beyond the noise (±{noise(outcome):.1%} "
-                f"between its repeats); {output} is your configuration as it is.")
-    gain = best.median / outcome.baseline.median
-    return (f"Fastest: {best.label}, {gain:.2f}x your configuration's samples/s "
-            f"({best.median:,.0f} vs {outcome.baseline.median:,.0f}); written to {output} "
-            f"(train with: ptrain fit --config {output}).")
+    if best is not None:
+        decision = _decision(best)
+        side = ("" if decision.against == outcome.baseline.label else
+                f" (faster than {decision.against} alone, the two measured side by side)")
+        return (f"Fastest: {best.label}{side}, {decision.speedup:.2f}x your configuration's "
+                f"samples/s ({decision.rate:,.0f} vs {decision.base_rate:,.0f}); written to "
+                f"{output} (train with: ptrain fit --config {output}).")
+    decisions = [(e, _decision(e)) for e in outcome.entries]
+    unmeasured = [e.label for e, d in decisions if d.budget]
+    later = (f" {len(unmeasured)} candidate(s) ran out of budget before two repeats and were "
+             f"not judged: {', '.join(unmeasured)} (see the note)." if unmeasured else "")
+    rejected = [(e, d) for e, d in decisions if d.unmeasured is None and d.speed == "faster"]
+    if rejected:
+        why = "; ".join(f"{e.label} was {d.speedup:.2f}x as fast, but its loss: {d.loss}"
+                        for e, d in rejected)
+        return (f"No candidate was faster and trained the same: {why}.{later} {output} is your "
+                f"configuration as it is.")
+    if not any(d.unmeasured is None for _, d in decisions):
+        return (f"No candidate could be measured (the table says why).{later} {output} is your "
+                f"configuration as it is.")
+    return (f"No measured candidate beat your configuration beyond the noise "
+            f"(±{noise(outcome):.1%} between its repeats).{later} {output} is your "
+            f"configuration as it is.")
 
 
 def table(outcome: TuneOutcome) -> Any:
@@ -111,11 +128,13 @@ def check_output(path: Path) -> None:
 def write_config(outcome: TuneOutcome, config_text: str, output: Path) -> None:
     """``output``: the mark, what the tune measured, then ``config_text`` (the winning
     configuration as ``ptrain fit --config`` reads it)."""
-    changed = outcome.best.label if outcome.best is not None else "nothing (no gain measured)"
+    best = outcome.best
+    changed = best.label if best is not None else "nothing (no gain measured)"
     header = [f"{MARK}: changed from your configuration: {changed}"]
-    if outcome.best is not None:
-        header.append(f"# measured: {outcome.best.median / outcome.baseline.median:.2f}x "
-                      f"samples/s over {outcome.rounds} interleaved repeats")
+    if best is not None:
+        header.append(f"# measured: {_decision(best).speedup:.2f}x your configuration's "
+                      f"samples/s, {_decision(best).verdict} in {len(best.rates)} interleaved "
+                      f"repeats")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text("\n".join(header) + "\n\n" + config_text, encoding="utf-8")

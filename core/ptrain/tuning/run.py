@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ptrain.errors import PluginError
 from ptrain.tuning.candidates import Candidate, RunConfig, changes_nothing, selected_settings
-from ptrain.tuning.search import Entry, Search, winners
+from ptrain.tuning.search import Entry, Search
 from ptrain.tuning.trial import Components, run_trial
 
 #: the strategies that run in one process (any other is tuned on one process, and said)
@@ -23,10 +23,12 @@ AUTO_MIN_STEPS, AUTO_MAX_STEPS, AUTO_MEASURED_S = 30, 2000, 1.0
 @dataclass
 class TuneOutcome:
     """What a tune found. ``entries``: every candidate (measured, failed, or skipped with the
-    reason); ``combinations``: the combinations tried; ``best``: the winning entry (``None``
-    when nothing beat the user's configuration beyond the noise); ``config``: the winning
-    run configuration (the user's own without a winner); ``notes``: what the table must say
-    besides (a seed chosen, a strategy tuned on one process, a plugin that failed to import)."""
+    reason); ``combinations``: the combinations tried; every one of them carries its
+    :class:`~ptrain.tuning.search.Decision`, which the table, the summary and the written file
+    all read. ``best``: the winning entry (``None`` when nothing beat the user's
+    configuration beyond the noise); ``config``: the winning run configuration (the user's own
+    without a winner); ``notes``: what the table must say besides (a seed chosen, a strategy
+    tuned on one process, a plugin that failed to import)."""
 
     baseline: Entry
     entries: list[Entry]
@@ -109,7 +111,6 @@ def tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: flo
             elif changes_nothing(measured_base, candidate):
                 entry.skipped = "already your configuration"
             entries.append(entry)
-        runnable = [e for e in entries if e.skipped is None]
 
         measured_steps = steps or AUTO_MIN_STEPS
 
@@ -127,11 +128,25 @@ def tune(base: RunConfig, components: Components, *, catalog: Any, budget_s: flo
             notes.append(f"each trial measured {measured_steps} optimizer steps after {warmup} of "
                          f"warm-up (about {AUTO_MEASURED_S:g} s of your configuration's training; "
                          f"--tune-steps sets the number).")
-        search.check_budget(len(runnable))
-        rounds = search.measure(runnable, search.rounds_that_fit(len(runnable)))
-        best = search.combine(winners(runnable, search.baseline))
-        config = base.with_candidates(best.candidates) if best is not None else base
-        return TuneOutcome(search.baseline, entries, search.tried, best, config, rounds, notes)
+        return conclude(search, entries, base, notes)
 
 
-__all__ = ["TuneOutcome", "offered_candidates", "one_process", "tune"]
+def conclude(search: Search, entries: list[Entry], base: RunConfig,
+             notes: list[str]) -> TuneOutcome:
+    """Measure ``entries`` (those not skipped) after ``search.start()``, decide each once,
+    combine the winners, and return the outcome; a budget too small to measure any candidate
+    twice is a :class:`ptrain.ConfigError` that says how much is needed."""
+    runnable = [e for e in entries if e.skipped is None]
+    search.check_budget(len(runnable))
+    rounds = search.measure(runnable, search.rounds_that_fit(len(runnable)))
+    search.check_measured(runnable)
+    found = search.judge(entries)
+    note = search.budget_note(runnable)
+    if note:
+        notes.append(note)
+    best = search.combine(found)
+    config = base.with_candidates(best.candidates) if best is not None else base
+    return TuneOutcome(search.baseline, entries, search.tried, best, config, rounds, notes)
+
+
+__all__ = ["TuneOutcome", "conclude", "offered_candidates", "one_process", "tune"]

@@ -1,10 +1,16 @@
-"""How ``ptrain tune`` measures: candidates interleaved with the baseline, so that the machine's
-noise is measured rather than guessed, then the winners combined greedily and measured again.
+"""How ``ptrain tune`` measures and decides: candidates interleaved with the baseline, so that
+the machine's noise is measured rather than guessed, then the winners combined greedily and
+measured again.
 
 A round runs the baseline, then every entry once, in an order that rotates from round to round
 (a slow moment of the machine falls on different entries). An entry is **faster** only when
 its slowest repeat beat the baseline's fastest and its median is at least 3% above; **slower**
-likewise the other way; anything else is a gain within the noise, reported as none.
+likewise the other way; anything else is a gain within the noise, reported as none. (Ranges
+that do not overlap are the extreme of a rank test: with 3 repeats each, two configurations of
+equal speed part that way by chance 1 time in 20.)
+
+Every entry gets one :class:`Decision`, made once from the repeats it was measured with; the
+table, the summary line and the written configuration all read it and nothing else.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ MIN_GAIN = 0.03
 Trial = Callable[[RunConfig, "float | None"], Measurement]
 #: how far past the budget a trial may run before it is stopped, as a share of the budget
 OVERRUN = 0.1
+#: the fewest completed repeats an entry is judged on (one can't measure the noise)
+MIN_REPEATS = 2
 
 
 @dataclass
@@ -51,6 +59,8 @@ class Entry:
     candidates: tuple[Candidate, ...] = ()
     runs: list[Measurement] = field(default_factory=list)
     skipped: str | None = None  # why it was not measured (unavailable, no budget left)
+    longest_s: float = 0.0  # its longest trial, wall time (a stopped one included)
+    decision: Decision | None = None  # set once, by decide()
 
     @property
     def numerics(self) -> str:
@@ -58,10 +68,17 @@ class Entry:
 
     @property
     def error(self) -> str | None:
-        return next((m.error for m in self.runs if m.error), None)
+        """Why it failed (a failure of its own, not the budget running out), or ``None``."""
+        return next((m.error for m in self.runs if m.error and not m.stopped), None)
+
+    @property
+    def stopped(self) -> int:
+        """How many of its trials the budget stopped."""
+        return sum(m.stopped for m in self.runs)
 
     @property
     def rates(self) -> list[float]:
+        """The samples/s of its completed repeats."""
         return [m.samples_per_s for m in self.runs if not m.error]
 
     @property
@@ -81,7 +98,74 @@ class Entry:
 
     @property
     def measured(self) -> bool:
-        return bool(self.runs) and self.error is None
+        """Whether it can be judged: enough completed repeats and no failure."""
+        return len(self.rates) >= MIN_REPEATS and self.error is None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the tune concluded about one entry, made once (:func:`decide`).
+
+    ``unmeasured``: why it was not judged (skipped, failed, the budget ran out), else ``None``
+    and then: ``speed`` (``faster``, ``slower``, ``no gain``) against ``against`` (the user's
+    configuration, or for a combination the best entry so far, measured in the same rounds),
+    ``loss`` its loss verdict, ``rate`` its median samples/s and ``base_rate`` the user's
+    configuration's median in the rounds it was measured in. ``wins``: faster and trains
+    acceptably -- the only entries the tune may choose. ``budget``: the budget stopped it."""
+
+    unmeasured: str | None = None
+    speed: str = ""
+    against: str = "your configuration"
+    loss: str = ""
+    rate: float | None = None
+    base_rate: float | None = None
+    budget: bool = False
+
+    @property
+    def wins(self) -> bool:
+        return self.unmeasured is None and self.speed == "faster" and acceptable(self.loss)
+
+    @property
+    def speedup(self) -> float | None:
+        """Its samples/s over the user's configuration's, in the same rounds."""
+        return None if self.rate is None or not self.base_rate else self.rate / self.base_rate
+
+    @property
+    def verdict(self) -> str:
+        """The table's verdict: the reason it was not judged, or its speed against
+        ``against``."""
+        if self.unmeasured is not None:
+            return self.unmeasured
+        if self.against == "your configuration":
+            return self.speed
+        word = {"faster": "faster than", "slower": "slower than"}.get(self.speed, "no gain over")
+        return f"{word} {self.against}"
+
+
+def decide(entry: Entry, against: Entry, baseline: Entry, base_now: Entry | None = None
+           ) -> Decision:
+    """Judge ``entry`` once and keep the decision on it: its speed against ``against`` (the
+    user's configuration or the best entry so far), its loss against ``baseline`` (the user's
+    configuration's first rounds), its speed-up over ``base_now`` (the user's configuration
+    in the same rounds; ``against`` when omitted)."""
+    if entry.decision is not None:
+        raise RuntimeError(f"{entry.label!r} was decided already")
+    base_now = base_now or against
+    if entry.skipped:
+        decision = Decision(unmeasured=entry.skipped)
+    elif entry.error:
+        decision = Decision(unmeasured=f"failed: {entry.error}")
+    elif not entry.measured:
+        done = len(entry.rates)
+        decision = Decision(unmeasured=f"not measured: the budget ran out during its trials "
+                                       f"({done} of the {MIN_REPEATS} repeats it needs done)",
+                            budget=True)
+    else:
+        decision = Decision(speed=speed_verdict(entry, against), against=against.label,
+                            loss=loss_verdict(entry, baseline), rate=entry.median,
+                            base_rate=base_now.median)
+    entry.decision = decision
+    return decision
 
 
 def speed_verdict(entry: Entry, baseline: Entry) -> str:
@@ -159,11 +243,10 @@ def _share_of_fall(run: Measurement, base: Measurement) -> float | None:
     return (start - ours) / fall
 
 
-def winners(entries: list[Entry], baseline: Entry) -> list[Entry]:
-    """The entries faster than the baseline beyond the noise whose loss is acceptable, the
+def winners(entries: list[Entry]) -> list[Entry]:
+    """The entries whose decision wins (faster beyond the noise, and an acceptable loss), the
     fastest first."""
-    return sorted((e for e in entries if e.measured and speed_verdict(e, baseline) == "faster"
-                   and acceptable(loss_verdict(e, baseline))),
+    return sorted((e for e in entries if e.decision is not None and e.decision.wins),
                   key=lambda e: e.median, reverse=True)
 
 
@@ -215,19 +298,28 @@ class Search:
     def __init__(self, base: RunConfig, trial: Trial, budget_s: float, repeats: int,
                  progress: Callable[[str], Any] = lambda text: None):
         self.base, self.trial, self.repeats, self.progress = base, trial, repeats, progress
-        self.deadline = time.monotonic() + budget_s
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
         self.budget_s = budget_s
         self.baseline = Entry("your configuration")
         self.trial_s = 0.0  # the longest trial seen
         self.last_round_s = 0.0
+        self.rounds_started: float | None = None  # when the first measured round began
         self.tried: list[Entry] = []  # the combinations tried (see combine)
 
     def _run(self, entry: Entry) -> None:
         self.progress(entry.label)
         start = time.monotonic()
-        deadline = None if entry is self.baseline else self.deadline + OVERRUN * self.budget_s
+        # the user's configuration always runs to the end: every candidate is judged on it
+        deadline = None if not entry.candidates else self.deadline + OVERRUN * self.budget_s
+        if deadline is not None and start > deadline:  # it would be stopped at its first step
+            entry.runs.append(Measurement(error="stopped: the tune's budget had run out before "
+                                                "this trial", stopped=True))
+            return
         entry.runs.append(self.trial(self.base.with_candidates(entry.candidates), deadline))
-        self.trial_s = max(self.trial_s, time.monotonic() - start)
+        took = time.monotonic() - start
+        entry.longest_s = max(entry.longest_s, took)
+        self.trial_s = max(self.trial_s, took)
 
     def start(self) -> Measurement:
         """The baseline's first trial, not counted (the process's first training pays what
@@ -235,6 +327,7 @@ class Search:
         fails is the user's error to fix. Returns its measurement."""
         self._run(self.baseline)
         failed = self.baseline.runs.pop()
+        self.baseline.longest_s = 0.0  # the counted trials say how long one takes
         if isinstance(failed.exception, PtrainError):  # a usage error: as `fit` would say it
             raise failed.exception
         if failed.error:
@@ -247,41 +340,97 @@ class Search:
         """How many rounds of ``entries`` and the baseline the budget left allows (at most
         ``repeats``)."""
         left = self.deadline - time.monotonic()
-        return min(self.repeats, int(left // (self.trial_s * (entries + 1))))
+        return min(self.repeats, int(left // (max(self.trial_s, 1e-6) * (entries + 1))))
 
     def check_budget(self, entries: int) -> None:
-        """A budget too small for two rounds (noise can't be measured from one) is an error."""
-        if self.rounds_that_fit(entries) < 2:
-            spent = self.budget_s - (self.deadline - time.monotonic())
-            needed = spent + 2 * self.trial_s * (entries + 1)
-            raise ConfigError(
-                f"--tune-budget {self.budget_s:g}s is too small: one trial of your model takes "
-                f"{self.trial_s:.1f} s, and measuring {entries} candidate(s) against your "
-                f"configuration twice (the least that measures the noise) needs about "
-                f"{math.ceil(needed)} s. Give --tune-budget {math.ceil(needed * 1.2)}s or more, "
-                f"or fewer candidates (--tune-only, --tune-skip), or fewer steps (--tune-steps).")
+        """A budget too small for two rounds (noise can't be measured from one) is an error;
+        before any round, every trial is assumed to take as long as the baseline's first."""
+        if self.rounds_that_fit(entries) < MIN_REPEATS:
+            spent = time.monotonic() - self.started
+            needed = spent + MIN_REPEATS * self.trial_s * (entries + 1)
+            raise self._too_small(
+                f"one trial of your model takes {self.trial_s:.1f} s, and measuring {entries} "
+                f"candidate(s) against your configuration twice",
+                f"needs about {math.ceil(needed)} s", needed)
 
-    def measure(self, entries: list[Entry], rounds: int) -> int:
-        """Up to ``rounds`` rounds of the baseline and ``entries``, interleaved. Rounds after
-        the second stop when the time left is less than the last round took (some candidates
-        take longer than the baseline, compile among them). Returns the rounds run."""
+    def check_measured(self, entries: list[Entry]) -> None:
+        """After the rounds: when the budget ran out before any of ``entries`` (the candidates
+        that could run) was measured twice, the tune has nothing to conclude, and that is the
+        same error as :meth:`check_budget`'s, now from the trials' real times."""
+        if not entries or any(e.measured for e in entries):
+            return
+        cut = [e for e in entries if e.error is None]
+        if not cut:
+            return  # every candidate failed on its own: the table says why
+        slowest = max(cut, key=lambda e: e.longest_s)
+        needed, stopped = self.needed(cut)
+        slowest_s = f"{'more than ' if slowest.stopped else ''}{slowest.longest_s:.1f} s"
+        raise self._too_small(
+            f"it ran out before any candidate was measured twice. One trial of your "
+            f"configuration takes {self.baseline.longest_s:.1f} s and one of {slowest.label!r} "
+            f"{slowest_s}; two interleaved rounds of your configuration and its {len(cut)} "
+            f"candidate(s)", f"need {'at least' if stopped else 'about'} {math.ceil(needed)} s",
+            needed)
+
+    def needed(self, entries: list[Entry]) -> tuple[float, bool]:
+        """The budget that measures ``entries`` twice, from their longest trials so far, and
+        whether that is only a lower bound (a trial the budget stopped took longer)."""
+        before = (self.rounds_started or self.started) - self.started
+        round_s = self.baseline.longest_s + sum(e.longest_s for e in entries)
+        return before + MIN_REPEATS * round_s, any(e.stopped for e in entries)
+
+    def budget_note(self, entries: list[Entry]) -> str | None:
+        """What to say when the budget ran out before some of ``entries`` (decided) were
+        measured twice while others were: which, and the budget that measures them."""
+        cut = [e for e in entries if e.decision is not None and e.decision.budget]
+        if not cut:
+            return None
+        needed, stopped = self.needed([e for e in entries if e.error is None and not e.skipped])
+        return (f"the budget ran out before {', '.join(e.label for e in cut)} had two repeats, "
+                f"so they were not judged; measuring every candidate twice needs "
+                f"{'at least' if stopped else 'about'} {math.ceil(needed)} s: give --tune-budget "
+                f"{_seconds(math.ceil(needed * 1.2))} or more, or --tune-only to tune fewer.")
+
+    def _too_small(self, what: str, need: str, needed: float) -> ConfigError:
+        give = math.ceil(needed * 1.2)
+        return ConfigError(
+            f"--tune-budget {self.budget_s:g}s is too small: {what} (the least that measures "
+            f"the noise) {need}. Give --tune-budget {_seconds(give)} or more, or fewer "
+            f"candidates (--tune-only, --tune-skip), or fewer steps (--tune-steps).")
+
+    def measure(self, entries: list[Entry], rounds: int, baseline: Entry | None = None) -> int:
+        """Up to ``rounds`` rounds of ``baseline`` (the user's configuration; by default
+        ``self.baseline``) and ``entries``, interleaved. A round after the first is not started
+        when the time left is less than the last round took (some candidates take longer than
+        the baseline, compile among them). An entry that failed, or that the budget stopped,
+        is not tried again. Returns the rounds run."""
+        baseline = baseline or self.baseline
+        if self.rounds_started is None:
+            self.rounds_started = time.monotonic()
         for index in range(rounds):
             started = time.monotonic()
-            if index >= 2 and self.deadline - started < self.last_round_s:
+            if index >= 1 and self.deadline - started < self.last_round_s:
                 return index
-            self._run(self.baseline)
+            self._run(baseline)
             shift = index % max(1, len(entries))
             for entry in entries[shift:] + entries[:shift]:
-                if entry.error is None:  # a failure is not tried again
+                if entry.error is None and not entry.stopped:
                     self._run(entry)
             self.last_round_s = time.monotonic() - started
         return rounds
 
+    def judge(self, entries: list[Entry]) -> list[Entry]:
+        """Decide every entry against the baseline's rounds; returns the winners, fastest
+        first."""
+        for entry in entries:
+            decide(entry, self.baseline, self.baseline)
+        return winners(entries)
+
     def combine(self, winners: list[Entry]) -> Entry | None:
-        """Greedily from the fastest winner: add the next winner of another setting, keep the
-        combination when it is faster than the best so far beyond the noise (and trains
-        acceptably). The best entry, or ``None`` without winners; entries that could not be
-        measured within the budget are left in ``self.tried`` with ``skipped`` set."""
+        """Greedily from the fastest winner: add the next winner of another setting, and keep
+        the combination when its decision wins: faster than the best so far beyond the noise
+        (the two measured in the same rounds) and an acceptable loss. The best entry, or
+        ``None`` without winners; every combination tried is in ``self.tried``, decided."""
         if not winners:
             return None
         best = winners[0]
@@ -292,15 +441,25 @@ class Search:
                           (*best.candidates, *winner.candidates))
             self.tried.append(combo)
             rounds = self.rounds_that_fit(2)
-            if rounds < 2:
+            if rounds < MIN_REPEATS:
                 combo.skipped = "not measured: the budget was spent"
+                decide(combo, self.baseline, self.baseline)
                 continue
             best_again = Entry(best.label, best.candidates)
-            self.measure([best_again, combo], rounds)
-            if combo.measured and speed_verdict(combo, best_again) == "faster" and \
-                    acceptable(loss_verdict(combo, self.baseline)):
+            base_again = Entry(self.baseline.label)
+            self.measure([best_again, combo], rounds, base_again)
+            if not best_again.measured:
+                combo.skipped = (f"not measured: the budget ran out while measuring "
+                                 f"{best.label} again beside it")
+            if decide(combo, best_again, self.baseline, base_again).wins:
                 best = combo
         return best
 
 
-__all__ = ["Entry", "Search", "acceptable", "loss_verdict", "speed_verdict", "winners"]
+def _seconds(seconds: int) -> str:
+    """``95s``, or whole minutes from 5 minutes on (``7m``)."""
+    return f"{math.ceil(seconds / 60)}m" if seconds >= 300 else f"{seconds}s"
+
+
+__all__ = ["Decision", "Entry", "MIN_REPEATS", "Search", "acceptable", "decide", "loss_verdict",
+           "speed_verdict", "winners"]

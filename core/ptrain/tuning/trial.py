@@ -48,7 +48,8 @@ class Measurement:
     ``peak_bytes``: the accelerator's peak allocated memory during the trial, or the process's
     peak resident memory on the CPU (``None`` where neither can be read); ``memory_kind``
     says which. ``error``: why the trial failed, in one line (then nothing else holds), and
-    ``exception`` the error itself."""
+    ``exception`` the error itself; ``stopped``: the failure was the tune's budget running out
+    (:class:`TrialStopped`), not the configuration's."""
 
     samples_per_s: float = 0.0
     measured_s: float = 0.0
@@ -59,6 +60,7 @@ class Measurement:
     memory_kind: str = ""
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    stopped: bool = False
 
 
 class TrialStopped(Exception):
@@ -161,7 +163,19 @@ def run_trial(config: RunConfig, components: Components, *, seed: int, warmup: i
             return _measured(probe, warmup, steps)
     except Exception as exc:  # the trial's failure is a row of the table
         text = " ".join(str(exc).split())
-        return Measurement(error=f"{type(exc).__name__}: {text}"[:400], exception=exc)
+        return Measurement(error=f"{type(exc).__name__}: {text}"[:400], exception=exc,
+                           stopped=_stopped(exc))
+
+
+def _stopped(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was raised from, the probe's :class:`TrialStopped`."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, TrialStopped):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _measured(probe: TuneProbe, warmup: int, steps: int) -> Measurement:
