@@ -39,6 +39,7 @@ BUILTINS = [
     ("callback", "checkpoint"),
     ("callback", "tensorboard"),
     ("callback", "progress-bar"),
+    ("callback", "results"),
     ("callback", "dataloading"),
     ("callback", "model-summary"),
 ]

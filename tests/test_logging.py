@@ -212,12 +212,20 @@ def test_plain_progress_lines_without_a_terminal(cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_no_progress_bar_prints_neither(cli, tmp_path):
+def test_no_progress_bar_hides_the_bar_not_the_results(cli, tmp_path):
     result = cli(*_fit_args(tmp_path / "runs", "--no-progress-bar"))
     assert result.returncode == 0, result.stderr
     assert "Epoch" not in result.stdout
-    assert "Training finished" not in result.stdout
-    assert (tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    final = result.stdout.strip().splitlines()[-1]
+    assert final.startswith("Training finished: 2 epoch(s), 8 steps in "), result.stdout
+    assert _metrics(final)["val_loss"] == pytest.approx(_final_val_loss(tmp_path / "runs"),
+                                                        rel=1e-3)
+    # -p no:results silences what is left
+    quiet = cli(*_fit_args(tmp_path / "quiet", "--no-progress-bar", "-p", "no:results",
+                           "-p", "no:model-summary"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.strip() == "", quiet.stdout
+    assert (tmp_path / "quiet" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.slow

@@ -40,8 +40,8 @@ from ptrain.options import (
 TABLES = ("trainer", "model", "data", "plugins")
 TOP_LEVEL_KEYS = ("ckpt_path",)  # a scalar before the tables: where to resume from
 #: The callbacks every run has unless blocked with ``no:NAME``.
-DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar", "dataloading", "model-summary",
-                     "stop-signals")
+DEFAULT_CALLBACKS = ("checkpoint", "tensorboard", "progress-bar", "results", "dataloading",
+                     "model-summary", "stop-signals")
 
 
 #: Lightning's other spellings of plugin names -> ptrain's (``Trainer(precision=16)``).

@@ -122,10 +122,18 @@ class LoopDefaults:
         from ptrain.trainer import LAST_CHECKPOINT, run_folders
 
         root = Path(trainer.run_root)
+        newer = []  # run folders without one, newer than the run resumed
         for run in run_folders(root):
             candidate = run / LAST_CHECKPOINT
             if candidate.exists():  # a file, or a folder of shards
+                if newer and trainer.is_global_zero:
+                    names = ", ".join(str(r) for r in newer)
+                    print(f"ptrain: warning: ckpt_path='last': the newer run folder(s) {names} "
+                          f"hold no {LAST_CHECKPOINT}, so 'last' is {candidate}, of an "
+                          f"older run. Give a checkpoint's path to choose another.",
+                          file=sys.stderr, flush=True)
                 return str(candidate)
+            newer.append(run)
         raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
                               f"under {str(root)!r} (the checkpoint callback writes it unless its "
                               f"save_last is off); give a checkpoint's path, or start without "

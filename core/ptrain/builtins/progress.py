@@ -3,8 +3,8 @@
 Shows the epoch (or the validate/test/predict pass), batches done, it/s and the metrics logged
 with ``prog_bar=True`` (running means for those the stage under way averages). It turns metrics
 into numbers (a host sync) only when it redraws, at most every ``refresh_rate`` seconds on a
-terminal. At the end of each stage it prints one summary line with the final metrics.
-Turn it off with ``--no-progress-bar`` (the same as ``-p no:progress-bar``).
+terminal. What a stage ended with is printed by the ``results`` callback, with or without the
+bar. Turn the bar off with ``--no-progress-bar`` (the same as ``-p no:progress-bar``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,11 @@ from __future__ import annotations
 import sys
 import time
 
+from ptrain.builtins.results import format_metrics as _format
 from ptrain.hookspecs import hookimpl
 
 PLAIN_INTERVAL_S = 30.0  # without a terminal, a mid-epoch line at most this often
-_FINISHED = {"validate": "Validation", "test": "Test"}
 _ACTIVE = {"validate": "Validating", "test": "Testing", "predict": "Predicting"}
-
-
-def _format(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{name}={value:.4g}" for name, value in sorted(metrics.items()))
 
 
 class ProgressBar:
@@ -155,17 +151,3 @@ class ProgressBar:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        if trainer.exception is None:
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-            seconds = time.monotonic() - self.fit_start
-            # the epochs begun (the last may have stopped early), resumed ones included
-            state = trainer.loop_state
-            epochs = state.get("epoch", 0) + (1 if state.get("batch", 0) else 0)
-            if stage == "fit":
-                what = (f"Training finished: {epochs} epoch(s), {trainer.global_step} steps in "
-                        f"{seconds:.1f} s.")
-            elif stage == "predict":
-                what = f"Prediction finished in {seconds:.1f} s."
-            else:
-                what = f"{_FINISHED[stage]} finished in {seconds:.1f} s."
-            print(f"{what} {_format(metrics)}".rstrip(), flush=True)

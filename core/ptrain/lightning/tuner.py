@@ -150,14 +150,15 @@ class Tuner:
         try:
             given = dict(self._trainer._init_kwargs)
             if isinstance(self._trainer, pl.Trainer):
-                given.update(callbacks=[finder], logger=False, enable_checkpointing=False,
+                given.update(callbacks=[finder, "no:results"], logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, default_root_dir=str(scratch),
                              profiler=None, fast_dev_run=False)
                 search = pl.Trainer(**given)
             elif isinstance(self._trainer, NativeTrainer):
                 given.update(callbacks=[finder, "no:checkpoint", "no:tensorboard",
-                                        "no:progress-bar", "no:model-summary"],
+                                        "no:progress-bar", "no:results",
+                                        "no:model-summary"],
                              num_sanity_val_steps=0, default_root_dir=str(scratch))
                 search = NativeTrainer(**given)
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import collections.abc
+import contextlib
 import functools
 import inspect
 import math
@@ -12,7 +13,7 @@ import os
 import signal
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -159,7 +160,8 @@ class Trainer(_Trainer):
         model, dataloaders, datamodule = self._stage_arguments("validate", model, dataloaders,
                                                                datamodule)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
-        return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
+        with self._results_shown(verbose):
+            return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: Any = None,
@@ -167,7 +169,8 @@ class Trainer(_Trainer):
         model, dataloaders, datamodule = self._stage_arguments("test", model, dataloaders,
                                                                datamodule)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
-        return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
+        with self._results_shown(verbose):
+            return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
@@ -178,6 +181,21 @@ class Trainer(_Trainer):
         return super().predict(model, datamodule, ckpt_path,
                                return_predictions=return_predictions is not False,
                                dataloaders=dataloaders)
+
+    @contextlib.contextmanager
+    def _results_shown(self, verbose: bool) -> Iterator[None]:
+        """``verbose=False``: the ``results`` callback prints nothing for this stage (it prints
+        in the process that runs the stage, so under the ``spawn`` launcher, whose workers build
+        their own callbacks, the results still print)."""
+        results = self.plugins.get("results")
+        if verbose or results is None:
+            yield
+            return
+        results.verbose = False
+        try:
+            yield
+        finally:
+            results.verbose = True
 
     def _checkpoint_argument(self, ckpt_path: Any, weights_only: bool | None) -> str | None:
         """Lightning's meanings: ``ckpt_path="last"`` with no last checkpoint to find starts
