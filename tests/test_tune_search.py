@@ -213,3 +213,22 @@ def test_a_budget_no_candidate_fits_is_an_error_that_says_how_much_is_needed():
     assert given >= needed > 2, message  # two rounds of trials that each outlast the budget
     # the second candidate was not even started past the deadline
     assert [m.stopped for m in entries[1].runs] == [True], entries[1].runs
+
+
+def test_a_repeat_the_budget_stopped_leaves_the_loss_judged_on_the_others():
+    from ptrain.tuning.search import decide, loss_verdict
+
+    def completed(losses):
+        return Measurement(samples_per_s=120.0, measured_s=1.0, losses=list(losses),
+                           trained=[4 * i for i in range(len(losses))])
+
+    stopped = Measurement(error="TrialStopped: stopped", stopped=True)
+    baseline = Entry("your configuration", (), [completed(LOSSES), completed(LOSSES)])
+    changed = Candidate("c", "z", plugin_options={"fake": {"c": True}}, numerics="changed")
+    entry = Entry("c", (changed,), [completed(LESS_PROGRESS), stopped, completed(LESS_PROGRESS)])
+    # a stopped repeat has no losses: it is not a divergence, nor a failure of the candidate
+    assert loss_verdict(entry, baseline) == "less progress (50% of your loss's fall)"
+    assert entry.error is None and entry.stopped == 1 and entry.measured
+    alone = Entry("c", (changed,), [completed(LESS_PROGRESS), stopped])
+    assert decide(alone, baseline, baseline).unmeasured.startswith(
+        "not measured: the budget ran out during its trials (1 of the 2 repeats")

@@ -77,9 +77,14 @@ class Entry:
         return sum(m.stopped for m in self.runs)
 
     @property
+    def completed(self) -> list[Measurement]:
+        """Its repeats that ran to the end (neither failed nor stopped by the budget)."""
+        return [m for m in self.runs if not m.error]
+
+    @property
     def rates(self) -> list[float]:
         """The samples/s of its completed repeats."""
-        return [m.samples_per_s for m in self.runs if not m.error]
+        return [m.samples_per_s for m in self.completed]
 
     @property
     def median(self) -> float:
@@ -195,25 +200,26 @@ def loss_verdict(entry: Entry, baseline: Entry) -> str:
     One that may change them: ``within tolerance`` (at least 1 - :data:`LOSS_TOLERANCE` of the
     fall), ``less progress (...)``, ``diverged``, or ``not comparable`` when its first batch
     holds more samples than the baseline's measured steps together (it can't win then)."""
-    base = baseline.runs[0]
+    base = baseline.completed[0]
     if entry.numerics == "same":
-        worst = max(_relative_difference(run.losses, base.losses) for run in entry.runs)
+        worst = max(_relative_difference(run.losses, base.losses) for run in entry.completed)
         # the baseline's own repeats may differ (a nondeterministic kernel): that much is noise
-        own = max((_relative_difference(run.losses, base.losses) for run in baseline.runs),
+        own = max((_relative_difference(run.losses, base.losses) for run in baseline.completed),
                   default=0.0)
         if worst <= max(SAME_RTOL, 2 * own):
             return "same"
-        first = max(_relative_difference(run.losses[:1], base.losses[:1]) for run in entry.runs)
+        first = max(_relative_difference(run.losses[:1], base.losses[:1])
+                    for run in entry.completed)
         if first > FIRST_RTOL:
             return f"differs (its first loss, with the same weights, by {first:.2%})"
-        shares = [_share_of_fall(run, base) for run in entry.runs]
+        shares = [_share_of_fall(run, base) for run in entry.completed]
         drift = max(math.inf if f is None or math.isnan(f) else abs(f - 1) for f in shares)
         if drift <= DRIFT_TOLERANCE:
             return f"same (drift {drift:.1%} of the loss's fall)"
         return f"differs (by {drift:.0%} of the loss's fall)"
-    if any(_diverged(run) for run in entry.runs):
+    if any(_diverged(run) for run in entry.completed):
         return "diverged"
-    shares = [_share_of_fall(run, base) for run in entry.runs]
+    shares = [_share_of_fall(run, base) for run in entry.completed]
     if any(share is None for share in shares):
         return ("not comparable: its first batch holds more samples than your measured steps "
                 "together; raise --tune-steps")
@@ -377,7 +383,10 @@ class Search:
         whether that is only a lower bound (a trial the budget stopped took longer)."""
         before = (self.rounds_started or self.started) - self.started
         round_s = self.baseline.longest_s + sum(e.longest_s for e in entries)
-        return before + MIN_REPEATS * round_s, any(e.stopped for e in entries)
+        stopped = any(e.stopped for e in entries)
+        if stopped:  # the tune has run past the budget already, and is not done
+            return max(before + MIN_REPEATS * round_s, time.monotonic() - self.started), True
+        return before + MIN_REPEATS * round_s, False
 
     def budget_note(self, entries: list[Entry]) -> str | None:
         """What to say when the budget ran out before some of ``entries`` (decided) were
@@ -386,9 +395,10 @@ class Search:
         if not cut:
             return None
         needed, stopped = self.needed([e for e in entries if e.error is None and not e.skipped])
-        return (f"the budget ran out before {', '.join(e.label for e in cut)} had two repeats, "
-                f"so they were not judged; measuring every candidate twice needs "
-                f"{'at least' if stopped else 'about'} {math.ceil(needed)} s: give --tune-budget "
+        return (f"the budget ran out before these candidates had two repeats, so they were "
+                f"not judged: {', '.join(e.label for e in cut)}. Measuring every candidate "
+                f"twice needs {'at least' if stopped else 'about'} {math.ceil(needed)} s: give "
+                f"--tune-budget "
                 f"{_seconds(math.ceil(needed * 1.2))} or more, or --tune-only to tune fewer.")
 
     def _too_small(self, what: str, need: str, needed: float) -> ConfigError:
