@@ -31,7 +31,7 @@ from ptrain.tuning.candidates import RunConfig
 
 #: the default callbacks a trial runs without: they save or print, and the measurement is not
 #: a run of the user's
-QUIET = ("no:checkpoint", "no:tensorboard", "no:progress-bar", "no:model-summary")
+QUIET = ("no:checkpoint", "no:tensorboard", "no:progress-bar", "no:results", "no:model-summary")
 
 #: builds the user's module and datamodule (``None`` when there is none), after seeding
 Components = Callable[[], tuple[Any, Any]]
