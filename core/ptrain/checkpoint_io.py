@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import pickle
 import pickletools
@@ -170,11 +171,15 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
     path = Path(path)
     if (path / ".metadata").is_file():  # torch.distributed.checkpoint's folder
+        sharded_meta(path, read=False)  # an incomplete one is named for what it lacks
         raise CheckpointError(
             f"checkpoint {str(path)!r} is a sharded checkpoint folder (written by a sharding "
             f"strategy such as fsdp, zero2 or zero3), which this run's strategy does not read. "
             f"Resume it with the strategy that wrote it, or turn it into a single file first: "
             f"ptrain-consolidate {path} whole.ckpt")
+    incomplete = incomplete_sharded_folder(path)
+    if incomplete is not None:
+        raise incomplete
     if not path.is_file():
         raise (CheckpointError if path.is_dir() else CheckpointNotFoundError)(
             f"checkpoint {str(path)!r} does not exist"
@@ -209,11 +214,11 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     except (KeyError, IndexError):  # the weights-only unpickler, on bytes that are no pickle
         raise _corrupt(path, ValueError("its bytes are not a torch.save file")) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
-        keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint)
+        keys = _keys(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
         raise CheckpointError(
-            f"{str(path)!r} is not a ptrain checkpoint (it holds {keys}). Resume only from "
-            f"checkpoints written by ptrain; to start from other weights, load them in your "
-            f"module's __init__."
+            f"{str(path)!r} is not a ptrain checkpoint (it holds {keys}; {_WHAT_IT_HOLDS}). "
+            f"Resume only from checkpoints written by ptrain; to start from other weights, load "
+            f"them in your module's __init__."
         )
     if checkpoint.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(
@@ -221,6 +226,89 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             f"than this ptrain reads ({FORMAT_VERSION}); upgrade ptrain-core."
         )
     return checkpoint
+
+
+#: what every ptrain checkpoint holds, for the messages about one that lacks it
+_WHAT_IT_HOLDS = ("a ptrain checkpoint holds 'format': 'ptrain-checkpoint', 'model' (the "
+                  "module's state dict) and, to resume fit, 'optimizers', 'lr_schedulers', "
+                  "'loop' and 'rng'")
+#: entry -> what it is, for the entries the core restores a stage from
+_RESUME_ENTRIES = {"optimizers": "the optimizer states", "lr_schedulers": "the scheduler states",
+                   "loop": "the loop counters", "rng": "the random generators' states"}
+
+
+def _keys(checkpoint: dict[str, Any], most: int = 12) -> str:
+    keys = sorted(map(str, checkpoint))
+    return repr(keys[:most])[:-1] + (f", ... {len(keys) - most} more]" if len(keys) > most
+                                     else "]")
+
+
+def module_weights(checkpoint: dict[str, Any], path: str | Path, *,
+                   resuming: bool = False) -> dict[str, Any]:
+    """The module's state dict in ``checkpoint`` (read from ``path``), or a
+    :class:`CheckpointError` naming the file, the entries it has and what a ptrain checkpoint
+    holds. ``resuming`` (``fit`` from it): the entries a resume restores must be there too,
+    unless it holds the weights only (the caller refuses that one with its own reason)."""
+    missing = [] if isinstance(checkpoint.get("model"), dict) else ["model"]
+    if resuming and not checkpoint.get("weights_only"):
+        missing += [key for key in _RESUME_ENTRIES if key not in checkpoint]
+    if not missing:
+        return checkpoint["model"]
+    what = ", ".join(f"{key!r} ({_RESUME_ENTRIES.get(key, 'the module weights')})"
+                     for key in missing)
+    return_to = ("fit can't resume from it" if "model" not in missing else
+                 "there are no weights to load")
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} lacks {what}, so {return_to}: it holds {_keys(checkpoint)}, "
+        f"while {_WHAT_IT_HOLDS}. It was written by other code or edited since ptrain saved it. "
+        f"Give a checkpoint that ptrain's Trainer wrote as it was (the checkpoint callback's "
+        f"files, trainer.save_checkpoint), e.g. another one of the same run folder.")
+
+
+def load_module_weights(module: torch.nn.Module, checkpoint: dict[str, Any], path: str | Path,
+                        *, resuming: bool = False) -> None:
+    """Load the checkpoint's module weights (see :func:`module_weights`) into ``module``,
+    strictly. Weights that don't fit are a :class:`CheckpointError` that keeps torch's detail
+    (which tensors, which shapes) and, where the checkpoint records how its model was built
+    (the CLI's ``[model]`` config, else the class and saved hyperparameters; the run folder's
+    ``hparams.toml``), says which configuration fits."""
+    weights = module_weights(checkpoint, path, resuming=resuming)
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as exc:
+        lines = [line.strip().rstrip(".") for line in _ANSI.sub("", str(exc)).splitlines()
+                 if line.strip()]
+        detail = "; ".join(lines[1:9]) + ("; ..." if len(lines) > 9 else "")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not fit this model ({type(module).__name__}): "
+            f"{detail or lines[0] if lines else type(exc).__name__}. "
+            f"{_fitting_configuration(checkpoint, Path(path))}") from None
+
+
+def _fitting_configuration(checkpoint: dict[str, Any], path: Path) -> str:
+    """The sentence saying which model configuration wrote ``checkpoint``, as flags."""
+    model = (checkpoint.get("config") or {}).get("model") or {}
+    class_path, init_args = model.get("class_path"), model.get("init_args")
+    if not class_path and checkpoint.get("module_class"):
+        class_path = checkpoint["module_class"]
+        init_args = checkpoint.get("hyper_parameters")
+    run = path.parent.parent
+    hparams = run / "hparams.toml"
+    where = f" (its run folder's {hparams} records them too)" if hparams.is_file() else ""
+    if not class_path:
+        return (f"Build the model with the class and init arguments of the run that wrote it"
+                f"{where}.")
+    flags = " ".join(f"--model.{key} {flag_value(value)}"
+                     for key, value in (init_args if isinstance(init_args, dict) else {}).items())
+    return (f"It was written by --model {class_path}{' ' + flags if flags else ''}{where}: "
+            f"give those init arguments, or leave --model out to build the model from the "
+            f"checkpoint's own record.")
+
+
+def flag_value(value: Any) -> str:
+    """``value`` as the command line's ``--model.KEY VALUE`` reads it back (a TOML value)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if text and " " not in text else repr(text)
 
 
 def verify_integrity(path: str | Path) -> None:
@@ -271,6 +359,48 @@ def folder_damage(folder: str | Path, checksums: dict[str, int] | None) -> str |
             return (f"the bytes of its file {name!r} no longer match the checksum written when "
                     f"it was saved")
     return None
+
+
+#: Inside a sharded checkpoint folder: torch.distributed.checkpoint's index of the shards, and
+#: the file with everything of the checkpoint but the sharded tensors (ptrain_fsdp's layout).
+SHARDED_INDEX, SHARDED_META = ".metadata", "meta.pt"
+_NEXT_CHECKPOINT = ("Resume from another checkpoint: --ckpt-path last-intact takes the newest "
+                    "intact one and passes over this folder, saying so; or give an earlier "
+                    "checkpoint of the same run folder by its path.")
+
+
+def incomplete_sharded_folder(path: str | Path) -> CheckpointError | None:
+    """The error for a folder that holds a sharded checkpoint's files (shards, ``meta.pt``) but
+    not torch.distributed.checkpoint's ``.metadata`` index, without which the shards can't be
+    read; ``None`` for anything else."""
+    path = Path(path)
+    if not path.is_dir() or (path / SHARDED_INDEX).is_file():
+        return None
+    shards = sorted(p.name for p in path.glob("*.distcp"))
+    if not shards and not (path / SHARDED_META).is_file():
+        return None
+    has = ", ".join(filter(None, [f"{len(shards)} .distcp shard file(s)" if shards else "",
+                                  SHARDED_META if (path / SHARDED_META).is_file() else ""]))
+    return CheckpointError(
+        f"checkpoint {str(path)!r} is a sharded checkpoint folder without its {SHARDED_INDEX} "
+        f"file, the index torch.distributed.checkpoint writes once every shard is saved (it "
+        f"has {has}): its save was cut short or the folder was copied in part, and its shards "
+        f"can't be read by any strategy. {_NEXT_CHECKPOINT}")
+
+
+def sharded_meta(path: str | Path, read: bool = True) -> dict[str, Any]:
+    """The ``meta.pt`` of the sharded checkpoint folder ``path`` (read with :func:`safe_load`;
+    an empty dict without ``read``), or a :class:`CheckpointError` saying the folder is
+    incomplete without it."""
+    path = Path(path)
+    meta = path / SHARDED_META
+    if not meta.is_file() and not meta.is_symlink():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is a sharded checkpoint folder without its "
+            f"{SHARDED_META}, the file written beside the shards with the loop counters, the "
+            f"optimizer count and the shards' checksums: its save was cut short or the folder "
+            f"was copied in part, so the run can't resume from it. {_NEXT_CHECKPOINT}")
+    return safe_load(meta) if read else {}
 
 
 def _is_plain_pickle(path: Path) -> bool:

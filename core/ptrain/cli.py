@@ -425,6 +425,7 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
     init arguments given on the command line: they override the saved ones."""
     from ptrain.checkpoint_io import safe_load
     from ptrain.hyperparameters import restored_hyperparameters
+    from ptrain.loading import import_saved_class
 
     if Path(path).is_dir():
         raise ModelError(f"{path!r} is a sharded checkpoint folder, which does not say how to "
@@ -447,6 +448,9 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
             data = {"class_path": checkpoint["datamodule_class"],
                     "init_args": restored_hyperparameters(
                         checkpoint.get("datamodule_hyper_parameters"))}
+        if data.get("class_path"):
+            import_saved_class(data["class_path"], path, "--data", data.get("init_args"))
+    import_saved_class(model["class_path"], path, "--model", saved.get("init_args"))
     return model, data
 
 

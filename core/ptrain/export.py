@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from ptrain.checkpoint_io import FOLDER_CHECKSUMS, folder_damage, new_file_mode, safe_load
+from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, folder_damage, incomplete_sharded_folder,
+                                  module_weights, new_file_mode, safe_load)
 from ptrain.errors import CheckpointError, ConfigError
 
 #: Inside a sharded checkpoint folder: the DCP index, and the file holding everything of the
@@ -64,17 +65,14 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, Any], dict[str,
     if path.is_dir():
         return _read_sharded(path)
     checkpoint = safe_load(path)
-    if not isinstance(checkpoint.get("model"), dict):
-        raise CheckpointError(f"{str(path)!r} is a ptrain checkpoint without module weights (no "
-                              f"'model' state dict in it); export a checkpoint written by "
-                              f"trainer.save_checkpoint.")
+    module_weights(checkpoint, path)  # names what the file lacks
     model = checkpoint.pop("model")
     return model, checkpoint
 
 
 def _read_sharded(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not (folder / DCP_INDEX).is_file():
-        raise CheckpointError(
+        raise incomplete_sharded_folder(folder) or CheckpointError(
             f"{str(folder)!r} is a folder but not a sharded ptrain checkpoint (it has no "
             f"{DCP_INDEX} file of torch.distributed.checkpoint). Give a .ckpt file, or the "
             f"checkpoint folder a sharding strategy wrote (runs/version_N/checkpoints/last.ckpt).")

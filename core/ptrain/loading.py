@@ -26,7 +26,7 @@ import pluggy
 
 from ptrain import hookspecs
 from ptrain.catalog import PluginInfo
-from ptrain.errors import PluginError
+from ptrain.errors import ModelError, PluginError
 from ptrain.options import OptionGroup, closest
 
 IMPL_MARK = f"{hookspecs.PROJECT_NAME}_impl"  # the attribute pluggy's HookimplMarker sets
@@ -45,10 +45,20 @@ def import_target(info: PluginInfo) -> Any:
     except Exception as exc:  # a broken plugin can raise anything while importing
         raise PluginError(
             f"{info.label} failed to import: {type(exc).__name__}: {exc}. Fix or reinstall "
-            f"{info.distribution}, or leave it out of this run (`-p no:{info.name}` keeps a "
-            f"callback from being imported)."
+            f"{info.distribution} (or `pip uninstall {info.distribution}`), or "
+            f"{_leave_out(info)}."
         ) from exc
     return target
+
+
+def _leave_out(info: PluginInfo) -> str:
+    """How to run without the plugin ``info`` names: a callback is blocked, an accelerator,
+    strategy or precision replaced by another of its kind."""
+    if info.kind == "callback":
+        return f"leave it out of this run: `-p no:{info.name}` keeps it from being imported"
+    flag = f"--{info.kind}"
+    return (f"choose another {info.kind} ({flag} NAME; `ptrain plugins` lists the installed "
+            f"ones): only the {info.kind} a run selects is imported")
 
 
 def import_object(path: str, what: str, error: type[Exception], example: str) -> Any:
@@ -58,17 +68,46 @@ def import_object(path: str, what: str, error: type[Exception], example: str) ->
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise error(f"{what} {path!r} must be MODULE:CLASS, e.g. {example}.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
+        return _import_path(module_name, attribute)
     except Exception as exc:
         raise error(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
                     f"Check the module path (relative to {os.getcwd()!r}) and the class "
                     f"name.") from None
+
+
+def _import_path(module_name: str, attribute: str) -> Any:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
     return target
+
+
+def import_saved_class(class_path: str, checkpoint: str, flag: str,
+                       init_args: dict[str, Any] | None = None) -> Any:
+    """The class a checkpoint names for its model (``flag`` ``--model``) or data module
+    (``--data``), imported; one that can't be imported (renamed or moved since the save) is a
+    :class:`ModelError` that says the checkpoint named it and that ``flag`` overrides it."""
+    module_name, _, attribute = str(class_path).partition(":")
+    try:
+        if not module_name or not attribute:
+            raise ValueError("it is not MODULE:CLASS")
+        return _import_path(module_name, attribute)
+    except Exception as exc:
+        from ptrain.checkpoint_io import flag_value
+
+        flags = " ".join(f"{flag}.{key} {flag_value(value)}"
+                         for key, value in (init_args or {}).items())
+        saved = f" (the checkpoint's are: {flags})" if flags else ""
+        raise ModelError(
+            f"checkpoint {checkpoint!r} names {class_path!r} as the class to build its "
+            f"{flag.lstrip('-')} from, and it can't be imported here ({type(exc).__name__}: "
+            f"{exc}): it was renamed or moved since the checkpoint was saved, or its module is "
+            f"not importable from {os.getcwd()!r}. {flag} MODULE:CLASS overrides the "
+            f"checkpoint's class: give the class as it is named now, with its init arguments "
+            f"as {flag}.KEY VALUE{saved}.") from None
 
 
 def plugin_label(target: Any) -> str:

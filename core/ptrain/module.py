@@ -296,7 +296,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         ``checkpoint["state_dict"]``). ``strict=False`` tolerates missing and unexpected
         weights. ``weights_only`` is accepted for Lightning's signature: ptrain's checkpoints
         always load with torch's weights-only loader."""
-        from ptrain.checkpoint_io import safe_load
+        from ptrain.checkpoint_io import module_weights, safe_load
         from ptrain.hook_methods import loaded_checkpoint_view
         from ptrain.hyperparameters import MODULE_KEYS, init_arguments_from
 
@@ -306,7 +306,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         if type(module).configure_model is not TrainModule.configure_model:
             module.configure_model()
             module._model_configured = True
-        weights = checkpoint["model"]
+        weights = module_weights(checkpoint, checkpoint_path)
         if overridden_method(module, "on_load_checkpoint"):
             view = loaded_checkpoint_view(checkpoint, module_state=None)
             module.on_load_checkpoint(view)

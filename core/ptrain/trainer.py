@@ -859,12 +859,7 @@ class Trainer:
                 f"resume from it: the optimizer, scheduler and random state are not in it. "
                 f"Resume from the run's full-state checkpoint (ckpt_path='last'), or load these "
                 f"weights into a new model (load_from_checkpoint) and fit from the start.")
-        try:
-            self.module.load_state_dict(checkpoint["model"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model: "
-                                  f"{str(exc).splitlines()[0]} Check --model and its init "
-                                  f"arguments against the run that wrote it.") from None
+        checkpoint_io.load_module_weights(self.module, checkpoint, path, resuming=stage == "fit")
         if stage == "fit":
             if len(checkpoint["optimizers"]) != len(self.optimizers):
                 raise CheckpointError(f"checkpoint {str(path)!r} holds "

@@ -37,7 +37,8 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
 
 from ptrain import CheckpointError, CheckpointWriteError
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, file_crc32, folder_damage,
-                                  safe_load, write_failed)
+                                  incomplete_sharded_folder, sharded_meta,
+                                  write_failed)
 
 #: the folder's file of everything but the shards, and its key for the CRC-32 of every other file
 META, CHECKSUMS = "meta.pt", FOLDER_CHECKSUMS
@@ -152,11 +153,11 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
     if not path.exists() and is_sharded(aside):  # see _swap_into_place
         path = aside
     if not is_sharded(path):
-        raise CheckpointError(
+        raise incomplete_sharded_folder(path) or CheckpointError(
             f"{str(path)!r} is not a sharded checkpoint folder (no .metadata in it); "
             f"{trainer.options['strategy']} resumes from the folders it writes. Resume a "
             f"single-file checkpoint with --strategy ddp or single-device.")
-    meta = safe_load(path / META)
+    meta = sharded_meta(path)
     _verify_files(path, meta.pop(CHECKSUMS, None))
     if meta.get("num_optimizers", 0) != len(trainer.optimizers) and trainer.optimizers \
             and not meta.get("weights_only"):  # the core refuses to resume from weights only
@@ -182,7 +183,7 @@ def verify(path: str | Path) -> bool | None:
     path = Path(path)
     if not is_sharded(path):
         return None
-    meta = safe_load(path / META)
+    meta = sharded_meta(path)
     damage = folder_damage(path, meta.get(CHECKSUMS))
     if damage is not None:
         raise _integrity_error(path, damage)
@@ -278,8 +279,9 @@ def consolidate(src: str | Path, dst: str | Path) -> None:
 
     src = Path(src)
     if not is_sharded(src):
-        raise CheckpointError(f"{str(src)!r} is not a sharded checkpoint folder (no .metadata).")
-    checkpoint = safe_load(src / META)
+        raise incomplete_sharded_folder(src) or CheckpointError(
+            f"{str(src)!r} is not a sharded checkpoint folder (no .metadata).")
+    checkpoint = sharded_meta(src)
     damage = folder_damage(src, checkpoint.pop(CHECKSUMS, None))
     if damage is not None:
         raise _integrity_error(src, damage)
