@@ -8,6 +8,7 @@ user's own module is, so that a class can be renamed between the save and the lo
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -236,3 +237,21 @@ def test_a_sharded_folder_missing_a_file_names_it_and_last_intact_resumes(sharde
     assert_ok(resumed)
     assert "passing over" in resumed.stderr and "version_1" in resumed.stderr
     assert "version_0" in resumed.stderr and "newest intact checkpoint" in resumed.stderr
+
+
+def test_load_from_checkpoint_names_a_missing_model_entry(trained, tmp_path, monkeypatch):
+    """The same refusal from Python, where ``load_from_checkpoint`` read ``checkpoint["model"]``."""
+    from ptrain.errors import CheckpointError
+
+    checkpoint = torch.load(trained, map_location="cpu", weights_only=True)
+    del checkpoint["model"]
+    torch.save(checkpoint, tmp_path / "edited.ckpt")
+    monkeypatch.syspath_prepend(str(trained.parents[3]))
+    import mymodels
+
+    try:
+        with pytest.raises(CheckpointError, match=r"edited.ckpt' lacks 'model'.*it holds \["):
+            mymodels.Net.load_from_checkpoint(tmp_path / "edited.ckpt")
+        assert mymodels.Net.load_from_checkpoint(trained).net[0].out_features == 8
+    finally:
+        sys.modules.pop("mymodels", None)  # not left imported for the tests that follow
