@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from tests.conftest import TinyRegressor
 
 #: The first (0-based) training batch, counted over the whole run, whose loss is NaN.
@@ -41,3 +43,23 @@ class RecordingRegressor(TinyRegressor):
 
 class NotAModule:
     """A class that is not a ptrain.TrainModule."""
+
+
+class NaNGradientRegressor(TinyRegressor):
+    """TinyRegressor whose ``nan_at``-th training batch (0-based, over the whole run) has a
+    finite loss but NaN gradients, so the optimizer step leaves NaN weights."""
+
+    def __init__(self, nan_at: int, **kwargs):
+        super().__init__(**kwargs)
+        self.nan_at = nan_at
+        self.batches_seen = 0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        prediction = self(x)
+        if self.batches_seen == self.nan_at:
+            prediction.register_hook(lambda grad: grad * float("nan"))
+        self.batches_seen += 1
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss

@@ -27,6 +27,7 @@ _LAZY = {
     "CheckpointWriteError": "ptrain.errors",
     "ModelError": "ptrain.errors",
     "NonFiniteLossError": "ptrain.errors",
+    "NonFiniteStateError": "ptrain.errors",
     "WorkerError": "ptrain.errors",
     "Interrupted": "ptrain.errors",
 }

@@ -38,6 +38,12 @@ class NonFiniteLossError(PtrainError, ArithmeticError):
     """The training loss became NaN or infinite; the run stopped without saving over good state."""
 
 
+class NonFiniteStateError(NonFiniteLossError):
+    """The parameters or optimizer state became NaN or infinite while the loss stayed finite;
+    the run stopped without saving over good state. A :class:`NonFiniteLossError` too, so
+    either ``except`` catches it."""
+
+
 class WorkerError(RuntimeError):
     """A worker process of a multi-process run failed with an error that is not a
     :class:`PtrainError` (a bug, or the process was killed). Not a usage error: the CLI prints

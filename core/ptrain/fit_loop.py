@@ -18,6 +18,7 @@ import torch
 from ptrain import checkpoint_io
 from ptrain.data import loader_batch_size, stop_workers
 from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
+from ptrain.finite_state import state_error, state_is_finite
 from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
@@ -446,7 +447,13 @@ class FitLoop:
         t = self.trainer
         check_losses_finite(t)
         time_up = t.max_time is not None and t._elapsed() >= t.max_time
-        flags = torch.tensor([float(t.should_stop), float(time_up)], device=t.device)
+        # the state check rides on the flags' reduction and host read: no extra sync
+        flags = torch.stack([torch.tensor(float(t.should_stop), device=t.device),
+                             torch.tensor(float(time_up), device=t.device),
+                             (~state_is_finite(t)).float()])
         reduced = t.hook.reduce_metrics(trainer=t, metrics={"flags": flags}, op="max")["flags"]
-        stop, time_up = (bool(v) for v in reduced.tolist())
+        stop, time_up, state_bad = (bool(v) for v in reduced.tolist())
+        if state_bad:
+            raise state_error(t)
+        t.finite_state_step = t.global_step
         t.should_stop = stop or time_up

@@ -384,7 +384,9 @@ def teardown(trainer: Trainer, stage: str) -> None:
     """Release what ``setup`` took; always fires, also when the run ended with an error.
 
     Fires: once per process at the end of each stage. ``trainer.exception`` is the error
-    that ended the run, or ``None``.
+    that ended the run, or ``None``. Each implementation is called on its own, then the
+    module's and the datamodule's ``teardown``: one that raises does not keep the others from
+    theirs, and its error is a warning naming the plugin (the stage's outcome stands).
 
     Result: all. Implemented by: any plugin.
     """

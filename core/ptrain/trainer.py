@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import pluggy
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
@@ -67,7 +69,9 @@ class Trainer:
     (``"initializing"`` before the first stage, ``"running"``, ``"finished"``, or
     ``"interrupted"`` after a stage ended with an error), ``ckpt_path`` (the checkpoint the
     stage resumed or evaluated, resolved from what was given: ``"last"`` becomes its path;
-    ``None`` without one), ``sync_gradients`` (whether the next backward's gradients are
+    ``None`` without one), ``finite_state_step`` (the global step at which the parameters and
+    optimizer state were last found finite: :mod:`ptrain.finite_state`), ``sync_gradients``
+    (whether the next backward's gradients are
     synchronised across processes; see the ``backward`` hook), ``precision_policy``,
     ``options`` (the core's resolved options), ``config`` (everything resolved), ``plugins``
     (name -> plugin object), ``loggers`` (the logger plugins), ``hook``.
@@ -203,6 +207,7 @@ class Trainer:
         # checkpoint goes on from there, as in Lightning (limits reached: nothing to train)
         self.fit_progress: dict[str, int] | None = None
         self.loss_window: list[tuple[int, int, int, torch.Tensor]] = []  # checked at check points
+        self.finite_state_step: int | None = None  # the step the state was last found finite
 
     def _apply_fast_dev_run(self) -> None:
         """Lightning's meaning: N batches (1 for ``True``) of every stage, one epoch, no sanity
@@ -396,17 +401,21 @@ class Trainer:
     def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> None:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
-        loss went non-finite. Under ``fast_dev_run`` nothing is written.
+        loss went non-finite, and with :class:`NonFiniteStateError` when a parameter or
+        optimizer state tensor is (:mod:`ptrain.finite_state`). Under ``fast_dev_run`` nothing
+        is written.
 
         ``weights_only``: the module's weights, class, hyperparameters and counters only (no
         optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
         ``True``): it loads into ``validate``/``test``/``predict``, ``load_from_checkpoint`` and
         ``ptrain export``, but ``fit`` can't resume from it."""
+        from ptrain.finite_state import check_state_finite
         from ptrain.fit_loop import check_losses_finite
 
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return
+        check_state_finite(self)
         checkpoint = {
             "format": checkpoint_io.FORMAT,
             "format_version": checkpoint_io.FORMAT_VERSION,
@@ -583,6 +592,7 @@ class Trainer:
             self.max_epochs = 1000 if no_limit(self.max_steps) and self.max_time is None else -1
         self.exception = None
         self._saved_state_checked = False  # see _check_saved_state
+        self.finite_state_step = None
         self._overridden_on_resume = {}
         self.metrics.reset()  # a stage reports its own metrics only
         module = self.module
@@ -666,15 +676,39 @@ class Trainer:
         finally:
             self.stage = None
             try:
-                self.hook.teardown(trainer=self, stage=stage)
-                module.teardown(stage=stage)
-                if self.datamodule is not None:
-                    self.datamodule.teardown(stage=stage)
+                self._teardown(stage, module)
             finally:
                 self._unregister_module_plugins(replaced)
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
                                self.predict_dataloader):
                     stop_workers(loader)
+
+    def _teardown(self, stage: str, module: TrainModule) -> None:
+        """Every plugin's ``teardown`` (in hook order), then the module's and the datamodule's,
+        each called even when one before it raised: one failed release must not keep the
+        others from theirs (a logger's flush, a worker pool's shutdown). A failure is said in a
+        warning that names whose teardown raised; the stage's outcome stands (its checkpoints,
+        logs and results were written before teardown), and a stage that failed raises its own
+        error, not the teardown's."""
+        calls = [(f"plugin {impl.plugin_name!r}",
+                  functools.partial(_call_teardown_impl, impl, self, stage))
+                 for impl in reversed(self.hook.teardown.get_hookimpls())]
+        for owner in (module, self.datamodule):
+            if owner is not None:
+                calls.append((f"{type(owner).__qualname__}.teardown",
+                              functools.partial(owner.teardown, stage=stage)))
+        for who, call in calls:
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - said, and the other teardowns still run
+                from ptrain.frames import plugin_origin
+
+                origin = plugin_origin(exc) or f"{who} raised {type(exc).__name__} in teardown"
+                outcome = ("the stage had already failed; its own error follows" if
+                           self.exception is not None else
+                           "the stage had finished: its checkpoints, logs and results stand")
+                warnings.warn(f"{origin}: {exc}. The other teardowns ran; {outcome}.",
+                              stacklevel=2)
 
     def _configure_model(self, empty_init: bool | None) -> None:
         """Call the module's ``configure_model()`` inside the plugins' init contexts, the first
@@ -895,6 +929,19 @@ _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
 _STEP_METHODS = {"fit": "training_step", "validate": "validation_step", "test": "test_step",
                  "predict": "predict_step"}
+
+
+def _call_teardown_impl(impl: Any, trainer: Trainer, stage: str) -> None:
+    """One plugin's ``teardown``; a wrapper implementation runs its code before and after its
+    ``yield`` (teardown has no result to pass it)."""
+    result = call_impl(impl, trainer=trainer, stage=stage)
+    if not inspect.isgenerator(result):
+        return
+    next(result, None)
+    try:
+        result.send(pluggy.Result(None, None) if impl.hookwrapper else None)
+    except StopIteration:
+        pass
 
 
 def no_limit(value: int | None) -> bool:

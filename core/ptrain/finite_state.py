@@ -1,0 +1,105 @@
+"""Whether the state a checkpoint would hold is finite: the module's parameters and every
+optimizer's floating-point state.
+
+A step whose loss is finite can still leave NaN weights (a NaN gradient from one op, an
+overflow in the optimizer's update). The loss check can't see that, so the trainer also checks
+the state at its check points (where it checks the losses: every ``log_every_n_steps`` steps,
+after a validation, at an epoch's end) and before every checkpoint, so that a non-finite state
+never replaces a finite checkpoint. A check is one ``isfinite().all()`` per tensor, stacked and
+reduced on the device; the host reads the one flag with the values it reads there anyway.
+Under a sharding strategy each process checks its own shards (a DTensor's local part); the
+flag is reduced across processes by the caller. Naming the tensor that went bad happens only
+after a check failed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from ptrain.errors import NonFiniteStateError
+
+if TYPE_CHECKING:
+    from ptrain.trainer import Trainer
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)  # a DTensor: this process's shard
+    return to_local() if to_local is not None else tensor
+
+
+def _state_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every floating-point parameter and optimizer state tensor."""
+    names = {}
+    for name, parameter in trainer.module.named_parameters():
+        names[id(parameter)] = name
+        yield f"parameter {name!r}", parameter.detach()
+    for index, optimizer in enumerate(trainer.optimizers):
+        for parameter, state in getattr(optimizer, "state", {}).items():
+            owner = names.get(id(parameter), "a parameter outside the module")
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    yield f"optimizer {index}'s {key!r} of {owner!r}", value
+
+
+def _checked(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in tensors:
+        local = _local(tensor)
+        if local.is_floating_point() and local.device.type != "meta" and local.numel():
+            yield name, local
+
+
+def state_is_finite(trainer: Trainer) -> torch.Tensor:
+    """A 0-dim bool tensor on ``trainer.device``: whether every parameter and optimizer state
+    tensor of this process is finite. No host sync."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, tensor in _checked(_state_tensors(trainer)):
+        by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+    finite = torch.ones((), dtype=torch.bool, device=trainer.device)
+    for flags in by_device.values():
+        finite = finite & torch.stack(flags).all().to(trainer.device)
+    return finite
+
+
+def first_nonfinite(trainer: Trainer) -> str | None:
+    """The name of this process's first non-finite state tensor (a host sync per tensor: call
+    it only after a check failed)."""
+    for name, tensor in _checked(_state_tensors(trainer)):
+        if not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def state_error(trainer: Trainer) -> NonFiniteStateError:
+    """The error for a state found non-finite at ``trainer.global_step``: the step range it went
+    bad in (since the last check found it finite), the tensor, and the checkpoint kept."""
+    since = trainer.finite_state_step
+    when = (f"after global step {since} (the last check found it finite) and by step "
+            f"{trainer.global_step}" if since is not None and since < trainer.global_step
+            else f"at global step {trainer.global_step}")
+    tensor = first_nonfinite(trainer)
+    which = f" (first: {tensor})" if tensor is not None else " (in another process's shard)"
+    saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None
+    kept = (f"The last checkpoint written, {str(saved)!r}, holds the state from before and is "
+            f"kept." if saved is not None and saved.exists() else "No checkpoint was written over.")
+    return NonFiniteStateError(
+        f"the model's parameters or optimizer state became NaN or infinite {when}{which}, "
+        f"though the training loss stayed finite: a step produced non-finite gradients or "
+        f"updates. Training stopped and nothing non-finite was saved. {kept} Lower the learning "
+        f"rate, clip gradients (--gradient-clip-val), or look for an operation that overflows "
+        f"(--detect-anomaly names the first one that makes a NaN in backward).")
+
+
+def check_state_finite(trainer: Trainer) -> None:
+    """Raise :class:`NonFiniteStateError` if any process's state is not finite (a collective
+    under several processes: call it on every process, as ``save_checkpoint`` is); record the
+    step as checked otherwise."""
+    finite = state_is_finite(trainer)
+    if trainer.world_size > 1:
+        bad = (~finite).to(torch.float32)
+        bad = trainer.hook.reduce_metrics(trainer=trainer, metrics={"bad": bad}, op="max")["bad"]
+        finite = bad == 0
+    if not bool(finite):
+        raise state_error(trainer)
+    trainer.finite_state_step = trainer.global_step

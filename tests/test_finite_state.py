@@ -1,0 +1,80 @@
+"""A step with a finite loss but NaN gradients leaves NaN weights; no checkpoint may then be
+written over a finite one, and the run says which steps the state went bad between
+(issue 35). Through the CLI, in real processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptrain
+from tests._cli_util import assert_usage_error
+from tests.conftest import TinyRegressor, run_cli
+
+pytestmark = pytest.mark.slow
+
+#: 32 rows in batches of 8: 4 steps an epoch; batch 7 is the last of the second epoch
+MODEL = ["--model", "tests._cli_models:NaNGradientRegressor", "--model.n", "32",
+         "--accelerator", "cpu", "--seed", "0", "-p", "no:tensorboard", "--no-progress-bar"]
+
+
+def _last(root: Path) -> dict:
+    return torch.load(root / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def _all_finite(checkpoint: dict) -> bool:
+    tensors = list(checkpoint["model"].values())
+    for optimizer in checkpoint["optimizers"]:
+        for state in optimizer["state"].values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def test_nan_weights_at_an_epoch_end_keep_the_previous_checkpoint_and_it_resumes(tmp_path):
+    root = tmp_path / "runs"
+    failed = run_cli("fit", *MODEL, "--model.nan_at", "7", "--max-epochs", "3",
+                     "--default-root-dir", str(root))
+    message = assert_usage_error(failed, "after global step 4", "by step 8",
+                                 "parameter 'net.1.", "loss stayed finite")
+    assert "last.ckpt" in message and "is kept" in message, message
+    kept = _last(root)
+    assert kept["loop"]["global_step"] == 4 and _all_finite(kept)
+    # what the message promises: the kept checkpoint resumes (without the bad batch now)
+    resumed = run_cli("fit", *MODEL, "--model.nan_at", "-1", "--max-epochs", "3",
+                      "--default-root-dir", str(root), "--ckpt-path", "last")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _last(root)["loop"]["global_step"] == 12 and _all_finite(_last(root))
+
+
+def test_a_checkpoint_every_step_names_the_step_that_went_bad(tmp_path):
+    root = tmp_path / "runs"
+    failed = run_cli("fit", *MODEL, "--model.nan_at", "5", "--max-epochs", "2",
+                     "--checkpoint-every-n-train-steps", "1", "--default-root-dir", str(root))
+    assert_usage_error(failed, "after global step 5", "by step 6")
+    kept = _last(root)
+    assert kept["loop"]["global_step"] == 5 and _all_finite(kept)
+
+
+def test_optimizer_state_is_checked_too(tmp_path):
+    """Adam's moments can go non-finite while the weights are still finite (here: set by
+    hand): the checkpoint is refused, naming the state."""
+
+    class BadMoments:
+        name = "bad-moments"
+
+        @ptrain.hookimpl
+        def on_epoch_end(self, trainer):
+            if trainer.current_epoch == 1:
+                optimizer = trainer.optimizers[0]
+                state = next(iter(optimizer.state.values()))
+                state["exp_avg_sq"].fill_(float("inf"))
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=3, seed=0,
+                             default_root_dir=str(tmp_path / "runs"),
+                             callbacks=["no:tensorboard", "no:progress-bar", "no:results",
+                                        "no:model-summary", BadMoments()])
+    with pytest.raises(ptrain.NonFiniteStateError, match="optimizer 0's 'exp_avg_sq' of 'net"):
+        trainer.fit(TinyRegressor(n=32, optimizer="adam"))
+    assert _last(tmp_path / "runs")["loop"]["global_step"] == 4
