@@ -70,6 +70,9 @@ FLAG_CASES = {
                            ["--devices [5] names device indices", "--devices 1"]),
     "nan-gradient-clip": (BASE + ["--gradient-clip-val", "nan"],
                           ["--gradient-clip-val", "positive number", "'nan'"]),
+    "required-plugin-option": (BASE + ["-p", "early-stopping"],
+                               ["--early-stopping-monitor", "is required and was not given:",
+                                "e.g. val_loss"]),
 }
 USER_ERRORS = {
     "in-init": ("RaisesInInit", "ValueError in __init__ (_input_models.py:"),
@@ -161,3 +164,18 @@ def test_a_config_file_may_start_with_a_byte_order_mark(tmp_path):
     result = run_cli(*BASE, *COMMON, "--config", str(config), "--default-root-dir",
                      str(tmp_path / "runs"))
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("argument,native", [("enable_progress_bar", "no:progress-bar"),
+                                             ("enable_model_summary", "no:model-summary"),
+                                             ("enable_checkpointing", "no:checkpoint"),
+                                             ("logger", "no:tensorboard")])
+def test_a_lightning_switch_given_to_the_native_trainer_names_the_native_way(argument, native):
+    with pytest.raises(ptrain.ConfigError) as caught:
+        ptrain.Trainer(**{argument: False})
+    message = str(caught.value)
+    assert f"unknown option {argument!r}" in message and f'callbacks=["{native}"]' in message
+    assert "ptrain.lightning.Trainer" in message
+    # what it says works
+    trainer = ptrain.Trainer(callbacks=[native])
+    assert native.removeprefix("no:") not in trainer.plugins

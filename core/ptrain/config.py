@@ -257,7 +257,24 @@ def core_options() -> OptionGroup:
           help="run validation, test and predict under torch.inference_mode (false: "
                "torch.no_grad, for a step that turns gradients on or keeps its tensors for "
                "training)")
+    g.instead.update(_LIGHTNING_SWITCHES)
     return g
+
+
+#: Lightning's Trainer arguments that switch a default callback off, and ptrain's way to say it
+#: (ptrain.lightning.Trainer takes them as they are)
+_LIGHTNING_SWITCHES = {
+    f"enable_{name}": (f"Lightning's switch for a default callback; ptrain's Trainer turns it "
+                       f"off with callbacks=[\"no:{plugin}\"] (on the command line: "
+                       f"-p no:{plugin}). ptrain.lightning.Trainer takes enable_{name} as "
+                       f"Lightning does.")
+    for name, plugin in (("progress_bar", "progress-bar"), ("model_summary", "model-summary"),
+                         ("checkpointing", "checkpoint"))
+}
+_LIGHTNING_SWITCHES["logger"] = (
+    "Lightning's logger argument; ptrain's loggers are callbacks: callbacks=[\"no:tensorboard\"] "
+    "turns the default one off, callbacks=[\"csv\"] (or a logger object) adds one. "
+    "ptrain.lightning.Trainer takes logger= as Lightning does.")
 
 
 # ---------------------------------------------------------------------------------------------

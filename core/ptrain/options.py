@@ -106,7 +106,9 @@ class Option:
         """Return ``value`` converted, or raise :class:`ConfigError` naming ``source``."""
         if value is None:
             if self.required:
-                raise ConfigError(f"{self.describe()} is required ({source}): {self.help}")
+                given = "" if source == "default" else f" ({source} gave None)"
+                raise ConfigError(f"{self.describe()} is required and was not given{given}: "
+                                  f"{self.help}")
             return None
         try:
             converted = self.type(value)
@@ -132,6 +134,8 @@ class OptionGroup:
 
     owner: str
     options: dict[str, Option] = field(default_factory=dict)
+    #: key that is not an option here -> how to say it instead (another trainer's spelling)
+    instead: dict[str, str] = field(default_factory=dict)
 
     def add(
         self,
@@ -169,6 +173,9 @@ class OptionGroup:
         Unknown keys are an error naming the closest valid key."""
         for key in given:
             if key not in self.options:
+                if key in self.instead:
+                    raise ConfigError(f"unknown option {key!r} for {self._where()} ({source}): "
+                                      f"{self.instead[key]}")
                 raise ConfigError(
                     f"unknown option {key!r} for {self._where()} ({source}); valid keys: "
                     f"{', '.join(sorted(self.options)) or '(none)'}."

@@ -57,8 +57,9 @@ def test_patience_counts_checks_without_improvement(make_trainer):
     assert (es.best, es.best_epoch, es.best_step, es.wait) == (4.0, 1, 2 * STEPS_PER_EPOCH, 2)
     assert es.stopped_epoch == 3
     assert "did not improve" in es.reason and "2 checks" in es.reason
-    assert es.summary() == (f"Early stopping at epoch 3: {es.reason}; best val_metric = 4 at "
-                            f"epoch 1 (step 4).")
+    # the summary counts epochs from 1, as the progress bar
+    assert es.summary() == (f"Early stopping at epoch 4: {es.reason}; best val_metric = 4 at "
+                            f"epoch 2 (step 4).")
 
 
 def test_patience_counts_checks_not_epochs(make_trainer):
@@ -199,7 +200,7 @@ def test_a_stop_before_min_epochs_takes_effect_once_they_are_met(make_trainer):
     trainer = fit(make_trainer, module, es, min_epochs=4)
     assert_stopped_at(trainer, module, 3)
     assert es.stopped_epoch == 1 and "stopping threshold" in es.reason
-    assert es.summary().startswith("Early stopping at epoch 1: ")
+    assert es.summary().startswith("Early stopping at epoch 2: ")
     # min_steps works the same way: 7 steps are met in epoch 3 (after its first batch, but the
     # stop is only acted on at a check point, the validation at the epoch's end)
     module_steps = SequenceModule([5, 0.5, 6, 7, 8, 9])
@@ -293,7 +294,7 @@ def test_cli_stops_early_and_prints_the_reason(tmp_path):
     assert stopped < 29 and best == stopped - 1  # patience 1: the epoch after the best
     loop = torch.load(root / "version_0" / "checkpoints" / "last.ckpt",
                       weights_only=False)["loop"]
-    assert loop["epoch"] == stopped + 1  # epochs 0..stopped ran, no more
+    assert loop["epoch"] == stopped  # epochs 1..stopped (counted from 1) ran, no more
 
 
 def test_cli_help_lists_the_options_under_the_plugin_name():
@@ -335,5 +336,5 @@ def test_ddp_decides_on_the_mean_across_ranks(make_trainer, capfd):
     assert trainer.current_epoch == 8
     assert trainer.callback_metrics["val_metric"].item() == pytest.approx(3.0)
     out = capfd.readouterr().out
-    assert out.count("Early stopping at epoch 7: val_metric did not improve") == 1, out
-    assert "best val_metric = 3 at epoch 5" in out, out
+    assert out.count("Early stopping at epoch 8: val_metric did not improve") == 1, out
+    assert "best val_metric = 3 at epoch 6" in out, out

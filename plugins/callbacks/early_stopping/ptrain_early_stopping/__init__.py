@@ -149,14 +149,17 @@ class EarlyStopping:
     def summary(self, last_epoch: int | None = None) -> str | None:
         """One line on why the run stopped (``None`` when early stopping asked for no stop).
         ``last_epoch``: the epoch the run ended at, when known; if that is later than the stop
-        was asked (``min_epochs``/``min_steps`` held it), the line says so."""
+        was asked (``min_epochs``/``min_steps`` held it), the line says so. Epochs count from 1
+        there, as the progress bar counts them (``stopped_epoch``, ``best_epoch`` and checkpoint
+        names count from 0, as Lightning's)."""
         if self.reason is None:
             return None
-        best = (f"; best {self.monitor} = {self.best:.6g} at epoch {self.best_epoch} (step "
+        best = (f"; best {self.monitor} = {self.best:.6g} at epoch {self.best_epoch + 1} (step "
                 f"{self.best_step})" if self.best is not None else "")
-        when = f"at epoch {self.stopped_epoch}"
+        when = f"at epoch {self.stopped_epoch + 1}"
         if last_epoch is not None and last_epoch != self.stopped_epoch:
-            when = f"asked at epoch {self.stopped_epoch} (the run ended at epoch {last_epoch})"
+            when = (f"asked at epoch {self.stopped_epoch + 1} (the run ended at epoch "
+                    f"{last_epoch + 1})")
         return f"Early stopping {when}: {self.reason}{best}."
 
     @hookimpl
