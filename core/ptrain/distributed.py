@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import pickle
 import re
@@ -45,7 +46,7 @@ import torch.distributed as dist
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
-from ptrain import rank_errors, rank_watch, script_launch
+from ptrain import rank_errors, rank_watch, rendezvous, script_launch
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
@@ -117,26 +118,44 @@ def first_host(nodelist: str) -> str:
 
 
 def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int = 1,
-                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> Any:
+                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                   timeout: float | None = None, hint: str = "rdzv_endpoint") -> Any:
     """Run ``function`` (picklable) in ``nprocs`` new processes on this machine, joined by c10d
     rendezvous with those of the other ``num_nodes - 1`` machines, and return what the lowest
     global rank on this machine returned.
 
     ``rdzv_endpoint`` (``host:port``) is where the machines meet; one machine needs none (a free
     port on localhost is used). Raises the first failing worker's error (see module docstring).
+
+    ``timeout`` (seconds) bounds the rendezvous: an endpoint that is not this machine's free port
+    is checked first (:func:`ptrain.rendezvous.probe_store`), and the machines must all join
+    within it; otherwise a :class:`ConfigError` names the endpoint (``hint``: the option that
+    gave it). ``None``: torch's defaults (10 minutes to join).
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if num_nodes > 1 and not rdzv_endpoint:
         raise ConfigError(f"--num-nodes {num_nodes} needs a rendezvous endpoint that every "
                           f"machine reaches: set the strategy's rdzv_endpoint option to HOST:PORT "
                           f"of one of them (the same on all), and the same rdzv_id.")
+    rdzv_configs: dict[str, Any] = {}
+    if timeout is not None:
+        seconds = max(1, math.ceil(timeout))
+        rdzv_configs.update(join_timeout=seconds, read_timeout=seconds)
+    if rdzv_endpoint:
+        host, port = rendezvous.parse_endpoint(rdzv_endpoint, hint)
+        addresses = rendezvous.resolve(host, hint)
+        # the first machine on the endpoint's own host hosts the store on its free port; all
+        # others connect to it, which torch would do without a bound
+        if not (rendezvous.is_this_machine(addresses) and rendezvous.port_is_free(port)):
+            rendezvous.probe_store(host, port, 1800.0 if timeout is None else timeout, hint)
     config = LaunchConfig(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs,
         run_id=rdzv_id or "ptrain", rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.1,
-        start_method="spawn",
+        start_method="spawn", rdzv_configs=rdzv_configs,
     )
     # Plain pickle bytes: handed over as objects, the module's tensors would be moved into
     # shared memory (torch.multiprocessing's pickling), and every rank would update one copy.
@@ -156,6 +175,8 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
                 results = elastic_launch(config, _run_worker)(payload, error_dir)
             except ChildFailedError as exc:
                 raise _first_error(exc, Path(error_dir)) from None
+            except RendezvousError as exc:
+                raise _rendezvous_error(exc, config, hint) from None
     finally:
         for log, level in zip(loggers, levels):
             log.setLevel(level)
@@ -181,6 +202,23 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
         raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
     rank_watch.stop("exited")
     return result
+
+
+def _rendezvous_error(exc: BaseException, config: Any, hint: str) -> ConfigError:
+    """The sentence for a rendezvous of the spawn launcher that failed (torch's error)."""
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    timeout = config.rdzv_configs.get("join_timeout", 600)
+    if isinstance(exc, RendezvousTimeoutError):
+        return ConfigError(
+            f"not all {config.max_nodes} machines joined the rendezvous at "
+            f"{config.rdzv_endpoint} ({hint}, id {config.run_id!r}) within {timeout} s; start "
+            f"every machine with the same endpoint, id and --num-nodes, or raise the timeout.")
+    return ConfigError(
+        f"the rendezvous at {config.rdzv_endpoint} ({hint}, id {config.run_id!r}) failed: "
+        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__} "
+        f"({type(exc).__name__}). Check the endpoint is the same on every machine and reachable "
+        f"from all, or give a free port on one of them.")
 
 
 def _first_error(failed: Any, error_dir: Path) -> BaseException:
@@ -255,8 +293,9 @@ class ProcessGroupStrategy:
                     help="torch.distributed backend; auto: the accelerator's (nccl on CUDA, hccl on "
                          "Gaudi, gloo on CPU)")
         options.add("rdzv_endpoint", str,
-                    help="HOST:PORT where the machines of a --num-nodes > 1 job meet (the same "
-                         "on every machine)")
+                    help="HOST:PORT where the processes meet: for --num-nodes > 1 the same on "
+                         "every machine; on one machine an address of this one (default: a "
+                         "free port). Start-up ends within --<strategy>-timeout if they can't")
         options.add("rdzv_id", str, default="ptrain",
                     help="the job's id, the same on every machine of the job")
         if launcher:
@@ -298,10 +337,12 @@ class ProcessGroupStrategy:
         self.environment = detect_environment()
         if self.environment is None:
             command = self._relaunch_command(trainer)
+            hint = f"--{trainer.options['strategy']}-rdzv-endpoint"
             if command is None:
                 return launch_workers(function, nprocs=nprocs, num_nodes=trainer.num_nodes,
-                                      rdzv_endpoint=self.rdzv_endpoint, rdzv_id=self.rdzv_id)
-            script_launch.start_copies(command, nprocs)
+                                      rdzv_endpoint=self.rdzv_endpoint, rdzv_id=self.rdzv_id,
+                                      timeout=self.timeout, hint=hint)
+            script_launch.start_copies(command, nprocs, endpoint=self._local_endpoint(hint))
             self.environment = detect_environment()
         if self.environment.source == "script" and self.environment.world_size != expected:
             raise ConfigError(
@@ -317,6 +358,22 @@ class ProcessGroupStrategy:
                 f"torchrun --nproc-per-node {trainer.devices} --nnodes {trainer.num_nodes})."
             )
         return None  # the processes exist: run here
+
+    def _local_endpoint(self, hint: str) -> tuple[str, int] | None:
+        """Where the script launcher's processes meet: the ``rdzv_endpoint`` given (a free port
+        of this machine, checked before any process starts), else ``None`` (a free port)."""
+        if not self.rdzv_endpoint:
+            return None
+        host, port = rendezvous.parse_endpoint(self.rdzv_endpoint, hint)
+        if not rendezvous.is_this_machine(rendezvous.resolve(host, hint)):
+            raise ConfigError(
+                f"{hint} {self.rdzv_endpoint} is not an address of this machine, but the "
+                f"processes of this one-machine job start here and rank 0 hosts their "
+                f"rendezvous; give an address of this machine (e.g. 127.0.0.1:{port}), or leave "
+                f"the option out for a free port.")
+        if port and not rendezvous.port_is_free(port):
+            raise rendezvous.busy_port_error(host, port, hint)
+        return host, port
 
     def _relaunch_command(self, trainer: Trainer) -> list[str] | None:
         """The command that starts this program again as the other ranks, or ``None`` for the
@@ -365,8 +422,7 @@ class ProcessGroupStrategy:
             if backend == "auto":  # the accelerator knows its collective library
                 accelerator = trainer.plugins.get(trainer.options["accelerator"])
                 backend = getattr(accelerator, "process_group_backend", "gloo")
-            dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
-                                    device_id=device if device.type == "cuda" else None)
+            self._init_process_group(backend, environment, device)
             atexit.register(_destroy_process_group)
         if self.stall_timeout > 0 and trainer.world_size > 1:
             rank_watch.start(rank=trainer.global_rank, world_size=trainer.world_size,
@@ -379,6 +435,31 @@ class ProcessGroupStrategy:
         dist.broadcast_object_list(chosen, src=0)
         trainer.run_dir = Path(chosen[0]) if chosen[0] is not None else None
         return device
+
+    def _init_process_group(self, backend: str, environment: Environment,
+                            device: torch.device) -> None:
+        """``init_process_group`` at ``MASTER_ADDR:MASTER_PORT``, bounded by ``timeout``: an
+        address that doesn't resolve, a port another program holds, a store that never answers
+        or ranks that never meet end in a :class:`ConfigError` naming the endpoint."""
+        host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+        set_by = f"set by {_SET_BY.get(environment.source, 'the environment')}"
+        hint = f"MASTER_ADDR:MASTER_PORT, {set_by}"
+        if environment.source != "script":  # ptrain's script launcher chose them itself
+            rendezvous.resolve(host, f"MASTER_ADDR, {set_by}")
+            # rank 0 hosts the store (torchrun's agent hosts it before the ranks start); the
+            # others would wait on a silent one for ever
+            if environment.global_rank != 0 and environment.source != "torchelastic" \
+                    and port.isdigit():
+                rendezvous.probe_store(host, int(port), self.timeout, hint)
+        try:
+            dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
+                                    device_id=device if device.type == "cuda" else None)
+        except (RuntimeError, TimeoutError) as exc:  # torch's DistError family
+            translated = rendezvous.translate(exc, host, int(port) if port.isdigit() else 0,
+                                              self.timeout, hint)
+            if translated is None:
+                raise
+            raise translated from None
 
     # -- data ----------------------------------------------------------------------------------
 
@@ -473,6 +554,10 @@ def held_bytes(model: torch.nn.Module,
     return {"parameters": sum(size(p) for p in params),
             "gradients": sum(size(p.grad) for p in params if p.grad is not None),
             "optimizer_state": state}
+
+
+_SET_BY = {"torchelastic": "torchrun", "slurm": "ptrain from SLURM's variables",
+           "environment": "the environment"}
 
 
 def _doing(trainer: Trainer) -> str:

@@ -85,12 +85,16 @@ def _called_from_main() -> bool:
     return False
 
 
-def start_copies(command: list[str], nprocs: int) -> None:
+def start_copies(command: list[str], nprocs: int,
+                 endpoint: tuple[str, int] | None = None) -> None:
     """Start ``command`` as ranks ``1 .. nprocs - 1`` of a job on this machine and make this
-    process rank 0: the rendezvous variables are set here and in each copy."""
-    port = _free_port()
+    process rank 0: the rendezvous variables are set here and in each copy. They meet at
+    ``endpoint`` (host, port: an address of this machine; port 0: a free one), by default at
+    a free port of 127.0.0.1."""
+    host, port = endpoint or ("127.0.0.1", 0)
+    port = port or _free_port()
     error_dir = tempfile.mkdtemp(prefix="ptrain-errors-")
-    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nprocs),
+    shared = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nprocs),
               "LOCAL_WORLD_SIZE": str(nprocs), LAUNCHER_PID: str(os.getpid()),
               ERROR_DIR: error_dir}
     for rank in range(1, nprocs):
