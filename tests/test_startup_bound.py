@@ -99,6 +99,15 @@ def test_a_silent_endpoint_under_the_spawn_launcher_ends_within_the_timeout(tmp_
     assert_bounded(result)
 
 
+def test_machines_that_never_join_end_the_spawn_launcher_within_the_timeout(tmp_path):
+    # one of two machines: the first hosts the rendezvous and waits for the second
+    result = ptrain_fit(tmp_path, "--num-nodes", "2", "--ddp-rdzv-endpoint",
+                        f"127.0.0.1:{free_port()}", "--ddp-rdzv-id", "alone", devices=1)
+    assert_usage_error(result, "not all 2 machines joined", "--ddp-rdzv-endpoint", "'alone'",
+                       f"within {BOUND_S} s")
+    assert_bounded(result)
+
+
 def test_the_default_launcher_uses_the_endpoint_given_and_names_its_busy_port(tmp_path,
                                                                                silent_port):
     result = ptrain_fit(tmp_path, "--ddp-rdzv-endpoint", f"127.0.0.1:{silent_port}")
