@@ -20,6 +20,11 @@ ptrain runs on torch's own distributed engine; nothing here is a process pool of
   A rank that stops responding (stopped, frozen, dead under NCCL) ends the job within
   ``stall_timeout`` seconds (:mod:`ptrain.rank_watch`); collectives have a timeout, so no rank
   waits for ever.
+- **Start-up ends within ``timeout`` too.** Where the processes meet (``rdzv_endpoint``, or
+  ``MASTER_ADDR``/``MASTER_PORT``) is checked before anything waits on it
+  (:mod:`ptrain.rendezvous`): an address that doesn't resolve, a port another program holds,
+  an endpoint that never answers, or machines that never join end in a :class:`ConfigError`
+  naming the endpoint, not a hang or torch's traceback.
 - :class:`ProcessGroupStrategy`: hook implementations that set the ranks, create the process
   group, give each rank its shard of the data (``DistributedSampler``, ``set_epoch`` each
   epoch), reduce metrics across ranks and put barriers after checkpoint writes. The ``ddp``,
