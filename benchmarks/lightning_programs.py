@@ -483,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             for config in configs:
                 if config != "single" and not (program.get("build") or program.get("hydra")):
                     continue
-                row = entry[config] = {}
+                row = entry.setdefault(config, {})  # a framework not run keeps its result
+                row.pop("compare", None)
                 for framework in args.frameworks.split(","):
                     print(f"[{time.strftime('%H:%M:%S')}] {program['name']} {config} "
                           f"{framework}", flush=True)
