@@ -3,6 +3,8 @@ and its links work both on the repository and on the site:
 
 - the README is the site's home page (``index.md``) and CHANGELOG.md its ``changelog.md``;
 - every plugin distribution's README card is a page under ``cards/`` (``cards/ptrain-ddp.md``);
+- the docstrings of the API reference, written in reST for Python's ``help()``, lose the
+  role markers (``:class:``) and literal-block markers (``::``) Markdown leaves in them;
 - a link from ``docs/`` to a card (``../plugins/strategies/ddp/README.md``, or an example
   plugin's folder) leads to its page, a card's link into ``docs/`` to that page, and the
   README's ``docs/X.md`` to ``X.md``.
@@ -72,3 +74,19 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return re.sub(r"\]\((?:\.\./)+docs/", "](../", markdown)
     markdown = _README_LINK.sub(lambda m: f"](index.md{m.group(1) or ''})", markdown)
     return _CARD_LINK.sub(to_card, markdown)
+
+
+#: a reST role as Markdown renders it: ``:class:`~pkg.Name``` -> ``:class:<code>~pkg.Name</code>``
+_ROLE = re.compile(r":(?:class|meth|func|attr|mod|exc|data|obj):<code>(~?)([^<]*)</code>")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """reST roles become plain code (``~pkg.Name`` its last part, as Sphinx shows it); a
+    paragraph that is only ``::`` goes, and one ending in ``::`` ends in ``:``."""
+    def plain(match: re.Match) -> str:
+        tilde, name = match.groups()
+        return f"<code>{name.rsplit('.', 1)[-1] if tilde else name}</code>"
+
+    html = _ROLE.sub(plain, html)
+    html = html.replace("<p>::</p>", "")
+    return html.replace("::</p>", ":</p>")
