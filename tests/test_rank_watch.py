@@ -24,7 +24,7 @@ BOUND = STALL + 15.0
 
 def last_step(log: str) -> int:
     """The global step the message says the rank was last at, and where."""
-    found = re.search(r"was last training \(epoch \d+, global step (\d+), batch \d+\), in \w+",
+    found = re.search(r"was last training \(epoch \d+, global step (\d+), batch \d+\), in \S+",
                       log)
     assert found, f"no step and function named in:\n{log}"
     return int(found.group(1))

@@ -125,6 +125,41 @@ def test_a_model_written_in_an_empty_folder_trains(installed, flags):
     assert accuracy > 0.8, said
 
 
+def test_mlflow_records_to_its_default_store_right_after_the_install(installed):
+    """``ptrain-core[all]`` brings what ``-p mlflow``'s default store (SQLite) needs (issue 34:
+    it needed the full ``mlflow``, which ``[all]`` does not install)."""
+    venv, env, work = installed
+    (work / "model.py").write_text(first_model_code())
+    ptrain_cli(installed, "fit", "--model", "model:MoonClassifier", "--max-epochs", "1",
+               "--no-progress-bar", "--default-root-dir", "mlflow-runs", "-p", "mlflow")
+    check = ("from mlflow import MlflowClient\n"
+             "import pathlib\n"
+             "uri = 'sqlite:///' + str(pathlib.Path('mlflow-runs/mlflow.db').resolve())\n"
+             "client = MlflowClient(tracking_uri=uri)\n"
+             "runs = client.search_runs([client.get_experiment_by_name('ptrain').experiment_id])\n"
+             "print(len(runs), sorted(runs[0].data.metrics))\n")
+    result = run([str(venv / "bin" / "python"), "-c", check], work, env)
+    assert result.stdout.startswith("1 ") and "val_acc" in result.stdout, result.stdout
+
+
+def test_the_lr_finder_runs_without_matplotlib(installed):
+    """matplotlib only draws the LR finder's plot: ``[all]`` does not install it, and the
+    search still runs, writes its numbers and says how to get the plot (issue 34)."""
+    venv, env, work = installed
+    absent = run([str(venv / "bin" / "python"), "-c",
+                  "import importlib.util; print(importlib.util.find_spec('matplotlib'))"],
+                 work, env)
+    assert absent.stdout.strip() == "None"
+    (work / "model.py").write_text(first_model_code())
+    result = ptrain_cli(installed, "fit", "--model", "model:MoonClassifier", "--no-progress-bar",
+                        "--default-root-dir", "finder-runs", "-p", "lr-finder",
+                        "--lr-finder-then", "stop")
+    said = result.stdout + result.stderr
+    assert "lr-finder: suggested lr" in said and "pip install matplotlib" in said, said
+    assert list((work / "finder-runs").glob("version_*/lr_finder.json"))
+    assert not list((work / "finder-runs").glob("version_*/lr_finder.png"))
+
+
 def test_new_plugin_steps_work_as_printed(installed):
     venv, env, work = installed
     printed = ptrain_cli(installed, "new-plugin", "my-callback", "--kind", "callback").stdout

@@ -330,12 +330,28 @@ def wandb_records(run_dir: Path) -> list:
     return records
 
 
+def finished_wandb_records(run_dir: Path, timeout: float = 120.0) -> list:
+    """The transaction log's records once it holds the run's exit record: W&B's service
+    process may still be writing the file after ``run.finish()`` returns (seen on a loaded
+    machine), so this waits on that condition (checked every 0.1 s) up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = wandb_records(run_dir)
+        except Exception:  # noqa: BLE001 - a half-written record: read again
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) \
+                or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
 def wandb_contents(run_dir: Path) -> dict:
     def key(item) -> str:  # W&B writes a name either as key or as nested_key
         return item.key or "/".join(item.nested_key)
 
     history, config, exits, run = [], {}, [], None
-    records = wandb_records(run_dir)
+    records = finished_wandb_records(run_dir)
     for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "history":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -141,15 +142,6 @@ class LRFinder(Finder):
                     help="weight of the past in the loss's exponential moving average (0: raw)")
         Finder.add_then_option(options)
 
-    @staticmethod
-    @hookimpl
-    def check_available() -> str | None:
-        from importlib.util import find_spec
-
-        if find_spec("matplotlib") is None:
-            return "matplotlib is not installed (the plot needs it): pip install matplotlib"
-        return None
-
     # -- the hooks --------------------------------------------------------------------------
 
     @hookimpl(wrapper=True)
@@ -260,11 +252,15 @@ class LRFinder(Finder):
                 "seconds": self.seconds, "then": self.then}
         write_json(folder / DATA_NAME, data)
         plot = folder / PLOT_NAME
-        if self.lrs:
+        where = f"; the curve: {folder / DATA_NAME}"
+        if self.lrs and find_spec("matplotlib") is not None:
             from ptrain_finders.plot import plot_lr_curve
 
             plot_lr_curve(plot, self.lrs, self.losses, self.smoothed, self.suggestion,
                           self.configured_lr)
+            where = f"; plot: {plot}"
+        elif self.lrs:  # the plot is optional: the search and its numbers need no matplotlib
+            where += f" (pip install matplotlib to get the plot {PLOT_NAME} too)"
         groups = f" ({num_groups} param groups, scaled together)" if num_groups > 1 else ""
         if self.suggestion is None:
             what = (f"lr-finder: no suggestion: the smoothed loss did not go down (by "
@@ -280,5 +276,4 @@ class LRFinder(Finder):
                     f"{self.configured_lr:.3g}")
             if self.then == "fit":
                 what += "; training with the suggestion"
-        where = f"; plot: {plot}" if self.lrs else ""
         self.report(trainer, f"{what} ({len(self.lrs)} steps, {self.seconds:.1f} s){where}")

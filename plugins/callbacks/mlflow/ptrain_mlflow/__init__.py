@@ -141,9 +141,10 @@ class MLflowLogger:
         except ImportError as exc:
             raise PluginError(
                 f"MLflow can't open the tracking store {uri!r}: {exc}. A local database store "
-                f"needs the full MLflow package, not only the client: pip install "
-                f"'ptrain-mlflow[local]' (or pip install mlflow); or point --mlflow-tracking-uri "
-                f"at a tracking server (http://HOST:PORT).") from None
+                f"needs SQLAlchemy and alembic beside the MLflow client (ptrain-mlflow "
+                f"installs them; something removed them): pip install sqlalchemy alembic (or "
+                f"pip install mlflow); or point --mlflow-tracking-uri at a tracking server "
+                f"(http://HOST:PORT).") from None
         except MlflowException as exc:
             raise ConfigError(
                 f"MLflow could not start a run at tracking URI {uri!r} (experiment "
