@@ -220,7 +220,13 @@ def safe_load(path: str | Path) -> dict[str, Any]:
             f"Resume only from checkpoints written by ptrain; to start from other weights, load "
             f"them in your module's __init__."
         )
-    if checkpoint.get("format_version", 0) > FORMAT_VERSION:
+    version = checkpoint.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format version {version!r}, which no ptrain writes "
+            f"(a whole number); it was changed after the save or written by another program. "
+            f"Give another checkpoint with --ckpt-path.")
+    if version > FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has format version {checkpoint['format_version']}, newer "
             f"than this ptrain reads ({FORMAT_VERSION}); upgrade ptrain-core."

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -187,6 +188,32 @@ def _overfit(value: Any) -> int | float:
     return 0 if limit == 0 else _batch_limit(limit)
 
 
+def _toml_context(path: Path, text: str, error: str) -> str:
+    """What helps to find a TOML error: the line it names, and for a YAML or JSON file that
+    ptrain reads TOML only."""
+    said = ""
+    line = re.search(r"\(at line (\d+), column \d+\)", error)
+    lines = text.splitlines()
+    if line and 0 < int(line[1]) <= len(lines) and lines[int(line[1]) - 1].strip():
+        said = f"; line {line[1]} reads {lines[int(line[1]) - 1].strip()[:80]!r}"
+    if Path(path).suffix.lower() in (".yaml", ".yml", ".json"):
+        said += (f". ptrain reads config files in TOML only (`ptrain fit --print-config` prints "
+                 f"one to start from), not {Path(path).suffix[1:].upper()}")
+    return said
+
+
+def _folder(value: Any) -> str:
+    """A folder's path: not empty (which would put the run folders in the working directory
+    without saying so; give '.' for that) and without a NUL character."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    if not path.strip():
+        raise ValueError("expected a folder's path, got an empty one (give '.' for the working "
+                         "directory)")
+    if "\0" in path:
+        raise ValueError(f"a path can't hold a NUL character: {path!r}")
+    return path
+
+
 def core_options() -> OptionGroup:
     """The core's own options: the ``[trainer]`` table, the flags without a plugin prefix, and the
     keyword arguments of :class:`ptrain.Trainer`."""
@@ -246,7 +273,7 @@ def core_options() -> OptionGroup:
           help="how gradient_clip_val clips")
     g.add("log_every_n_steps", positive(to_int), default=50,
           help="write step metrics (and check the loss is finite) every n optimizer steps")
-    g.add("default_root_dir", str, default="runs",
+    g.add("default_root_dir", _folder, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")
     g.add("seed", to_seed, help="seed Python, NumPy and torch once, when the trainer is made "
                                "(before the model is built), for a reproducible run")
@@ -308,7 +335,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(path)!r} can't be read: {exc}.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}"
+                          f"{_toml_context(path, text, str(exc))}.") from None
     for key, value in data.items():
         if key in TOP_LEVEL_KEYS:
             if not isinstance(value, str):

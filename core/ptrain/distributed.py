@@ -92,17 +92,59 @@ def detect_environment() -> Environment | None:
     if all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         source = ("torchelastic" if "TORCHELASTIC_RUN_ID" in env else
                   "script" if script_launch.LAUNCHER_PID in env else "environment")
-        return Environment(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), source)
-    if ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+        return _checked_environment(env, source)
+    if ("SLURM_PROCID" in env and _slurm_tasks(env) > 1
             and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")):
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1")
         env.setdefault("MASTER_ADDR", first_host(nodelist))
         env.setdefault("MASTER_PORT", str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
         env["RANK"], env["LOCAL_RANK"] = env["SLURM_PROCID"], env.get("SLURM_LOCALID", "0")
         env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-        return Environment(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
-                           "slurm")
+        return _checked_environment(env, "slurm")
     return None
+
+
+def _slurm_tasks(env) -> int:
+    text = env.get("SLURM_NTASKS", "1")
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"the environment variable SLURM_NTASKS={text!r} is not a whole number; SLURM sets "
+            f"it to the job step's number of tasks. Unset it (and SLURM_PROCID) to run outside "
+            f"a SLURM job step.") from None
+
+
+def _checked_environment(env, source: str) -> Environment:
+    """The torchrun-style variables as an :class:`Environment`, refused in one paragraph when
+    one is not a number or they contradict each other (they would fail deep in torch, or wait
+    for a rank that can't exist)."""
+    by = "the environment" if source == "environment" else source
+    numbers = {}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        text = env[name]
+        try:
+            numbers[name] = int(text)
+        except ValueError:
+            numbers[name] = None
+        if numbers[name] is None or numbers[name] < 0:
+            raise ConfigError(
+                f"the environment variable {name}={text!r} (set by {by}) is not a whole "
+                f"number >= 0. RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are "
+                f"set by the launcher (torchrun, srun) for each process; unset them to run "
+                f"without one, or give {name} a valid value.")
+    rank, world, port = numbers["RANK"], numbers["WORLD_SIZE"], numbers["MASTER_PORT"]
+    problem = ("WORLD_SIZE=0: a job has at least one process" if world == 0 else
+               f"RANK={rank} is not below WORLD_SIZE={world}" if rank >= world else
+               f"MASTER_PORT={port} is not a port (1 to 65535)" if not 0 < port < 65536 else
+               None)
+    if problem is not None:
+        raise ConfigError(
+            f"the launcher's environment (set by {by}) does not describe a job: {problem}. "
+            f"Ranks are numbered from 0 to WORLD_SIZE - 1; unset RANK, LOCAL_RANK, WORLD_SIZE, "
+            f"MASTER_ADDR and MASTER_PORT to run without a launcher, or start the job with "
+            f"torchrun, which sets them.")
+    return Environment(rank, numbers["LOCAL_RANK"], world, source)
 
 
 _HOSTLIST = re.compile(r"^([^,\[]+)(?:\[([^\]]+)\])?")

@@ -114,6 +114,12 @@ def table(outcome: TuneOutcome) -> Any:
 
 def check_output(path: Path) -> None:
     """Refuse, before anything is measured, to replace a file ``ptrain tune`` did not write."""
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():  # the folders to make can't be made: say so before the minutes of work
+        raise ConfigError(f"--tune-output {path} can't be written: {above} is a file, not a "
+                          f"folder. Give a file in a folder (made if missing) with --tune-output.")
     if path.is_dir():
         raise ConfigError(f"--tune-output {path} is a folder; give the file to write "
                           f"(e.g. {path / 'tuned.toml'}).")
