@@ -167,6 +167,26 @@ def unloadable_reason(value: Any) -> str | None:
     return None
 
 
+def _not_a_file(path: Path) -> CheckpointError:
+    """Why ``path`` (not a regular file) can't be read as a checkpoint, in the user's terms."""
+    fix = "Give the path of a .ckpt file, or `last` to resume the latest run."
+    if path.is_dir():
+        found = sorted(str(p) for p in path.rglob("*.ckpt"))[:3]
+        inside = (f"; checkpoints under it: {', '.join(found)}" if found else
+                  "; no .ckpt file is under it")
+        return CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint "
+                               f"file{inside}. {fix}")
+    if path.is_symlink():
+        return CheckpointNotFoundError(
+            f"checkpoint {str(path)!r} is a symbolic link that leads to no file (it points to a "
+            f"missing path, or loops: {os.readlink(path)!r}). {fix}")
+    if path.exists():
+        return CheckpointError(
+            f"checkpoint {str(path)!r} is not a regular file (a named pipe, socket or device), "
+            f"so it can't be a checkpoint and is not opened. {fix}")
+    return CheckpointNotFoundError(f"checkpoint {str(path)!r} does not exist. {fix}")
+
+
 def safe_load(path: str | Path) -> dict[str, Any]:
     """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
     path = Path(path)
@@ -181,11 +201,7 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     if incomplete is not None:
         raise incomplete
     if not path.is_file():
-        raise (CheckpointError if path.is_dir() else CheckpointNotFoundError)(
-            f"checkpoint {str(path)!r} does not exist"
-            + (" (it is a directory)" if path.is_dir() else "")
-            + ". Give the path of a .ckpt file, or `last` to resume the latest run."
-        )
+        raise _not_a_file(path)
     verify_integrity(path)
     try:
         with warnings.catch_warnings():  # the refusal below says what the file is

@@ -19,8 +19,9 @@ def duration(text: str) -> float:
     """Seconds from ``90``, ``90s``, ``10m`` or ``1.5h``."""
     found = _DURATION.fullmatch(text.strip())
     if not found or float(found["number"]) <= 0:
+        what = "is not a duration" if not found else "is no time to measure in"
         raise argparse.ArgumentTypeError(
-            f"--tune-budget {text!r} is not a duration: give seconds (600), or a number with "
+            f"--tune-budget {text!r} {what}: give seconds above 0 (600), or a number with "
             f"s, m or h (90s, 10m, 1.5h)")
     return float(found["number"]) * _UNITS[found["unit"]]
 
