@@ -215,10 +215,12 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
     # -- checkpoints ----------------------------------------------------------------------
     "ckpt-symlink-loop": lambda t, c: _fit(t, "--ckpt-path", str(_loop(t)),
                                            needles=("a.ckpt", "symbolic link", "loops")),
-    "ckpt-fifo": lambda t, c: _fit(t, "--ckpt-path", str(_fifo(t)), needles=("pipe.ckpt", "not a regular file")),
+    "ckpt-fifo": lambda t, c: _fit(t, "--ckpt-path", str(_fifo(t)),
+                                   needles=("pipe.ckpt", "not a regular file")),
     "ckpt-zero-bytes": lambda t, c: (
         (t / "empty.ckpt").write_bytes(b""),
-        _fit(t, "--ckpt-path", str(t / "empty.ckpt"), needles=("empty.ckpt", "truncated or corrupt")))[1],
+        _fit(t, "--ckpt-path", str(t / "empty.ckpt"),
+             needles=("empty.ckpt", "truncated or corrupt")))[1],
     "ckpt-truncated-zip": lambda t, c: _fit(t, "--ckpt-path", str(_truncated(c, t)),
                                             needles=("cut.ckpt", "truncated or corrupt")),
     "ckpt-newer-format-version": lambda t, c: _fit(
@@ -234,9 +236,6 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
     "ckpt-path-given-twice": lambda t, c: _fit(
         t, "--ckpt-path", str(_copy(c, t)), "--ckpt-path", "last",
         needles=("--ckpt-path was given twice", "start.ckpt", "'last'")),
-    "model-given-twice": lambda t, c: _fit(
-        t, "--model", "tests._hostile_models:NoOptimizers",
-        needles=("--model was given twice", "tests._input_models:Base")),
     "ckpt-last-on-an-empty-root": lambda t, c: _fit(t, "--ckpt-path", "last",
                                                     needles=("last",)),
     "validate-ckpt-a-zip-of-something-else": lambda t, c: (

@@ -43,8 +43,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Once(argparse.Action):
-    """An option that names one thing (the model, the config, the checkpoint): given twice with
-    different values it is refused, rather than the first silently dropped."""
+    """``--ckpt-path`` given twice with different values is refused, rather than the first
+    silently dropped (which checkpoint a run starts from decides what it overwrites). Other
+    flags keep argparse's rule, the last one wins, which tests and scripts use to override."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, None)
@@ -211,18 +212,18 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
     run = parser.add_argument_group("run")
     run.add_argument("--help-all", action="store_true",
                      help="show the options of every installed plugin, selected or not")
-    run.add_argument("--model", action=_Once, help="the TrainModule class, as MODULE:CLASS; init arguments "
+    run.add_argument("--model", help="the TrainModule class, as MODULE:CLASS; init arguments "
                                      "with --model.KEY VALUE (optional with --ckpt-path: the "
                                      "checkpoint says how to rebuild the model)")
-    run.add_argument("--data", action=_Once, help="a DataModule class, as MODULE:CLASS (optional); init "
+    run.add_argument("--data", help="a DataModule class, as MODULE:CLASS (optional); init "
                                     "arguments with --data.KEY VALUE")
-    run.add_argument("--config", action=_Once, help="a TOML config file; flags override it")
+    run.add_argument("--config", help="a TOML config file; flags override it")
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved configuration (plugin options included) and exit")
-    run.add_argument("--ckpt-path", action=_Once, help="resume (fit) or evaluate from this checkpoint: a path, "
-                                         "'last', 'best', or 'last-intact' (the newest that "
-                                         "passes its integrity check, saying what it passed "
-                                         "over)")
+    run.add_argument("--ckpt-path", action=_Once,
+                     help="resume (fit) or evaluate from this checkpoint: a path, 'last', 'best', "
+                          "or 'last-intact' (the newest that passes its integrity check, saying "
+                          "what it passed over)")
     run.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
                      help="enable callback plugin NAME; -p no:NAME blocks one before it is "
                           "imported (repeatable)")
