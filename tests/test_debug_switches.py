@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ptrain
+
 from tests.conftest import TinyRegressor
 
 
@@ -26,13 +28,17 @@ def test_detect_anomaly_names_the_forward_operation_whose_backward_made_a_nan(ma
     assert not torch.is_anomaly_enabled()  # the previous mode is back, also after an error
 
 
-def test_without_detect_anomaly_the_nan_goes_into_the_weights_unnoticed_by_autograd(
+def test_without_detect_anomaly_the_nan_goes_into_the_weights_and_the_state_check_stops_it(
         make_trainer):
     module = SqrtOfZero()
     trainer = make_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0)
-    trainer.fit(module)  # the loss itself stays finite, so nothing stops the run
+    # the loss itself stays finite, so autograd says nothing; the finite-state check at the
+    # epoch's end stops the run before a checkpoint holds the NaN weights
+    with pytest.raises(ptrain.NonFiniteStateError, match="parameter 'net.1.bias'"):
+        trainer.fit(module)
     assert trainer.global_step == 1
     assert torch.isnan(module.net[1].bias).all()
+    assert not (trainer.run_dir / "checkpoints" / "last.ckpt").exists()
 
 
 def test_detect_anomaly_is_off_by_default_and_restored_after_a_run(make_trainer):
