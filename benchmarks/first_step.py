@@ -59,8 +59,8 @@ RUNNERS = {
     "lightning (defaults)": True,
 }
 #: ptrain's default callbacks, blocked for the "off" row
-DEFAULT_CALLBACKS_OFF = ["no:checkpoint", "no:tensorboard", "no:progress-bar", "no:dataloading",
-                         "no:model-summary", "no:stop-signals"]
+DEFAULT_CALLBACKS_OFF = ["no:checkpoint", "no:tensorboard", "no:progress-bar", "no:results",
+                         "no:dataloading", "no:model-summary", "no:stop-signals"]
 
 
 def child(runner: str, pre_intern: int = 0) -> dict[str, float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import math
 import os
@@ -29,7 +28,7 @@ from ptrain.config import core_options, to_seed
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
-from ptrain.hook_calls import StepHooks
+from ptrain.hook_calls import StepHooks, observation_of
 from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
                                  is_hook_method_callback, module_plugins)
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
@@ -690,25 +689,34 @@ class Trainer:
         warning that names whose teardown raised; the stage's outcome stands (its checkpoints,
         logs and results were written before teardown), and a stage that failed raises its own
         error, not the teardown's."""
-        calls = [(f"plugin {impl.plugin_name!r}",
-                  functools.partial(_call_teardown_impl, impl, self, stage))
-                 for impl in reversed(self.hook.teardown.get_hookimpls())]
+        def release_plugins(stage: str) -> None:
+            for impl in reversed(self.hook.teardown.get_hookimpls()):
+                self._said_if_raises(f"plugin {impl.plugin_name!r}", _call_teardown_impl,
+                                     impl, self, stage)
+
+        observation = observation_of(self.pm)  # the testing kit and --trace see one call
+        if observation is not None:
+            release_plugins = observation.observed_caller("teardown", release_plugins)
+        release_plugins(stage=stage)
         for owner in (module, self.datamodule):
             if owner is not None:
-                calls.append((f"{type(owner).__qualname__}.teardown",
-                              functools.partial(owner.teardown, stage=stage)))
-        for who, call in calls:
-            try:
-                call()
-            except Exception as exc:  # noqa: BLE001 - said, and the other teardowns still run
-                from ptrain.frames import plugin_origin
+                self._said_if_raises(f"{type(owner).__qualname__}.teardown", owner.teardown,
+                                     stage=stage)
 
-                origin = plugin_origin(exc) or f"{who} raised {type(exc).__name__} in teardown"
-                outcome = ("the stage had already failed; its own error follows" if
-                           self.exception is not None else
-                           "the stage had finished: its checkpoints, logs and results stand")
-                warnings.warn(f"{origin}: {exc}. The other teardowns ran; {outcome}.",
-                              stacklevel=2)
+    def _said_if_raises(self, who: str, function: Any, *args: Any, **kwargs: Any) -> None:
+        """Call a teardown; an exception it raises becomes a warning naming ``who`` (see
+        :meth:`_teardown`)."""
+        try:
+            function(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - said, and the other teardowns still run
+            from ptrain.frames import plugin_origin
+
+            origin = plugin_origin(exc) or f"{who} raised {type(exc).__name__} in teardown"
+            outcome = ("the stage had already failed; its own error follows" if
+                       self.exception is not None else
+                       "the stage had finished: its checkpoints, logs and results stand")
+            warnings.warn(f"{origin}: {exc}. The other teardowns ran; {outcome}.",
+                          stacklevel=3)
 
     def _configure_model(self, empty_init: bool | None) -> None:
         """Call the module's ``configure_model()`` inside the plugins' init contexts, the first

@@ -13,7 +13,7 @@ from ptrain.options import closest
 from ptrain.trainer import Trainer
 
 #: Callbacks that are on by default in a run and that ``run_fit`` turns off unless named.
-QUIET_CALLBACKS = ("progress-bar", "tensorboard", "model-summary")
+QUIET_CALLBACKS = ("progress-bar", "results", "tensorboard", "model-summary")
 _BLOCK = "no:"
 
 
