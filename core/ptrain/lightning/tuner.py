@@ -150,7 +150,8 @@ class Tuner:
         try:
             given = dict(self._trainer._init_kwargs)
             if isinstance(self._trainer, pl.Trainer):
-                given.update(callbacks=[finder, "no:results"], logger=False, enable_checkpointing=False,
+                given.update(callbacks=[finder, "no:results"], logger=False,
+                             enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, default_root_dir=str(scratch),
                              profiler=None, fast_dev_run=False)
