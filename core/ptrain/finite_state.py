@@ -14,6 +14,7 @@ after a check failed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import torch
@@ -71,6 +72,13 @@ def first_nonfinite(trainer: Trainer) -> str | None:
     return None
 
 
+def last_written_checkpoint(trainer: Trainer) -> Path | None:
+    """The run's resumable checkpoint when one was written, for the messages that say it is
+    kept."""
+    saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None
+    return saved if saved is not None and saved.exists() else None
+
+
 def state_error(trainer: Trainer) -> NonFiniteStateError:
     """The error for a state found non-finite at ``trainer.global_step``: the step range it went
     bad in (since the last check found it finite), the tensor, and the checkpoint kept."""
@@ -80,9 +88,9 @@ def state_error(trainer: Trainer) -> NonFiniteStateError:
             else f"at global step {trainer.global_step}")
     tensor = first_nonfinite(trainer)
     which = f" (first: {tensor})" if tensor is not None else " (in another process's shard)"
-    saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None
+    saved = last_written_checkpoint(trainer)
     kept = (f"The last checkpoint written, {str(saved)!r}, holds the state from before and is "
-            f"kept." if saved is not None and saved.exists() else "No checkpoint was written over.")
+            f"kept." if saved is not None else "No checkpoint was written over.")
     return NonFiniteStateError(
         f"the model's parameters or optimizer state became NaN or infinite {when}{which}, "
         f"though the training loss stayed finite: a step produced non-finite gradients or "

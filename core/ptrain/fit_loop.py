@@ -18,7 +18,7 @@ import torch
 from ptrain import checkpoint_io
 from ptrain.data import loader_batch_size, stop_workers
 from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
-from ptrain.finite_state import state_error, state_is_finite
+from ptrain.finite_state import last_written_checkpoint, state_error, state_is_finite
 from ptrain.optimizers import step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
@@ -44,9 +44,9 @@ def check_losses_finite(trainer: Trainer) -> None:
     first = int((~finite).reshape(len(window), -1).any(dim=1).nonzero()[0, 0])
     epoch, batch_idx, step, loss = window[first]
     window.clear()
-    saved = trainer.last_checkpoint_path if trainer.log_dir is not None else None
+    saved = last_written_checkpoint(trainer)
     kept = (f" The last checkpoint written, {str(saved)!r}, was saved before that and is kept."
-            if saved is not None and saved.exists() else " No checkpoint was written over.")
+            if saved is not None else " No checkpoint was written over.")
     raise NonFiniteLossError(
         f"the training loss became {float(loss)} at epoch {epoch}, batch {batch_idx} (global step "
         f"{step}); training stopped.{kept} Lower the learning rate, clip gradients "
