@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ptrain
 from ptrain.examples import config_path
+from tests._suite_time import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 #: the config of the example that ships with the core (`ptrain example digits` trains it)

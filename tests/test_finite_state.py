@@ -78,3 +78,31 @@ def test_optimizer_state_is_checked_too(tmp_path):
     with pytest.raises(ptrain.NonFiniteStateError, match="optimizer 0's 'exp_avg_sq' of 'net"):
         trainer.fit(TinyRegressor(n=32, optimizer="adam"))
     assert _last(tmp_path / "runs")["loop"]["global_step"] == 4
+
+
+class BadMomentsOnEveryRank:
+    """Sets Adam's second moments of the state this process steps to inf after epoch 1. Under
+    zero1 that is the rank's shard, held by the inner optimizer."""
+
+    name = "bad-moments-every-rank"
+
+    @ptrain.hookimpl
+    def on_epoch_end(self, trainer):
+        if trainer.current_epoch == 1:
+            optimizer = trainer.optimizers[0]
+            live = getattr(optimizer, "optim", optimizer)
+            for state in live.state.values():
+                state["exp_avg_sq"].fill_(float("inf"))
+
+
+def test_a_sharded_optimizers_own_shard_is_what_is_checked(tmp_path):
+    """torch's ZeroRedundancyOptimizer steps an inner optimizer; its own ``state`` stays empty
+    (or holds None for the other ranks' parameters after a resume), so the check must read the
+    inner one."""
+    trainer = ptrain.Trainer(accelerator="cpu", strategy="zero1", devices=2, max_epochs=3,
+                             seed=0, default_root_dir=str(tmp_path / "runs"),
+                             callbacks=["no:tensorboard", "no:progress-bar", "no:results",
+                                        "no:model-summary", BadMomentsOnEveryRank()])
+    with pytest.raises(ptrain.NonFiniteStateError, match="optimizer 0's 'exp_avg_sq' of 'net"):
+        trainer.fit(TinyRegressor(n=32, optimizer="adam"))
+    assert _last(tmp_path / "runs")["loop"]["global_step"] == 2

@@ -15,7 +15,7 @@ after a check failed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import torch
 
@@ -30,6 +30,15 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else tensor
 
 
+def _live(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``state`` is updated by ``step()``. A wrapper that steps an inner
+    optimizer and exposes it as ``optim`` (torch's ``ZeroRedundancyOptimizer``: each rank's
+    shard) keeps in its own ``state`` only what was last loaded, with None for the other ranks'
+    parameters."""
+    inner = getattr(optimizer, "optim", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
 def _state_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every floating-point parameter and optimizer state tensor."""
     names = {}
@@ -37,7 +46,9 @@ def _state_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
         names[id(parameter)] = name
         yield f"parameter {name!r}", parameter.detach()
     for index, optimizer in enumerate(trainer.optimizers):
-        for parameter, state in getattr(optimizer, "state", {}).items():
+        for parameter, state in getattr(_live(optimizer), "state", {}).items():
+            if not isinstance(state, Mapping):
+                continue
             owner = names.get(id(parameter), "a parameter outside the module")
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
