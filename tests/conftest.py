@@ -15,6 +15,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ptrain
 from ptrain.examples import config_path
+# the suite's own pytest plugins: hooks found in this module's namespace
+from tests._campaigns import (  # noqa: F401
+    pytest_addoption, pytest_collection_modifyitems, pytest_report_collectionfinish)
 from tests._suite_time import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent

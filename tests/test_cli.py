@@ -301,6 +301,7 @@ def test_resume_from_last_continues_in_the_same_run_folder(runs, trained_run, ch
     assert checkpoint["loop"]["global_step"] == 3 * BATCHES_PER_EPOCH
 
 
+@pytest.mark.campaign(sample=3)
 @pytest.mark.parametrize("kind", list(BAD_CHECKPOINTS))
 def test_unusable_checkpoint_is_a_usage_error_and_leaves_the_run_alone(kind, runs, trained_run,
                                                                        checkpoint_runs):
@@ -343,6 +344,7 @@ def test_nan_loss_stops_with_the_batch_and_keeps_a_good_checkpoint(runs):
 # Unknown names and flags
 
 
+@pytest.mark.campaign(sample=3)
 @pytest.mark.parametrize("flag,kind,typed,intended", UNKNOWN_PLUGINS,
                          ids=[case[2] for case in UNKNOWN_PLUGINS])
 def test_unknown_plugin_name(flag, kind, typed, intended, runs):
@@ -375,6 +377,7 @@ def test_option_of_a_plugin_outside_the_run_says_how_to_enable_it(runs):
 # --model
 
 
+@pytest.mark.campaign(sample=3)
 @pytest.mark.parametrize("key", list(BAD_MODELS))
 def test_bad_model_is_a_usage_error(key, runs):
     assert_usage_error(runs[f"model-{key}"], *BAD_MODELS[key][1])
@@ -430,6 +433,7 @@ def test_flags_override_the_config_file_and_the_output_reads_back(runs, tmp_path
     assert again.stdout == result.stdout
 
 
+@pytest.mark.campaign(sample=3)
 @pytest.mark.parametrize("key", list(BAD_CONFIGS))
 def test_bad_config_file_is_a_usage_error(key, runs):
     folder = runs.dirs[f"config-{key}"]

@@ -279,6 +279,7 @@ XFAIL: dict[str, str] = {
 }
 
 
+@pytest.mark.campaign(sample=12)
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name]))
     if name in XFAIL else name for name in CASES])
