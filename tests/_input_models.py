@@ -3,6 +3,9 @@ user's model, loss, logging, optimizer or data can be, and what ptrain must name
 
 from __future__ import annotations
 
+import os
+import signal
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -136,6 +139,28 @@ class _BrokenDataset(Dataset):
 class RaisesInDataset(Base):
     def train_dataloader(self):
         return DataLoader(_BrokenDataset(), batch_size=2)
+
+
+class RaisesInDataLoaderWorker(Base):
+    """The same dataset read by worker processes: torch re-raises the error in the main process
+    with the worker's traceback as text."""
+
+    def train_dataloader(self):
+        return DataLoader(_BrokenDataset(), batch_size=2, num_workers=2,
+                          persistent_workers=True)
+
+
+class _CrashingDataset(_BrokenDataset):
+    def __getitem__(self, index):
+        if index == 5:  # as a native extension's fault would: no Python traceback
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return torch.zeros(4), torch.zeros(1)
+
+
+class CrashesInDataLoaderWorker(Base):
+    def train_dataloader(self):
+        return DataLoader(_CrashingDataset(), batch_size=2, num_workers=2,
+                          persistent_workers=True)
 
 
 class RaisesInValidationStep(Base):

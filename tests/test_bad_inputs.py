@@ -81,23 +81,33 @@ USER_ERRORS = {
                            "RuntimeError in validation_step (_input_models.py:"),
     "in-second-epoch": ("RaisesInSecondEpoch",
                         "RuntimeError in training_step (_input_models.py:"),
+    "in-dataloader-worker": ("RaisesInDataLoaderWorker",
+                             "KeyError in __getitem__ (_input_models.py:"),
 }
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(request, tmp_path_factory):
+    """Each case's CLI result, run two at a time; only the cases this run selected."""
+    selected = set()
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and callspec is not None and "name" in callspec.params:
+            selected.add(callspec.params["name"])
     root = tmp_path_factory.mktemp("bad-inputs")
     argvs = {name: [*argv, *COMMON, "--max-epochs", "1", "--default-root-dir", str(root)]
              if "--max-epochs" not in argv else [*argv, *COMMON, "--default-root-dir", str(root)]
-             for name, (argv, _) in {**MODEL_CASES, **FLAG_CASES}.items()}
+             for name, (argv, _) in {**MODEL_CASES, **FLAG_CASES}.items() if name in selected}
     for name, (cls, _) in USER_ERRORS.items():
-        argvs[name] = ["fit", "--model", f"tests._input_models:{cls}", *COMMON, "--max-epochs",
-                       "2", "--default-root-dir", str(root / name)]
+        if name in selected:
+            argvs[name] = ["fit", "--model", f"tests._input_models:{cls}", *COMMON,
+                           "--max-epochs", "2", "--default-root-dir", str(root / name)]
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run_cli, *argv) for name, argv in argvs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
+@pytest.mark.campaign(sample=8)
 @pytest.mark.parametrize("name", list(MODEL_CASES) + list(FLAG_CASES))
 def test_a_bad_input_is_a_one_paragraph_usage_error(results, name):
     needles = {**MODEL_CASES, **FLAG_CASES}[name][1]
@@ -112,6 +122,8 @@ def test_a_users_exception_is_headed_by_the_function_that_raised(results, name):
     assert result.returncode == 1, result.stderr
     first, *rest = result.stderr.splitlines()
     assert first.startswith("ptrain: your code raised ") and where in first, result.stderr
+    if name == "in-dataloader-worker":  # torch passed the worker's traceback on as text
+        assert ") in DataLoader worker process " in first, first
     # only a fit that wrote a checkpoint before failing points to one
     if name == "in-second-epoch":
         assert "Checkpoints saved so far are intact: resume with --ckpt-path last (" in first
@@ -120,6 +132,20 @@ def test_a_users_exception_is_headed_by_the_function_that_raised(results, name):
         assert "Checkpoints" not in first, first
     assert rest[0] == "Traceback (most recent call last):", result.stderr  # the user's, whole
     assert "_input_models.py" in result.stderr
+
+
+def test_a_crashed_dataloader_worker_is_said_with_the_way_to_see_where(tmp_path):
+    """A worker that dies without a Python error (a native fault, the OOM killer): torch can
+    only say it died; the line above its traceback says what could have and how to find it."""
+    result = run_cli("fit", "--model", "tests._input_models:CrashesInDataLoaderWorker", *COMMON,
+                     "--max-epochs", "1", "--default-root-dir", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    # torch's worker prints its own line first ("Unexpected segmentation fault ..."), ended
+    # by a NUL byte
+    ours = [line.strip("\x00 ") for line in result.stderr.splitlines() if "ptrain:" in line]
+    assert len(ours) == 1, result.stderr
+    assert ours[0].startswith("ptrain: a DataLoader worker process died"), ours
+    assert "num_workers=0" in ours[0] and "traceback follows" in ours[0], ours
 
 
 def test_max_epochs_minus_one_means_no_epoch_limit(tmp_path):

@@ -621,11 +621,19 @@ def _error_header(exc: BaseException) -> str | None:
     """The line above the traceback of an exception that is not ptrain's own error: whose code
     raised it (the user's, or a plugin's hook), and the checkpoint to resume from when the
     failed fit wrote one."""
-    from ptrain.frames import fit_checkpoint, plugin_origin, user_code_origin
+    from ptrain.frames import (dataloader_worker_death, dataloader_worker_origin, fit_checkpoint,
+                               plugin_origin, user_code_origin)
 
-    where = user_code_origin(exc)
+    where = user_code_origin(exc) or dataloader_worker_origin(exc)
+    death = dataloader_worker_death(exc)
     if where is not None:
         header = f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback follows."
+    elif death is not None:
+        header = (f"ptrain: a DataLoader worker process died without a Python error ({death}): "
+                  f"the code it runs (the dataset's __getitem__, a collate_fn, a "
+                  f"worker_init_fn) crashed in native code, or the process was killed (out of "
+                  f"memory). Give the DataLoader num_workers=0 to run that code in this process, "
+                  f"where the error can be seen; its traceback follows.")
     else:
         plugin = plugin_origin(exc)
         if plugin is None:

@@ -4,6 +4,7 @@ the user's code, a plugin's hook, and whether a checkpoint of the failed fit exi
 
 from __future__ import annotations
 
+import re
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,44 @@ def user_code_origin(exc: BaseException) -> str | None:
         if is_library_frame(frame) or _is_installed(frame):
             continue
         return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{line})"
+    return None
+
+
+#: torch's text for an exception raised in a DataLoader worker and raised again in the main
+#: process (torch.utils.data's ExceptionWrapper): the worker's traceback is in the message
+_WORKER_ERROR = re.compile(r"Caught \w+ in DataLoader worker process (\d+)\.\n"
+                           r"Original Traceback")
+_TEXT_FRAME = re.compile(r'^  File "(.+)", line (\d+), in (\S+)$', re.MULTILINE)
+
+
+def _is_users_file(file: str) -> bool:
+    parts = Path(file).parts
+    return not (file.startswith(_STDLIB) or file.startswith("<") or "site-packages" in parts
+                or "dist-packages" in parts
+                or any(p == "ptrain" or p.startswith("ptrain_") for p in parts))
+
+
+def dataloader_worker_origin(exc: BaseException) -> str | None:
+    """``"__getitem__ (data.py:12) in DataLoader worker process 0"`` for an exception that torch
+    raised again from a DataLoader worker: the innermost frame of the user's code in the
+    worker's traceback, which torch hands on as text; else ``None``."""
+    text = str(exc.args[0]) if exc.args else ""
+    found = _WORKER_ERROR.match(text)
+    if found is None:
+        return None
+    for file, line, function in reversed(_TEXT_FRAME.findall(text)):
+        if _is_users_file(file):
+            return (f"{function} ({Path(file).name}:{line}) in DataLoader worker process "
+                    f"{found.group(1)}")
+    return None
+
+
+def dataloader_worker_death(exc: BaseException) -> str | None:
+    """torch's one line when a DataLoader worker process died without a Python error (a fault
+    in native code, a kill by the out-of-memory killer); else ``None``."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and text.startswith("DataLoader worker (pid"):
+        return text.splitlines()[0]
     return None
 
 
