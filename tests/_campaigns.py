@@ -18,7 +18,9 @@ MARKER = "campaign"
 _SAMPLED = pytest.StashKey[tuple]()  # (families, cases left out, seed)
 
 
-def pytest_addoption(parser) -> None:
+def add_options(parser) -> None:
+    """The options, added by the conftest's ``pytest_addoption`` (this module is registered as
+    a plugin after the options are parsed)."""
     group = parser.getgroup("ptrain campaigns")
     group.addoption("--full", action="store_true",
                     help="run every case of each campaign family (by default: a seeded sample)")

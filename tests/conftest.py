@@ -15,10 +15,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ptrain
 from ptrain.examples import config_path
-# the suite's own pytest plugins: hooks found in this module's namespace
-from tests._campaigns import (  # noqa: F401
-    pytest_addoption, pytest_collection_modifyitems, pytest_report_collectionfinish)
-from tests._suite_time import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 #: the config of the example that ships with the core (`ptrain example digits` trains it)
@@ -117,3 +113,20 @@ def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- the suite's own pytest plugins ---------------------------------------------------------
+# Imported inside the hooks: scripts and `ptrain` processes import this module for its models
+# with only tests/ (or only the repository) on sys.path, where `tests` is not importable.
+
+def pytest_addoption(parser):
+    from tests._campaigns import add_options
+
+    add_options(parser)
+
+
+def pytest_configure(config):
+    from tests import _campaigns, _suite_time
+
+    for plugin in (_campaigns, _suite_time):
+        config.pluginmanager.register(plugin, f"ptrain-suite-{plugin.__name__}")

@@ -35,8 +35,9 @@ def _run(folder, *args: str) -> tuple[int, list[str], str]:
 
 def _project(tmp_path, test_source: str = FAMILY):
     (tmp_path / "conftest.py").write_text(
-        "from tests._campaigns import (pytest_addoption, pytest_collection_modifyitems,\n"
-        "                              pytest_report_collectionfinish)\n")
+        "from tests import _campaigns\n\n"
+        "def pytest_addoption(parser):\n    _campaigns.add_options(parser)\n\n"
+        "def pytest_configure(config):\n    config.pluginmanager.register(_campaigns)\n")
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nmarkers =\n    campaign(sample): a family\n")
     (tmp_path / "test_family.py").write_text(test_source)
