@@ -7,9 +7,11 @@ of a sharded write."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 from ptrain import CheckpointWriteError
 from ptrain.checkpoint_io import atomic_save, safe_load
 from tests._faults import SmallDisk, kill_marked, leftovers, start_job, unwritable_folder
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +105,26 @@ def test_a_refused_checkpoint_write_stops_the_run_and_keeps_the_last_one(full_di
     assert step_of(last_of(root)) == EVERY  # the checkpoint before the disk was full
     assert not partial_files(root)
     assert not left, f"processes left running: {left}"
+
+
+def test_the_advice_to_resume_elsewhere_works_as_printed(full_disk_runs, tmp_path):
+    """The refusal's advice, followed literally: the run resumes from the named checkpoint into
+    a new run folder under the new root, and nothing is written to the full disk."""
+    disk, runs = full_disk_runs
+    job, root, _ = runs["stop"]
+    advice = re.search(r"--default-root-dir NEW --ckpt-path '([^']+)'", job.output())
+    assert advice, job.output()
+    assert Path(advice.group(1)) == last_of(root)
+    new_root = tmp_path / "elsewhere"
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    argv = fit_argv(new_root, "--ckpt-path", advice.group(1), steps=EVERY + 10)
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr
+    assert step_of(last_of(new_root)) == EVERY + 10
+    origin = json.loads((new_root / "version_0" / "resumed_from.json").read_text())
+    assert Path(origin["checkpoint"]) == last_of(root).resolve(), origin
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    assert step_of(last_of(root)) == EVERY
 
 
 def test_with_warn_the_run_trains_on_and_keeps_the_last_checkpoint(full_disk_runs):

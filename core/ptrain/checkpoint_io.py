@@ -104,30 +104,52 @@ class _RecordingWriter:
         self.file.flush()
 
 
-#: what to do about a refused write, by errno
+#: what to do about a refused write where it was, by errno
 _WRITE_FIXES = {
-    errno.ENOSPC: "free space on that disk, or write the run elsewhere (--default-root-dir)",
-    errno.EDQUOT: "free space within your quota, or write the run elsewhere (--default-root-dir)",
-    errno.EFBIG: "the file-size limit (ulimit -f) is below the checkpoint's size; raise it",
-    errno.EACCES: "make the folder writable, or write the run elsewhere (--default-root-dir)",
-    errno.EPERM: "make the folder writable, or write the run elsewhere (--default-root-dir)",
-    errno.EROFS: "the filesystem is read-only; write the run elsewhere (--default-root-dir)",
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free space within your quota",
+    errno.EFBIG: "raise the file-size limit (ulimit -f), which is below the checkpoint's size",
+    errno.EACCES: "make the folder writable",
+    errno.EPERM: "make the folder writable",
 }
+#: refusals about which nothing can be done where the write was
+_ONLY_ELSEWHERE = {errno.EROFS: "the filesystem is read-only"}
+
+
+def _intact_checkpoint(path: Path) -> Path | None:
+    """The checkpoint of the run to resume from after a refused write to ``path``: the
+    previous file there (a write replaces it only when complete), else the newest other
+    checkpoint beside it."""
+    if path.exists():
+        return path
+    others = [p for p in path.parent.glob("*.ckpt") if not p.name.startswith(".")]
+    return max(others, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
     """The error for a checkpoint write to ``path`` that the system refused with ``error``; the
-    caller has removed what it wrote."""
+    caller has removed what it wrote. Its advice works when followed literally: it names the
+    checkpoint to resume from, which ``--default-root-dir`` elsewhere does not change."""
     path = Path(path)
     name = errno.errorcode.get(error.errno or 0, "")
     reason = f"{error.strerror or error} ({name})" if name else str(error)
     previous = (f"the previous {path.name} there is intact" if path.exists() else
                 "no earlier file was touched")
-    fix = _WRITE_FIXES.get(error.errno or 0, "check the disk and the folder's permissions")
+    resume = _intact_checkpoint(path)
+    elsewhere = ("train again from the start with --default-root-dir on another disk (no "
+                 "checkpoint of this run was written before)" if resume is None else
+                 f"resume in a new run folder on another disk with --default-root-dir NEW "
+                 f"--ckpt-path '{resume}'")
+    errno_ = error.errno or 0
+    if errno_ in _ONLY_ELSEWHERE:
+        then = f"{_ONLY_ELSEWHERE[errno_]}; {elsewhere}"
+    else:
+        fix = _WRITE_FIXES.get(errno_, "check the disk and the folder's permissions")
+        here = ("train again" if resume is None else f"resume with --ckpt-path '{resume}'")
+        then = f"{fix}, then {here}; or {elsewhere}"
     return CheckpointWriteError(
         f"could not write checkpoint {str(path)!r}: {reason}. Nothing saved before was "
-        f"replaced ({previous}) and the partial file was removed. To go on: {fix}, then resume "
-        f"with --ckpt-path last.")
+        f"replaced ({previous}) and the partial file was removed. To go on: {then}.")
 
 
 _PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool,

@@ -869,17 +869,22 @@ class Trainer:
 
     def _choose_log_dir(self, checkpoint_file: Path | None, stage: str) -> Path:
         """Resuming ``fit`` from a run's ``checkpoints/last.ckpt`` (its latest state), or
-        evaluating any checkpoint of a run, continues in that run's folder; ``fit`` from another
-        of its checkpoints (``best``, a top-k file) starts a new run that records where it came
-        from (``resumed_from.json``), so no history is overwritten. A later stage of this trainer
-        continues in the folder of its earlier ones (Lightning's one logger version per trainer:
-        ``fit`` then ``test`` log to one place); otherwise a new ``version_N`` folder, reserved
-        by creating it (:mod:`ptrain.run_folder`)."""
+        evaluating any checkpoint of a run, continues in that run's folder when the run is under
+        this trainer's :attr:`run_root`; ``fit`` from another of its checkpoints (``best``, a
+        top-k file), or from a run under another root (the root was moved off a full disk),
+        starts a new run under ``run_root`` that records where it came from
+        (``resumed_from.json``), so no history is overwritten and nothing is written where the
+        user did not ask. A later stage of this trainer continues in the folder of its earlier
+        ones (Lightning's one logger version per trainer: ``fit`` then ``test`` log to one
+        place); otherwise a new ``version_N`` folder, reserved by creating it
+        (:mod:`ptrain.run_folder`)."""
         origin = None
         if checkpoint_file is not None and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
             run = checkpoint_file.parent.parent
             if run_folder.is_run_folder(run):
-                if stage != "fit" or checkpoint_file.name == LAST_CHECKPOINT.name:
+                under_root = run.resolve().parent == Path(self.run_root).resolve()
+                if stage != "fit" or (checkpoint_file.name == LAST_CHECKPOINT.name
+                                      and under_root):
                     return run
                 origin = checkpoint_file
         if self._own_log_dir is not None and origin is None:
