@@ -143,3 +143,26 @@ def test_last_intact_asks_every_plugin_that_verifies_checkpoints(make_trainer, t
            f"own check)" in stderr, stderr
     assert trainer.ckpt_path == str(tmp_path / "runs" / "version_0" / "checkpoints" /
                                     "last.ckpt")
+
+
+def test_last_intact_under_a_launched_job_says_it_once_and_skips_what_fsdp_cant_read(tmp_path):
+    """An fsdp run, then a newer single-device run: fsdp's last-intact passes over the newer
+    single file (fsdp resumes only from its sharded folders) to the fsdp run's folder, and the
+    job's two processes say so once."""
+    common = ["--model", "tests.conftest:TinyRegressor", "--accelerator", "cpu",
+              "-p", "no:progress-bar", "-p", "no:tensorboard",
+              "--default-root-dir", str(tmp_path / "runs")]
+    fsdp = ["--strategy", "fsdp", "--devices", "2"]
+    for extra in (fsdp, []):
+        first = run_cli("fit", *common, *extra, "--max-epochs", "1")
+        assert first.returncode == 0, first.stderr
+    single_file = tmp_path / "runs" / "version_1" / "checkpoints" / "last.ckpt"
+    assert single_file.is_file()
+    result = run_cli("fit", *common, *fsdp, "--max-epochs", "2", "--ckpt-path", "last-intact")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("passing over") == 1, result.stderr
+    assert f"passing over {single_file}, which this run's strategy can't resume from" \
+        in result.stderr, result.stderr
+    sharded = tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert result.stderr.count(f"using {sharded}, the newest intact") == 1, result.stderr
+    assert safe_load(sharded / "meta.pt")["loop"]["epoch"] == 2

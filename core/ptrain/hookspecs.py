@@ -815,8 +815,10 @@ def verify_checkpoint(trainer: Trainer, path: str) -> bool | None:
     before ``launch``. Not a collective.
 
     Result: firstresult; ``True`` when the implementation reads this checkpoint's format and
-    found it intact, ``None`` when the format is not its own (the next implementation is
-    asked). A damaged or unreadable checkpoint raises :class:`ptrain.errors.CheckpointError`
-    saying what failed. Implemented by: strategies that write their own format (``fsdp``'s
-    sharded folders). Default: a single file, read with its checksums checked.
+    found it intact, ``False`` when this run can't resume from a checkpoint of this format (a
+    strategy that reads only its own: ``fsdp`` and a single file), ``None`` when the format is
+    not its own (the next implementation is asked). A damaged or unreadable checkpoint raises
+    :class:`ptrain.errors.CheckpointError` saying what failed. Implemented by: strategies that
+    write their own format (``fsdp``'s sharded folders). Default: a single file, read with its
+    checksums checked.
     """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ptrain import checkpoint_io
+from ptrain import checkpoint_io, run_folder
 from ptrain.config import dump_hyperparameters
 from ptrain.data import move_to_device
 from ptrain.errors import CheckpointError
@@ -163,32 +163,40 @@ def _last_intact(trainer: Trainer) -> Path:
 
     root = Path(trainer.run_root)
     passed_over = 0
+    says = run_folder.decides_for_job()  # each process of a launched job resolves it alike
     for run in run_folders(root):
         folder = run / LAST_CHECKPOINT.parent
         last = run / LAST_CHECKPOINT
         others = sorted((p for p in folder.glob("*.ckpt") if p != last),
                         key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
         for candidate in ([last] if last.exists() else []) + others:
-            problem = _integrity_problem(trainer, candidate)
+            problem = _why_not_usable(trainer, candidate)
             if problem is None:
-                if passed_over:
+                if passed_over and says:
                     print(f"ptrain: ckpt_path='{LAST_INTACT}': using {candidate}, the "
-                          f"newest intact checkpoint.", file=sys.stderr, flush=True)
+                          f"newest intact checkpoint this run can resume from.",
+                          file=sys.stderr, flush=True)
                 return candidate
             passed_over += 1
-            print(f"ptrain: warning: ckpt_path='{LAST_INTACT}': passing over {candidate}, which "
-                  f"is not intact ({problem.split('. ')[0]}).", file=sys.stderr, flush=True)
-    raise CheckpointError(f"ckpt_path='{LAST_INTACT}' found no intact checkpoint in any run "
-                          f"folder under {str(root)!r}; start without --ckpt-path.")
+            if says:
+                print(f"ptrain: warning: ckpt_path='{LAST_INTACT}': passing over {candidate}, "
+                      f"which {problem}.", file=sys.stderr, flush=True)
+    raise CheckpointError(f"ckpt_path='{LAST_INTACT}' found no intact checkpoint that this run "
+                          f"can resume from in any run folder under {str(root)!r}; start "
+                          f"without --ckpt-path.")
 
 
-def _integrity_problem(trainer: Trainer, path: Path) -> str | None:
-    """Why the checkpoint at ``path`` is not intact, or ``None`` (see ``verify_checkpoint``)."""
+def _why_not_usable(trainer: Trainer, path: Path) -> str | None:
+    """Why ``last-intact`` passes over the checkpoint at ``path`` (completing "which ..."), or
+    ``None`` when it is intact and this run's plugins can resume from it (see
+    ``verify_checkpoint``)."""
     try:
         verified = trainer.hook.verify_checkpoint(trainer=trainer, path=str(path))
     except CheckpointError as exc:
-        return str(exc)
+        return f"is not intact ({str(exc).split('. ')[0]})"
     if verified is None:
-        return ("a folder this run's strategy does not read" if path.is_dir() else
-                "no plugin of this run reads its format")
+        return ("is not intact (a folder this run's strategy does not read)" if path.is_dir()
+                else "is not intact (no plugin of this run reads its format)")
+    if verified is False:
+        return "this run's strategy can't resume from (it is of another strategy's format)"
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,6 +120,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     @hookimpl
     def verify_checkpoint(self, path: str) -> bool | None:
+        if Path(path).is_file():  # a single-file checkpoint: fsdp resumes from its own folders
+            return False
         return sharded.verify(path)
 
 
