@@ -5,6 +5,8 @@ and its links work both on the repository and on the site:
 - every plugin distribution's README card is a page under ``cards/`` (``cards/ptrain-ddp.md``);
 - the docstrings of the API reference, written in reST for Python's ``help()``, lose the
   role markers (``:class:``) and literal-block markers (``::``) Markdown leaves in them;
+- the README's and the cards' absolute links into the repository (they are the distributions'
+  long descriptions) lead to the site's pages;
 - a link from ``docs/`` to a card (``../plugins/strategies/ddp/README.md``, or an example
   plugin's folder) leads to its page, a card's link into ``docs/`` to that page, and the
   README's ``docs/X.md`` to ``X.md``.
@@ -63,7 +65,11 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             return match.group(0)
         return f"]({prefix}cards/{name}.md{match.group(2) or ''})"
 
+    # the README and the cards are long descriptions too, whose links are absolute (a package
+    # index page can't resolve a path): on the site they lead to its pages again
+    source = f"]({config['repo_url']}/blob/main/"
     if where == "index.md":  # the README: its links are relative to the repository root
+        markdown = markdown.replace(source, "](")
         markdown = re.sub(r"\]\(docs/", "](", markdown)
         markdown = markdown.replace("](CHANGELOG.md)", "](changelog.md)")
         markdown = markdown.replace("](LICENSE)", f"]({config['repo_url']}/blob/main/LICENSE)")
@@ -71,6 +77,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                       lambda m: f"](cards/{cards[m.group(1)]}.md)" if m.group(1) in cards
                       else m.group(0), markdown)
     if where.startswith("cards/"):  # a card: its links are relative to its folder
+        markdown = markdown.replace(source + "docs/", "](../../../docs/")
         return re.sub(r"\]\((?:\.\./)+docs/", "](../", markdown)
     markdown = _README_LINK.sub(lambda m: f"](index.md{m.group(1) or ''})", markdown)
     return _CARD_LINK.sub(to_card, markdown)

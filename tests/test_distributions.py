@@ -6,6 +6,7 @@ another, the Apache-2.0 licence and its file, registered classifiers, a README a
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -74,6 +75,23 @@ def test_metadata_of_each_distribution(path):
         else:
             assert requirement.specifier, (
                 f"{requirement.name}: state the oldest release that is known to work")
+
+
+#: where the long descriptions' links point: a package index page can't resolve a path
+SOURCE = "https://github.com/ptrain-dev/ptrain/blob/main/"
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("path", PROJECTS, ids=lambda p: project(p)["name"])
+def test_the_long_description_links_work_on_an_index_page(path):
+    """Every link of the README that is the distribution's long description is absolute, and
+    one into the repository names a file that is there."""
+    readme = path.parent / project(path)["readme"]
+    for target in LINK.findall(readme.read_text(encoding="utf-8")):
+        assert re.match(r"(https?://|mailto:)", target), f"{readme}: relative link {target}"
+        if target.startswith(SOURCE):
+            in_repo = target[len(SOURCE):].split("#")[0]
+            assert (REPO / in_repo).exists(), f"{readme}: {target} names a missing file"
 
 
 @pytest.mark.parametrize("path", PROJECTS, ids=lambda p: project(p)["name"])

@@ -36,3 +36,7 @@ def test_the_docs_site_builds_strictly_with_the_api_reference_and_the_cards(tmp_
     distributions = {p.parent.name for p in REPO.glob("plugins/*/*/README.md")}
     assert len(cards) >= len(distributions) and "ptrain-ddp" in cards
     assert "Your first model" in (site / "index.html").read_text()
+    # the README's and the cards' absolute links (for a package index page) lead to the site's
+    # own pages here
+    for page in (site / "index.html", site / "cards" / "ptrain-ddp" / "index.html"):
+        assert "blob/main/docs/" not in page.read_text(), page
