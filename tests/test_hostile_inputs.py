@@ -271,11 +271,8 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
               needles=("--tune-output", "is a file, not a folder")))[1],
 }
 
-#: name -> what happens today, for the cases ptrain does not yet handle (strict xfail).
+#: name -> what happens today, for the cases ptrain does not yet handle (strict xfail; none now).
 XFAIL: dict[str, str] = {
-    "env-torchrun-of-two-under-single-device": (
-        "the single-device strategy never reads the launcher's environment: each of the two "
-        "processes trains the whole model alone into its own run folder, exit 0, nothing said"),
 }
 
 
