@@ -15,12 +15,19 @@ _LIBRARIES = frozenset({"torch", "pluggy"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
+def _is_stdlib_file(file: str) -> bool:
+    return file.startswith(_STDLIB) and "site-packages" not in file or file.startswith("<frozen")
+
+
+def _is_installed_file(file: str) -> bool:
+    """A file of an installed package (site-packages), not of the user's project."""
+    return "site-packages" in file or "dist-packages" in file
+
+
 def is_library_frame(frame: Any) -> bool:
     """Whether ``frame`` runs torch's, pluggy's or the standard library's code."""
-    file = frame.f_code.co_filename
     root = frame.f_globals.get("__name__", "").split(".")[0]
-    return (root in _LIBRARIES or file.startswith(_STDLIB) and "site-packages" not in file
-            or file.startswith("<frozen"))
+    return root in _LIBRARIES or _is_stdlib_file(frame.f_code.co_filename)
 
 
 def _tb_frames(exc: BaseException) -> list[tuple[Any, int]]:
@@ -43,9 +50,7 @@ def _is_ptrains(frame: Any) -> bool:
 
 
 def _is_installed(frame: Any) -> bool:
-    """Code of an installed package (site-packages), not a file of the user's project."""
-    file = frame.f_code.co_filename
-    return "site-packages" in file or "dist-packages" in file
+    return _is_installed_file(frame.f_code.co_filename)
 
 
 def user_code_origin(exc: BaseException) -> str | None:
@@ -70,10 +75,10 @@ _TEXT_FRAME = re.compile(r'^  File "(.+)", line (\d+), in (\S+)$', re.MULTILINE)
 
 
 def _is_users_file(file: str) -> bool:
-    parts = Path(file).parts
-    return not (file.startswith(_STDLIB) or file.startswith("<") or "site-packages" in parts
-                or "dist-packages" in parts
-                or any(p == "ptrain" or p.startswith("ptrain_") for p in parts))
+    """The path-only test of :func:`user_code_origin`'s frames (a traceback handed on as text
+    has no module names): not the standard library's, an installed package's or ptrain's."""
+    return not (_is_stdlib_file(file) or file.startswith("<") or _is_installed_file(file)
+                or any(p == "ptrain" or p.startswith("ptrain_") for p in Path(file).parts))
 
 
 def dataloader_worker_origin(exc: BaseException) -> str | None:
