@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import ptrain
+import ptrain.lightning
 
 from tests._lightning_pair import FRAMEWORKS, QUIET, Numbers
 
@@ -338,6 +339,17 @@ def test_check_val_every_n_epoch_none_counts_batches_across_epochs_as_lightning(
     assert ours == lightning == [5, 10]
     with pytest.raises(ptrain.ConfigError, match="whole number of batches"):
         ptrain.lightning.Trainer(check_val_every_n_epoch=None, val_check_interval=0.5)
+
+
+def test_the_training_shard_shuffles_as_in_lightning_unless_the_user_says_otherwise():
+    # Lightning's inserted training sampler shuffles even a DataLoader that does not
+    assert ptrain.lightning.Trainer(strategy="ddp", devices=2, **QUIET
+                                    ).plugins["ddp"].train_shuffle == "always"
+    assert ptrain.Trainer(strategy="ddp", devices=2).plugins["ddp"].train_shuffle == "loader"
+    told = ptrain.lightning.Trainer(strategy="ddp", devices=2, **QUIET,
+                                    plugin_options={"ddp": {"train_shuffle": "loader"}})
+    assert told.plugins["ddp"].train_shuffle == "loader"
+    assert told.config["plugins"]["ddp"]["train_shuffle"] == "loader"
 
 
 def test_use_distributed_sampler_false_turns_the_strategys_sharding_off():

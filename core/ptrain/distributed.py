@@ -286,6 +286,21 @@ def _launcher_choice(value: Any) -> str:
     return value
 
 
+def _seeded_with() -> int:
+    """The seed of this job's last ``seed_everything`` (every rank's is the same), else 0: the
+    seed of the samplers a strategy puts in the dataloaders."""
+    from ptrain.trainer import _SEED_VARIABLE  # ptrain.trainer imports this module
+
+    return int(os.environ.get(_SEED_VARIABLE, 0))
+
+
+def _train_shuffle_choice(value: Any) -> str:
+    value = str(value)
+    if value not in ("loader", "always"):
+        raise ValueError(f"expected loader or always, got {value!r}")
+    return value
+
+
 def _seconds_or_off(value: Any) -> float:
     seconds = float(value)
     if not seconds >= 0 or seconds == float("inf"):
@@ -315,14 +330,15 @@ class ProcessGroupStrategy:
 
     def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
                  rdzv_endpoint: str | None = None, rdzv_id: str = "ptrain",
-                 distributed_sampler: bool = True, launcher: str = "auto",
-                 stall_timeout: float = 300.0):
+                 distributed_sampler: bool = True, train_shuffle: str = "loader",
+                 launcher: str = "auto", stall_timeout: float = 300.0):
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.launcher = launcher
         self.process_group_backend = process_group_backend
         self.rdzv_endpoint, self.rdzv_id = rdzv_endpoint, rdzv_id
         self.distributed_sampler = distributed_sampler
+        self.train_shuffle = train_shuffle
         self.environment: Environment | None = None
 
     @staticmethod
@@ -356,6 +372,10 @@ class ProcessGroupStrategy:
         options.add("distributed_sampler", to_bool, default=True,
                     help="give each rank its shard of the data with a DistributedSampler; off: "
                          "the dataloaders are used as they are (yours to shard)")
+        options.add("train_shuffle", _train_shuffle_choice, default="loader",
+                    help="whether that sampler shuffles the training data: loader: as the "
+                         "training DataLoader does (shuffle=True or not); always: whatever the "
+                         "DataLoader says, as Lightning's inserted sampler does")
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -529,8 +549,9 @@ class ProcessGroupStrategy:
                 f"{trainer.options['strategy']} each rank must see a different shard of the data. "
                 f"Wrap it in a DistributedSampler yourself, or pass "
                 f"--no-{trainer.options['strategy']}-distributed-sampler to use it as it is.")
-        shuffle = stage == "train" and isinstance(sampler, RandomSampler)
-        seed = trainer.seed if trainer.seed is not None else 0
+        shuffle = stage == "train" and (self.train_shuffle == "always"
+                                        or isinstance(sampler, RandomSampler))
+        seed = trainer.seed if trainer.seed is not None else _seeded_with()
         return rebuild_dataloader(loader, sampler=DistributedSampler(
             loader.dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
             shuffle=shuffle, seed=seed, drop_last=False))

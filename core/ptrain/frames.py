@@ -44,7 +44,8 @@ def _root(frame: Any) -> str:
     return frame.f_globals.get("__name__", "").split(".")[0]
 
 
-def _is_ptrains(frame: Any) -> bool:
+def is_ptrains_frame(frame: Any) -> bool:
+    """Whether ``frame`` runs ptrain's code or a ``ptrain_*`` plugin's."""
     root = _root(frame)
     return root == "ptrain" or root.startswith("ptrain_")
 
@@ -53,13 +54,19 @@ def _is_installed(frame: Any) -> bool:
     return _is_installed_file(frame.f_code.co_filename)
 
 
+def is_users_frame(frame: Any) -> bool:
+    """Whether ``frame`` runs the user's own code: not ptrain's (or a ``ptrain_*`` plugin's),
+    not torch's, pluggy's or the standard library's, not any installed package's."""
+    return not (is_ptrains_frame(frame) or is_library_frame(frame) or _is_installed(frame))
+
+
 def user_code_origin(exc: BaseException) -> str | None:
     """``"validation_step (model.py:41)"`` when the innermost frame of ``exc``'s traceback that
     is neither a library's (torch, pluggy, the standard library, any installed package) nor
     ptrain's is the user's code, and no ptrain frame is nearer the error (then the error came
     from ptrain, or through it from a plugin, whatever library raised it); else ``None``."""
     for frame, line in reversed(_tb_frames(exc)):
-        if _is_ptrains(frame):
+        if is_ptrains_frame(frame):
             return None
         if is_library_frame(frame) or _is_installed(frame):
             continue

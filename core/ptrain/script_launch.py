@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from ptrain import rank_errors, rank_watch
+from ptrain import frames, rank_errors, rank_watch
 from ptrain.errors import Interrupted, PtrainError
 
 #: Set in every process of a job the script launcher started: the launching process's id.
@@ -55,8 +55,9 @@ _interrupted = False  # stopped by a signal (ptrain.Interrupted): every rank end
 def relaunch_command() -> list[str] | None:
     """The command line that runs this program again from the start, or ``None`` where there is
     none to run: an interactive interpreter (REPL, notebook, ``python -i``), code given with
-    ``-c`` or on stdin, or a stage called from code that is not the program's own (the first
-    caller outside ptrain is not in ``__main__``, as under a test runner)."""
+    ``-c`` or on stdin, or a stage called from code that is not the program's own (an installed
+    package or the standard library stands between it and ``__main__``, as under a test
+    runner)."""
     main = sys.modules.get("__main__")
     file = getattr(main, "__file__", None)
     if main is None or not file or hasattr(sys, "ps1") or sys.flags.interactive:
@@ -75,12 +76,18 @@ def relaunch_command() -> list[str] | None:
 
 
 def _called_from_main() -> bool:
+    """Whether the stage call comes from the program's ``__main__`` through nothing but the
+    user's own code (a helper module of the project, a decorator), ptrain's, and the few
+    libraries in ``_BETWEEN``; not when an installed package or the standard library stands
+    between, as a test runner does."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        root = name.split(".")[0]
-        if not (root == "ptrain" or root.startswith("ptrain_") or root in _BETWEEN):
-            return name == "__main__"
+        if name == "__main__":
+            return True
+        if not (name.split(".")[0] in _BETWEEN or frames.is_users_frame(frame)
+                or frames.is_ptrains_frame(frame)):
+            return False
         frame = frame.f_back
     return False
 

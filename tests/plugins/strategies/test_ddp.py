@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import torch
 
+import ptrain
+
 from ptrain.distributed import Environment, detect_environment, first_host
 from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
 from tests._cli_util import assert_usage_error
@@ -363,6 +365,45 @@ def test_metrics_are_reduced_and_each_epoch_reshuffles_the_shards(make_trainer, 
         assert orders[rank, 0] != sorted(orders[rank, 0])  # shuffle=True was kept
         # set_epoch each epoch: a new permutation (without it every epoch repeats the first)
         assert orders[rank, 0] != orders[rank, 1], f"rank {rank} saw the same order twice"
+
+
+def _sampler_put_in(trainer, loader, stage: str):
+    """The sampler the run's strategy puts in ``loader`` for ``stage`` (its real
+    ``prepare_dataloader`` wrapper, driven as pluggy drives it)."""
+    wrapper = trainer.plugins[trainer.options["strategy"]].prepare_dataloader(trainer, stage)
+    next(wrapper)
+    with pytest.raises(StopIteration) as done:
+        wrapper.send(loader)
+    return done.value.value.sampler
+
+
+def test_the_training_shard_shuffles_as_the_dataloader_says_unless_told_always():
+    data = torch.utils.data.TensorDataset(torch.arange(32.0))
+    in_order = torch.utils.data.DataLoader(data, batch_size=4)
+    shuffled = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    trainer = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu")
+    assert _sampler_put_in(trainer, in_order, "train").shuffle is False
+    assert _sampler_put_in(trainer, shuffled, "train").shuffle is True
+    always = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu",
+                            plugin_options={"ddp": {"train_shuffle": "always"}})
+    assert _sampler_put_in(always, in_order, "train").shuffle is True
+    # evaluation shards are never shuffled
+    assert _sampler_put_in(always, shuffled, "validate").shuffle is False
+    with pytest.raises(ConfigError, match="loader or always"):
+        ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu",
+                       plugin_options={"ddp": {"train_shuffle": "sometimes"}})
+
+
+def test_the_samplers_seed_is_the_jobs_seed_everything_seed(monkeypatch):
+    monkeypatch.delenv("PTRAIN_GLOBAL_SEED", raising=False)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)),
+                                       shuffle=True)
+    trainer = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu")
+    assert _sampler_put_in(trainer, data, "train").seed == 0
+    ptrain.seed_everything(1234)
+    assert _sampler_put_in(trainer, data, "train").seed == 1234
+    seeded = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu", seed=99)
+    assert _sampler_put_in(seeded, data, "train").seed == 99
 
 
 @pytest.mark.slow

@@ -139,6 +139,17 @@ def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
         detail(as_module)
     as_code = run([sys.executable, "-c", probe.read_text().replace("\n", ";")])
     assert json.loads(as_code.stdout) is None, detail(as_code)
+    # the stage called from a helper module of the program (through a decorator of its own):
+    # still the program's own code, so it can be run again
+    (tmp_path / "helper.py").write_text(
+        "import functools, json\nfrom ptrain.script_launch import relaunch_command\n"
+        "def logged(f):\n    @functools.wraps(f)\n    def inner(*a):\n        return f(*a)\n"
+        "    return inner\n@logged\ndef train():\n    print(json.dumps(relaunch_command()))\n")
+    main = tmp_path / "main.py"
+    main.write_text("import helper\nhelper.train()\n")
+    through_helper = run([sys.executable, str(main)])
+    assert json.loads(through_helper.stdout) == [sys.executable, str(main)], \
+        detail(through_helper)
 
 
 def test_relaunch_command_is_none_under_a_test_runner():

@@ -113,20 +113,34 @@ class Trainer(_Trainer):
         self.barebones = barebones
         if self.num_sanity_val_steps == -1:  # Lightning's "all of them"
             self.num_sanity_val_steps = math.inf
-        if not use_distributed_sampler:
+        if use_distributed_sampler:
+            self._shuffle_training_shards()
+        else:
             self._keep_samplers()
         if benchmark is not None:  # Lightning sets it for the process, as here
             torch.backends.cudnn.benchmark = benchmark
+
+    def _shuffle_training_shards(self) -> None:
+        """Lightning's sampler rule: the ``DistributedSampler`` put in a training dataloader
+        shuffles, whether or not the dataloader did (the strategy's ``train_shuffle`` option
+        ``always``; ptrain's own default follows the dataloader)."""
+        self._set_strategy_option("train_shuffle", "always")
 
     def _keep_samplers(self) -> None:
         """``use_distributed_sampler=False``: the run's strategy leaves the dataloaders as they
         are (its ``distributed_sampler`` option off); a single-process strategy never changes
         them."""
+        self._set_strategy_option("distributed_sampler", False)
+
+    def _set_strategy_option(self, option: str, value: Any) -> None:
+        """Set the run's strategy's ``option`` (in its plugin and the run's config) where the
+        strategy has one; a user's explicit ``plugin_options`` value wins."""
         name = self.options["strategy"]
         strategy = self.plugins.get(name)
-        if hasattr(strategy, "distributed_sampler"):
-            strategy.distributed_sampler = False
-            self.config["plugins"].setdefault(name, {})["distributed_sampler"] = False
+        users = (self._init_kwargs.get("plugin_options") or {}).get(name, {})
+        if hasattr(strategy, option) and option not in users:
+            setattr(strategy, option, value)
+            self.config["plugins"].setdefault(name, {})[option] = value
 
     # -- Lightning's stage signatures ---------------------------------------------------------
 
