@@ -19,11 +19,17 @@ Settings, for each program and each framework:
   gets ``limit_train_batches=40`` and ``limit_val/test/predict_batches=10`` where the program
   sets none (``--limit``; ``--full`` for none): on a shared two-core machine several programs
   as written take hours (MNIST's 55,000 images a epoch);
-- ``ddp``, ``bf16``, ``resume``: the program's own classes imported unchanged, under a Trainer
-  the harness builds (``lightning_programs/drive.py``, the catalogue's recipe), with strategy
-  ddp on 2 CPU processes, with precision bf16-mixed, and fitted for one epoch, checkpointed, then
-  resumed in a new process to the recipe's epochs. A program with its own options for these
-  (Hydra's ``trainer=ddp_sim``, ``ckpt_path=...``) runs through them instead.
+- ``ddp``, ``bf16``, ``unbroken``, ``resume``: the program's own classes imported unchanged,
+  under a Trainer the harness builds (``lightning_programs/drive.py``, the catalogue's recipe),
+  with strategy ddp on 2 CPU processes, with precision bf16-mixed, as the recipe says
+  (``unbroken``), and fitted for one epoch, checkpointed, then resumed in a new process to the
+  recipe's epochs (``resume``). A program with its own options for these (Hydra's
+  ``trainer=ddp_sim``, ``ckpt_path=...``) runs through them instead.
+
+A resumed ptrain run is compared with Lightning's ``unbroken`` run where there is one: ptrain
+restores the random generators a checkpoint holds, so its resume is meant to end where the
+unbroken run ends, while Lightning's own resume draws new dropout masks and shuffles (its
+distance from ptrain's resume is kept as ``vs_lightning_resume``).
 
 What is compared: the last ``fit``'s ``trainer.callback_metrics`` and every ``test``'s results,
 recorded by the probe (``lightning_programs/probe/sitecustomize.py``, on ``PYTHONPATH`` of every
@@ -56,9 +62,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "lightning_programs"
 REPO = HERE.parents[1]
-CONFIGS = ("single", "ddp", "bf16", "resume")
+CONFIGS = ("single", "ddp", "bf16", "unbroken", "resume")
 FRAMEWORKS = ("lightning", "ptrain")
-TOLERANCE = {"single": 1e-6, "bf16": 1e-6, "resume": 1e-6, "ddp": 0.1}
+TOLERANCE = {"single": 1e-6, "bf16": 1e-6, "unbroken": 1e-6, "resume": 1e-6, "ddp": 0.1}
 ABSOLUTE = 1e-7
 
 
@@ -348,9 +354,26 @@ def rescan(work: Path, results: dict) -> None:
                     if not entry.get("ran") and errs:
                         entry["error"], entry["program_line"] = _first_error(
                             errs[-1].read_text(), probes.parent)
-            if row.get("lightning") and row.get("ptrain"):
-                row["compare"] = compare(row["lightning"]["metrics"], row["ptrain"]["metrics"],
-                                         TOLERANCE[config])
+            set_compare(rows, config)
+
+
+def set_compare(rows: dict, config: str) -> None:
+    """``rows[config]["compare"]``: ptrain's metrics against Lightning's of the same setting;
+    for ``resume``, against Lightning's ``unbroken`` run when it ran (see the module's
+    docstring), with the distance from Lightning's own resume beside it."""
+    row = rows[config]
+    reference = row.get("lightning")
+    unbroken = rows.get("unbroken", {}).get("lightning") if config == "resume" else None
+    if unbroken and unbroken.get("ran"):
+        reference = unbroken
+    if not (reference and row.get("ptrain")):
+        return
+    row["compare"] = compare(reference["metrics"], row["ptrain"]["metrics"], TOLERANCE[config])
+    if reference is unbroken:
+        row["compare"]["against"] = "Lightning unbroken"
+        if row.get("lightning"):
+            own = compare(row["lightning"]["metrics"], row["ptrain"]["metrics"], math.inf)
+            row["compare"]["vs_lightning_resume"] = own["max_rel"]
 
 
 def compare(a: dict, b: dict, rel: float) -> dict:
@@ -393,14 +416,19 @@ def table(catalogue: list[dict], results: dict) -> str:
         for config, entry in results.get(name, {}).items():
             lt, pt = entry.get("lightning"), entry.get("ptrain")
             cmp_ = entry.get("compare") or {}
+            against = cmp_.get("against")
             if pt and pt.get("skipped"):
                 verdict, error = "not run", pt["skipped"]
-            elif lt and not lt.get("ran"):
+            elif lt and not lt.get("ran") and not against:
                 verdict, error = "Lightning fails", lt.get("error", "")
             elif pt and not pt.get("ran"):
                 verdict, error = "ptrain fails", pt.get("error", "")
             elif cmp_.get("within"):
                 verdict, error = "match", ""
+                if against:
+                    verdict = f"match ({against})"
+                    if cmp_.get("vs_lightning_resume") is not None:
+                        error = f"Lightning's resume: {cmp_['vs_lightning_resume']:.2e} apart"
             else:
                 verdict = "differs"
                 bits = []
@@ -409,7 +437,8 @@ def table(catalogue: list[dict], results: dict) -> str:
                 if cmp_.get("only_ptrain"):
                     bits.append("only ptrain has " + ", ".join(cmp_["only_ptrain"][:4]))
                 if cmp_.get("worst"):
-                    bits.append(f"worst {cmp_['worst']}")
+                    bits.append(f"worst {cmp_['worst']}"
+                                + (f" (against {against})" if against else ""))
                 error = "; ".join(bits)
             diff = f"{cmp_['max_rel']:.2e}" if cmp_.get("compared") else "-"
             n = str(cmp_.get("compared", "-"))
@@ -489,9 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{time.strftime('%H:%M:%S')}] {program['name']} {config} "
                           f"{framework}", flush=True)
                     row[framework] = run_once(program, framework, config, work, args)
-                if "lightning" in row and "ptrain" in row:
-                    row["compare"] = compare(row["lightning"]["metrics"],
-                                             row["ptrain"]["metrics"], TOLERANCE[config])
+                set_compare(entry, config)
                 if args.out:
                     _save(args.out, catalogue, results)
     finally:

@@ -83,6 +83,23 @@ def test_metrics_compare_within_the_dropin_tolerance():
     assert not missing["within"] and missing["only_lightning"] == ["b"]
 
 
+def test_a_resume_is_judged_against_lightnings_unbroken_run():
+    run = lambda **metrics: {"ran": True, "metrics": metrics}  # noqa: E731
+    rows = {"unbroken": {"lightning": run(acc=0.5), "ptrain": run(acc=0.5)},
+            # Lightning's own resume draws other dropout masks; ptrain's ends where unbroken does
+            "resume": {"lightning": run(acc=0.4), "ptrain": run(acc=0.5)}}
+    lp.set_compare(rows, "resume")
+    verdict = rows["resume"]["compare"]
+    assert verdict["within"] and verdict["against"] == "Lightning unbroken"
+    assert verdict["vs_lightning_resume"] == pytest.approx(0.25)
+    rows["resume"]["ptrain"] = run(acc=0.4)  # a resume that did not restore what it should
+    lp.set_compare(rows, "resume")
+    assert not rows["resume"]["compare"]["within"]
+    # without an unbroken run of Lightning's, the resume is compared with Lightning's resume
+    lp.set_compare({"resume": rows["resume"]}, "resume")
+    assert rows["resume"]["compare"]["within"] and "against" not in rows["resume"]["compare"]
+
+
 @pytest.mark.slow
 def test_lightnings_bug_report_program_runs_alike(tmp_path):
     _snapshot("Lightning-AI+pytorch-lightning")

@@ -173,7 +173,7 @@ test = dict(dataloaders=P.test_loader, verbose=False)
          argv=["seed=12345", "test=False", "trainer.max_epochs=2", "+trainer.limit_train_batches=100",
                "+trainer.limit_val_batches=20", "+trainer.limit_test_batches=20"],
          hydra={"single": [], "ddp": ["trainer=ddp_sim"],
-                "bf16": ["+trainer.precision=bf16-mixed"],
+                "bf16": ["+trainer.precision=bf16-mixed"], "unbroken": [],
                 "resume1": ["trainer.max_epochs=1", "test=False"],
                 "resume2": []}),
     dict(WANDB, name="wandb-image-classification", source="W&B examples",

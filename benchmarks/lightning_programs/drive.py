@@ -13,7 +13,7 @@ package) and ``M(name)`` (imports ``L``'s submodule ``name``), sets ``model``, `
 (Trainer keyword arguments: the program's own settings, kept short), ``fit`` (keyword
 arguments of ``fit`` after the model) and ``test`` (those of ``test``, or None). ``CONFIG``
 adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
-``bf16`` (precision bf16-mixed), ``resume1`` (one epoch, then ``save_checkpoint(CKPT)``),
+``bf16`` (precision bf16-mixed), ``unbroken`` (the recipe as it is), ``resume1`` (one epoch, then ``save_checkpoint(CKPT)``),
 ``resume2`` (the full run from ``CKPT``).
 """
 
@@ -26,6 +26,7 @@ import sys
 SETTINGS = {
     "ddp": {"strategy": "ddp", "accelerator": "cpu", "devices": 2},
     "bf16": {"precision": "bf16-mixed"},
+    "unbroken": {},
     "resume1": {"max_epochs": 1},
     "resume2": {},
 }
