@@ -12,15 +12,17 @@ function its main thread is in). Rank 0 reads every rank's heartbeat; the other 
 without saying it ended, or (for rank 0, when it holds the store) whose store stops answering,
 ends the job. The watch that saw it:
 
-1. prints one paragraph naming the rank, its process and host, and what it was last doing;
+1. keeps one paragraph naming the rank, its process and host, and what it was last doing,
+   which the job's error says once (a rank the script launcher started, whose error rank 0
+   would print, prints it at once: the rank it saw stop is rank 0);
 2. kills that process with SIGKILL when it runs on this machine (a stopped process would hold
    its memory and devices for ever; its closed sockets also break every pending gloo
    collective, so each rank ends through its normal error path);
-3. keeps the message, which the strategy's ``report_error`` raises as the job's error
+3. hands the message to the strategy's ``report_error``, which raises it as the job's error
    (:func:`stall_error`);
 4. ends its own process ``grace`` seconds later if its main thread has not reached the error
-   handling by then (an NCCL collective does not end when a peer dies), after killing the
-   ranks it started.
+   handling by then (an NCCL collective does not end when a peer dies), after printing the
+   paragraph and killing the ranks it started.
 
 A rank's heartbeat says ``done`` once its part of the job ended while it still takes part in
 the last collectives (destroying the process group), when a silence still counts but its end
@@ -221,7 +223,15 @@ class RankWatch:
         self.message = (f"rank {peer} ({where}) stopped responding: {why}; it was last "
                         f"{beat.doing}. The job was ended (a rank silent for {self.hint} "
                         f"{self.stall_timeout:g} seconds ends it).")
-        print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
+        from ptrain import script_launch
+
+        # A rank the script launcher started records its error for rank 0 without printing it,
+        # and the rank it saw stop is rank 0 (the one that would print): it says it here. Any
+        # other process reports the message through its main thread; it says it here only if
+        # that thread stays blocked (below).
+        said = script_launch.is_started_copy()
+        if said:
+            print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
         if beat.pid and beat.host == self._hostname:
             try:
                 os.kill(beat.pid, signal.SIGKILL)
@@ -232,8 +242,8 @@ class RankWatch:
         # if it is still blocked after the grace period (an NCCL collective), the process ends
         if self._handled.wait(self.grace):
             return
-        from ptrain import script_launch
-
+        if not said:
+            print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
         script_launch.kill_copies()
         print(f"ptrain: rank {self.rank}: still blocked {self.grace:g} s after the job ended; "
               f"exiting.", file=sys.stderr, flush=True)
