@@ -194,11 +194,12 @@ def unwritable_folder(path: Path):
 
 
 def stall_job(out: Path, *, strategy: str = "ddp", stall_timeout: float = 2.0,
-              launcher: str = "auto") -> Job:
-    """``tests/_stall_script.py``: 2 ranks training slowly until stopped from outside."""
+              launcher: str = "auto", timeout: float = 600.0) -> Job:
+    """``tests/_stall_script.py``: 2 ranks training slowly until stopped from outside;
+    ``timeout`` is the strategy's collective timeout."""
     return start_job([sys.executable, str(REPO / "tests" / "_stall_script.py"), str(out),
                       "--strategy", strategy, "--stall-timeout", str(stall_timeout),
-                      "--launcher", launcher], out)
+                      "--launcher", launcher, "--timeout", str(timeout)], out)
 
 
 __all__ = ["Job", "SmallDisk", "clean_env", "unwritable_folder", "kill_marked", "leftovers", "marked_pids", "stall_job",

@@ -2,7 +2,7 @@
 fault benchmark (``benchmarks/faults.py``).
 
     python tests/_stall_script.py OUT_DIR [--strategy ddp|fsdp] [--stall-timeout S]
-                                  [--launcher script|spawn]
+                                  [--launcher script|spawn] [--timeout S]
 
 Trains for many slow steps (a 20 ms sleep in each). Every rank writes ``OUT_DIR/rank<r>.pid``
 at its first step, then ``OUT_DIR/rank<r>.step`` (its global step) at each; the test stops or
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--stall-timeout", type=float, default=2.0)
     parser.add_argument("--launcher", default="auto")
+    parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     trainer = ptrain.Trainer(
@@ -76,7 +77,7 @@ def main() -> None:
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", "no:checkpoint",
                    Progress(args.out)],
         plugin_options={args.strategy: {"stall_timeout": args.stall_timeout,
-                                         "launcher": args.launcher, "timeout": 600}})
+                                         "launcher": args.launcher, "timeout": args.timeout}})
     trainer.fit(Slow())
 
 

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 STALL = 2.0
 #: the stall timeout, a heartbeat interval, and a job's error path and exit
 BOUND = STALL + 15.0
+#: a collective timeout below a stall timeout (whose heartbeat interval is 5 s): the stopped
+#: rank's silence when the collective gives up (at least TIMEOUT - 5 s) is past two intervals
+TIMEOUT, TIMEOUT_STALL = 16.0, 30.0
 
 
 def last_step(log: str) -> int:
@@ -30,12 +33,15 @@ def last_step(log: str) -> int:
     return int(found.group(1))
 
 
-def hurt(out, rank: int, signum: int, launcher: str = "auto", strategy: str = "ddp"):
-    job = stall_job(out, stall_timeout=STALL, launcher=launcher, strategy=strategy)
+def hurt(out, rank: int, signum: int, launcher: str = "auto", strategy: str = "ddp",
+         stall_timeout: float = STALL, timeout: float = 600.0):
+    job = stall_job(out, stall_timeout=stall_timeout, launcher=launcher, strategy=strategy,
+                    timeout=timeout)
     try:
         job.wait_for_step(0, 10)
         job.wait_for_step(1, 10)
-        time.sleep(3 * STALL / 4)  # a heartbeat (every STALL / 4 s) has told step 10 or later
+        # a heartbeat (every stall_timeout / 4 s, at most 5 s) has told step 10 or later
+        time.sleep(min(stall_timeout / 4, 5.0) + STALL / 2)
         os.kill(job.pid_of(rank), signum)
         took = job.finish(timeout=120)
         left = leftovers(job.mark)
@@ -50,6 +56,9 @@ CASES = {
     "kill rank 1": dict(rank=1, signum=signal.SIGKILL),
     "stop rank 1, spawn launcher": dict(rank=1, signum=signal.SIGSTOP, launcher="spawn"),
     "stop rank 1, fsdp": dict(rank=1, signum=signal.SIGSTOP, strategy="fsdp"),
+    # the collective timeout ends the job before the stall timeout would
+    "stop rank 1, collective timeout": dict(rank=1, signum=signal.SIGSTOP,
+                                            stall_timeout=TIMEOUT_STALL, timeout=TIMEOUT),
 }
 
 
@@ -96,4 +105,16 @@ def test_a_killed_rank_ends_the_job_at_once_naming_what_it_was_doing(hurt_jobs):
     assert "rank 1 was killed by SIGKILL" in log, log
     assert "It was last training (epoch 0, global step" in log, log
     assert last_step(log) >= 10, log
+    assert not left, f"processes left running: {left}\n{log}"
+
+
+def test_a_collective_timeout_names_the_rank_that_stopped(hurt_jobs):
+    job, took, left = hurt_jobs["stop rank 1, collective timeout"]
+    log = job.output()
+    assert job.proc.returncode == 1, log
+    assert took < TIMEOUT + 15.0, f"the job took {took:.1f} s to end:\n{log}"
+    assert "a collective waited 16 seconds (--ddp-timeout)" in log, log
+    assert "rank 1 (pid" in log and "had sent no heartbeat for" in log, log
+    assert last_step(log) >= 10, log
+    assert "Timed out waiting" not in log, log  # ptrain's paragraph, not gloo's error
     assert not left, f"processes left running: {left}\n{log}"

@@ -241,6 +241,7 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
     """A worker's entry point: unpickle the function and run it. An error is written to a file
     for the launching process (with its traceback) and the worker exits quietly: 2 for a usage
     error, else 1."""
+    rank_watch.record_stalls_in(error_dir)
     try:
         result = pickle.loads(payload)()
     except BaseException as exc:
@@ -459,8 +460,10 @@ class ProcessGroupStrategy:
 
     @hookimpl
     def report_error(self, trainer: Trainer, exception: BaseException) -> BaseException | None:
-        # the rank watch ended the job: its message says why, not the broken collective's
-        stalled = rank_watch.stall_error()
+        # the rank watch ended the job, or a collective timed out: the watch's message says
+        # why, and which rank, not the broken collective's
+        stalled = rank_watch.stall_error() or rank_watch.timeout_error(
+            exception, self.timeout, f"--{trainer.options['strategy']}-timeout")
         reported = stalled
         if script_launch.is_started_copy():
             script_launch.record_error(stalled or exception)

@@ -39,6 +39,7 @@ but stuck (a deadlock with its heartbeat still going) is still ended by the coll
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -48,6 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from ptrain import rank_errors
 from ptrain.errors import WorkerError
 from ptrain.frames import is_library_frame
 
@@ -212,10 +214,28 @@ class RankWatch:
 
     # -- ending the job ----------------------------------------------------------------------------
 
+    def silent_peers(self, longer_than: float) -> list[str]:
+        """A clause for each watched rank, still running, whose heartbeat has not moved for
+        more than ``longer_than`` seconds (as of this watch's last read): its process, how long,
+        and what it last said it was doing."""
+        said = []
+        for peer, beat in self._peers.items():
+            silent = self._read_at - beat.changed
+            if beat.state == "running" and silent > longer_than:
+                where = f"pid {beat.pid} on {beat.host}" if beat.pid else "not heard from yet"
+                said.append(f"rank {peer} ({where}) had sent no heartbeat for {silent:.1f} s; "
+                            f"it was last {beat.doing}")
+        return said
+
     def last_doing(self, rank: int) -> str | None:
-        """What ``rank`` last said it was doing, when this watch has heard from it."""
+        """What ``rank`` last said it was doing, and how long ago this watch read it (a beat
+        comes every ``interval`` seconds, so the rank may have gone on after it), when this
+        watch has heard from it."""
         beat = self._peers.get(rank)
-        return beat.doing if beat is not None and beat.count >= 0 else None
+        if beat is None or beat.count < 0:
+            return None
+        return (f"{beat.doing} (its last heartbeat, read {time.monotonic() - beat.changed:.1f} s "
+                f"before this)")
 
     def _end_job(self, peer: int, why: str) -> None:
         beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
@@ -232,6 +252,8 @@ class RankWatch:
         said = script_launch.is_started_copy()
         if said:
             print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
+        if _record_folder is not None:  # before the kill, which the launcher may see first
+            rank_errors.write_record(_record_folder, RankStalled(self.message), self.rank)
         if beat.pid and beat.host == self._hostname:
             try:
                 os.kill(beat.pid, signal.SIGKILL)
@@ -293,6 +315,15 @@ def where_main_thread_is() -> str:
 # -- this process's watch -----------------------------------------------------------------------
 
 _watch: RankWatch | None = None
+_record_folder: str | None = None
+
+
+def record_stalls_in(folder: str) -> None:
+    """A worker of the spawn launcher: when this process's watch ends the job, it leaves its
+    message in ``folder`` (see :mod:`ptrain.rank_errors`) before it kills the silent rank, for
+    the launcher may see that rank die and stop this one before its main thread reports."""
+    global _record_folder
+    _record_folder = folder
 
 
 def start(**kwargs: Any) -> None:
@@ -335,11 +366,41 @@ def stall_error() -> RankStalled | None:
     return error
 
 
+#: How torch says a collective ran past the process group's timeout: gloo's message, and
+#: the NCCL watchdog's
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation|collective "
+                                 r"operation timeout|ran for \d+ milliseconds before timing out")
+
+
+def timeout_error(exception: BaseException, timeout: float, hint: str) -> RankStalled | None:
+    """For ``exception``, torch's error when a collective waited the process group's
+    ``timeout`` (the option ``hint``, e.g. ``--ddp-timeout``) and gave up, the job's error:
+    it names the ranks whose heartbeat stopped (a stopped or frozen rank) and what they were
+    last doing, or says that every rank was still beating. ``None`` for any other error."""
+    if not _COLLECTIVE_TIMEOUT.search(str(exception)):
+        return None
+    head = f"a collective waited {timeout:g} seconds ({hint}) for the other ranks and gave up"
+    if _watch is None:
+        return RankStalled(f"{head}; which rank did not come is not known (the rank watch was "
+                           f"off: a stall timeout of 0). The job was ended.")
+    # a beating rank's counter moves every interval and is read every interval, so it looks
+    # silent for at most about one interval
+    silent = _watch.silent_peers(longer_than=2 * _watch.interval)
+    if silent:
+        return RankStalled(f"{head}: {'; '.join(silent)}. The job was ended (it would have been "
+                           f"sooner with {_watch.hint} below {timeout:g}).")
+    return RankStalled(f"{head}, though every rank's heartbeat was still moving: one is alive "
+                       f"but stuck (a deadlock), or skipped a collective the others entered (a "
+                       f"barrier, a sync_dist log or an all_reduce under a condition that "
+                       f"differs between ranks). The job was ended.")
+
+
 def last_doing(rank: int) -> str | None:
     """What ``rank`` last said it was doing, when this process's watch heard it (rank 0 hears
     every rank)."""
     return _watch.last_doing(rank) if _watch is not None else None
 
 
-__all__ = ["RankStalled", "RankWatch", "finishing", "last_doing", "process_state", "stall_error",
-           "stall_timeout", "start", "stop", "where_main_thread_is"]
+__all__ = ["RankStalled", "RankWatch", "finishing", "last_doing", "process_state",
+           "record_stalls_in", "stall_error", "stall_timeout", "start", "stop", "timeout_error",
+           "where_main_thread_is"]
