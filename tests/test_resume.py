@@ -354,6 +354,41 @@ def test_resume_after_a_max_steps_stop_continues_exactly(make_trainer, tmp_path)
         assert torch.equal(a, b)
 
 
+class CosineNumpyRegressor(TinyRegressor):
+    """A scheduler that computes its learning rates with NumPy (as a course's warm-up cosine
+    does): its state and the optimizer's param groups then hold ``np.float64`` values."""
+
+    def configure_optimizers(self):
+        import numpy as np
+
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: np.float64(0.5 * (1 + np.cos(np.pi * step / 40))))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def test_a_run_whose_scheduler_holds_numpy_numbers_resumes_exactly(make_trainer, tmp_path):
+    import numpy as np
+
+    def run(max_epochs, root, ckpt_path=None):
+        torch.manual_seed(5)
+        module = CosineNumpyRegressor(shuffle=True)
+        trainer = make_trainer(max_epochs=max_epochs, seed=0, callbacks=QUIET,
+                               default_root_dir=str(root))
+        trainer.fit(module, ckpt_path=ckpt_path)
+        return module, trainer
+
+    _, first = run(1, tmp_path / "broken")
+    assert isinstance(first.optimizers[0].param_groups[0]["lr"], np.float64)
+    resumed, trainer = run(2, tmp_path / "broken", ckpt_path="last")
+    reference, _ = run(2, tmp_path / "reference")
+    assert trainer.global_step == 16
+    # the NumPy numbers came back as themselves
+    assert isinstance(trainer.lr_schedulers[0]["scheduler"].get_last_lr()[0], np.float64)
+    for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 # -------------------------------------------------------------------------------------------
 # Plugin state
 

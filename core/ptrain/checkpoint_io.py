@@ -164,6 +164,29 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return type(value) in _PLAIN_LEAVES  # exactly: a subclass (an IntEnum) may not load
 
 
+def _numpy_scalar_globals() -> list[Any]:
+    """What the weights-only loader needs to rebuild NumPy's numeric and boolean scalars (a
+    scheduler whose learning rates come from ``np.cos`` leaves ``np.float64`` values in its and
+    its optimizer's state): NumPy's scalar constructor, which builds a scalar from its dtype
+    and raw bytes, and the dtype classes; nothing that runs other code. Empty without NumPy."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    try:
+        from numpy._core.multiarray import scalar
+    except ImportError:  # NumPy 1
+        from numpy.core.multiarray import scalar
+    return [scalar, np.dtype, *{type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"}]
+
+
+def load_weights_only(source: Any, map_location: Any = "cpu") -> Any:
+    """``torch.load(source, weights_only=True)``, NumPy's scalars allowed (see
+    :func:`_numpy_scalar_globals`): how ptrain reads every checkpoint file."""
+    with torch.serialization.safe_globals(_numpy_scalar_globals()):
+        return torch.load(source, map_location=map_location, weights_only=True)
+
+
 def unloadable_reason(value: Any) -> str | None:
     """Why ``value`` could not be read back from a checkpoint by the weights-only loader (it
     holds a class, a function, an object of a class of its own...), or ``None`` when it can.
@@ -178,7 +201,7 @@ def unloadable_reason(value: Any) -> str | None:
         buffer.seek(0)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            torch.load(buffer, map_location="cpu", weights_only=True)
+            load_weights_only(buffer)
     except Exception as exc:  # noqa: BLE001 - whatever the pickler or the loader refuses
         text = _ANSI.sub("", str(exc))
         unsafe = _UNSUPPORTED_GLOBAL.search(text)
@@ -228,7 +251,7 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # the refusal below says what the file is
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = load_weights_only(path)
     except pickle.UnpicklingError as exc:
         text = _ANSI.sub("", str(exc))
         unsafe = _UNSUPPORTED_GLOBAL.search(text)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, folder_damage, incomplete_sharded_folder,
-                                  module_weights, new_file_mode, safe_load)
+                                  load_weights_only, module_weights, new_file_mode, safe_load)
 from ptrain.errors import CheckpointError, ConfigError
 
 #: Inside a sharded checkpoint folder: the DCP index, and the file holding everything of the
@@ -119,7 +119,7 @@ def _load_dcp_model(folder: Path) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             whole = Path(tmp) / "whole.pt"
             dcp_to_torch_save(folder, whole)
-            loaded = torch.load(whole, map_location="cpu", weights_only=True)
+            loaded = load_weights_only(whole)
     model = loaded.get("model") if isinstance(loaded, dict) else None
     if not isinstance(model, dict) or not model:
         raise CheckpointError(f"the sharded checkpoint {str(folder)!r} holds no 'model' state "

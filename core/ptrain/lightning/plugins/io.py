@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ptrain import checkpoint_io
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
 from ptrain.lightning._common import refuse
@@ -53,13 +52,11 @@ class TorchCheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise refuse("TorchCheckpointIO.save_checkpoint", "storage_options",
                          storage_options, "torch.save takes no storage options; leave it out")
-        from ptrain import checkpoint_io
-
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         checkpoint_io.atomic_save(checkpoint, str(path))
 
     def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
-        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+        return checkpoint_io.load_weights_only(path, map_location=map_location or "cpu")
 
     def remove_checkpoint(self, path: Any) -> None:
         Path(path).unlink(missing_ok=True)

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
 
 from ptrain import CheckpointError, CheckpointWriteError
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, file_crc32, folder_damage,
-                                  incomplete_sharded_folder, sharded_meta,
+                                  incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
 
 #: the folder's file of everything but the shards, and its key for the CRC-32 of every other file
@@ -288,7 +288,7 @@ def consolidate(src: str | Path, dst: str | Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         whole = Path(tmp) / "whole.pt"
         dcp_to_torch_save(src, whole)
-        shards = torch.load(whole, map_location="cpu", weights_only=True)
+        shards = load_weights_only(whole)
     checkpoint["model"] = shards["model"]
     checkpoint["optimizers"] = [_indexed_optimizer_state(s) for s in shards.get("optimizers", [])]
     checkpoint.pop("num_optimizers", None)
