@@ -312,8 +312,8 @@ def _commands(program: dict, framework: str, config: str, folder: Path, where: P
 
 
 def _metrics_from_probes(probes: Path, last_argv: list[str]) -> tuple[dict, list[str]]:
-    """The launching process's record (falling back to a rank-0 process's when the launcher
-    has none): each ``fit``'s callback_metrics (``fitN/name``) and each ``test``'s results
+    """The record of the process that ran ``last_argv`` (the run's last command: the second
+    half of a resume), falling back to a rank-0 process's when it has none: each ``fit``'s callback_metrics (``fitN/name``) and each ``test``'s results
     (``testN.D/name``, D the dataloader)."""
     found = []
     for path in probes.glob("probe-*.json"):
@@ -321,8 +321,9 @@ def _metrics_from_probes(probes: Path, last_argv: list[str]) -> tuple[dict, list
             found.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    last_argv = [str(a) for a in last_argv]
-    main = [p for p in found if p["argv"][1:] == last_argv[1:] and p.get("rank") in (None, "0")]
+    # a process's sys.argv is its command without the interpreter
+    last_argv = [str(a) for a in last_argv][1:]
+    main = [p for p in found if p["argv"] == last_argv and p.get("rank") in (None, "0")]
     main = main or [p for p in found if p.get("rank") in (None, "0") and p["records"]]
     records = max(main, key=lambda p: len(p["records"]))["records"] if main else []
     metrics: dict[str, float] = {}

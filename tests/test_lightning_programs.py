@@ -83,6 +83,18 @@ def test_metrics_compare_within_the_dropin_tolerance():
     assert not missing["within"] and missing["only_lightning"] == ["b"]
 
 
+def test_the_metrics_are_those_of_the_runs_last_command(tmp_path):
+    # a resume's two processes each leave a record; the second half's is the run's result
+    for pid, half, acc in ((11, "resume1", 0.2), (12, "resume2", 0.4)):
+        (tmp_path / f"probe-{pid}.json").write_text(json.dumps(
+            {"pid": pid, "argv": ["drive.py", "ptrain", half, "mid.ckpt"], "rank": None,
+             "records": [{"stage": "fit", "callback_metrics": {"acc": acc}}]}))
+    for half, acc in (("resume2", 0.4), ("resume1", 0.2)):
+        metrics, errors = lp._metrics_from_probes(
+            tmp_path, ["/usr/bin/python", "drive.py", "ptrain", half, "mid.ckpt"])
+        assert metrics == {"fit0/acc": acc} and errors == []
+
+
 def test_a_resume_is_judged_against_lightnings_unbroken_run():
     run = lambda **metrics: {"ran": True, "metrics": metrics}  # noqa: E731
     rows = {"unbroken": {"lightning": run(acc=0.5), "ptrain": run(acc=0.5)},
