@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import ptrain
-from ptrain.checkpoint_io import atomic_save, safe_load
+from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, FORMAT, FORMAT_VERSION, atomic_save,
+                                  file_crc32, safe_load)
 from ptrain.errors import CheckpointError, ConfigError
 from ptrain.export import DCP_INDEX, SHARDED_META, export_safetensors, read_metadata, untie
 from tests._cli_util import assert_ok, assert_usage_error
@@ -216,6 +217,9 @@ def test_a_folder_that_dcp_cannot_read_says_to_consolidate(tmp_path):
     folder = tmp_path / "last.ckpt"
     folder.mkdir()
     (folder / DCP_INDEX).write_bytes(b"not a dcp index")
+    atomic_save({"format": FORMAT, "format_version": FORMAT_VERSION,
+                 FOLDER_CHECKSUMS: {DCP_INDEX: file_crc32(folder / DCP_INDEX)}},
+                folder / SHARDED_META)
     with pytest.raises(CheckpointError) as caught:
         export_safetensors(folder, tmp_path / "out.safetensors")
     message = str(caught.value)
@@ -236,6 +240,20 @@ def test_a_sharded_folder_with_changed_bytes_is_refused_and_nothing_written(fsdp
     out = tmp_path / "m.safetensors"
     result = run_cli("export", str(damaged), "--output", str(out), cwd=REPO)
     assert_usage_error(result, "failed its integrity check", shard.name, "Nothing was exported")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_sharded_folder_without_its_checksums_is_refused_and_nothing_written(fsdp_run,
+                                                                               tmp_path):
+    folder, _, _ = fsdp_run
+    cut = tmp_path / "cut.ckpt"
+    shutil.copytree(folder, cut)
+    (cut / SHARDED_META).unlink()
+    out = tmp_path / "m.safetensors"
+    result = run_cli("export", str(cut), "--output", str(out), cwd=REPO)
+    assert_usage_error(result, f"has no {SHARDED_META}", "can't be checked",
+                       "Nothing was exported")
     assert not out.exists()
 
 

@@ -76,7 +76,13 @@ def _read_sharded(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             f"{str(folder)!r} is a folder but not a sharded ptrain checkpoint (it has no "
             f"{DCP_INDEX} file of torch.distributed.checkpoint). Give a .ckpt file, or the "
             f"checkpoint folder a sharding strategy wrote (runs/version_N/checkpoints/last.ckpt).")
-    meta = safe_load(folder / SHARDED_META) if (folder / SHARDED_META).is_file() else {}
+    if not (folder / SHARDED_META).is_file():
+        raise CheckpointError(
+            f"sharded checkpoint {str(folder)!r} has no {SHARDED_META}, the file written beside "
+            f"the shards with their checksums: its save was cut short or the folder was copied "
+            f"in part, and its shards can't be checked. Nothing was exported. Export another "
+            f"checkpoint, e.g. an earlier one of the same run folder.")
+    meta = safe_load(folder / SHARDED_META)
     damage = folder_damage(folder, meta.pop(FOLDER_CHECKSUMS, None))
     if damage is not None:  # the check fit and ptrain-consolidate make before reading
         raise CheckpointError(
