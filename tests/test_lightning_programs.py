@@ -95,6 +95,19 @@ def test_the_metrics_are_those_of_the_runs_last_command(tmp_path):
         assert metrics == {"fit0/acc": acc} and errors == []
 
 
+def test_a_ddp_runs_metrics_are_the_mean_over_its_ranks(tmp_path):
+    argv = ["drive.py", "lightning.pytorch", "ddp"]
+    for pid, rank, acc in ((21, "0", 0.25), (22, "1", 0.75)):
+        (tmp_path / f"probe-{pid}.json").write_text(json.dumps(
+            {"pid": pid, "argv": argv, "rank": rank,
+             "records": [{"stage": "fit", "callback_metrics": {"acc": acc, "rank0_only": 1.0}
+                          if rank == "0" else {"acc": acc}}]}))
+    mean, _ = lp._metrics_from_probes(tmp_path, ["python", *argv], mean_over_ranks=True)
+    assert mean == {"fit0/acc": 0.5}  # a name only one rank logged is left out
+    rank0, _ = lp._metrics_from_probes(tmp_path, ["python", *argv])
+    assert rank0 == {"fit0/acc": 0.25, "fit0/rank0_only": 1.0}
+
+
 def test_a_resume_is_judged_against_lightnings_unbroken_run():
     run = lambda **metrics: {"ran": True, "metrics": metrics}  # noqa: E731
     rows = {"unbroken": {"lightning": run(acc=0.5), "ptrain": run(acc=0.5)},
