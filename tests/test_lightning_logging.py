@@ -360,3 +360,41 @@ def test_a_metric_not_held_by_the_module_is_refused(tmp_path):
     with pytest.raises(ptrain.ConfigError, match="metric_attribute=NAME\\) with NAME one of "
                                                  "\\['held'\\]"):
         run(ppl, make, tmp_path, max_epochs=1)
+
+
+def test_a_metric_only_updated_in_the_step_runs_as_in_lightning_and_says_so(tmp_path):
+    # the tutorials' pattern: metric.update(...) then self.log(name, metric) in training_step,
+    # where the default is per step: Lightning publishes nothing for the step, silently
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.seen = torchmetrics.SumMetric()
+                self.both = torchmetrics.SumMetric()
+
+            def training_step(self, batch, batch_idx):
+                self.seen.update(1.0)
+                self.log("seen", self.seen)
+                self.both.update(1.0)
+                self.log("both", self.both, on_step=True, on_epoch=True)
+                return self.loss(batch)
+
+        return Module
+
+    runs = both(make, tmp_path, max_epochs=1)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    assert set(pt.callback_metrics) == set(lt.callback_metrics)
+    assert "seen" not in pt.callback_metrics and "both_step" not in pt.callback_metrics
+    assert float(pt.callback_metrics["both_epoch"]) == float(lt.callback_metrics["both_epoch"])
+    torch.manual_seed(0)
+    trainer = ppl.Trainer(default_root_dir=str(tmp_path / "said"), max_epochs=1,
+                          accelerator="cpu", enable_progress_bar=False, logger=False,
+                          enable_checkpointing=False, enable_model_summary=False)
+    with pytest.warns(UserWarning) as said:
+        trainer.fit(make(ppl)())
+    texts = [str(w.message) for w in said if "only update()d" in str(w.message)]
+    assert len(texts) == 2, texts  # once per name, not once per step
+    assert any("'seen'" in t and "nothing is published" in t for t in texts), texts
+    assert any("'both'" in t and "epoch value is still published" in t for t in texts), texts

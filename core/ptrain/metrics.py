@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -131,6 +132,22 @@ class MetricStore:
         self.results: list[dict[str, float]] = []
         self.batch: Any = None  # the batch under way (for batch sizes), set by model_step
         self._epoch_level = False
+        self._said_no_step_value: set[str] = set()
+
+    def _no_step_value(self, name: str, on_epoch: bool) -> None:
+        """Say once per name that a metric object logged per step was only ``update()``d, so it
+        has no value for the batch and none is published for the step (Lightning publishes
+        none either, without a word)."""
+        if name in self._said_no_step_value:
+            return
+        self._said_no_step_value.add(name)
+        kept = ("its epoch value is still published" if on_epoch else
+                "nothing is published for it")
+        warnings.warn(f"self.log({name!r}, metric) per step: the metric was only update()d, so "
+                      f"it has no value for the batch and none is published for the step; "
+                      f"{kept}. Call metric(preds, target) (its forward) instead of update() "
+                      f"for a value per step, or log it with on_epoch=True for the epoch's.",
+                      stacklevel=4)
 
     def reset(self) -> None:
         """Forget what an earlier stage published (a stage reports its own metrics only)."""
@@ -209,10 +226,10 @@ class MetricStore:
         elif _is_metric_object(value):
             metric_object = value
             value = getattr(metric_object, "_forward_cache", None) if on_step else None
-            if on_step and value is None:
-                raise ConfigError(f"self.log({name!r}, metric, on_step=True) needs the metric's "
-                                  f"value for this batch: call metric(preds, target) (its "
-                                  f"forward) before logging it, not only metric.update(...).")
+            if on_step and value is None:  # only update()d: no value for this batch
+                self._no_step_value(name, on_epoch)
+                if not on_epoch:
+                    return
         else:
             raise ConfigError(f"self.log({name!r}, {value!r:.60}) got a "
                               f"{type(value).__qualname__}, which can't be logged; log a "
@@ -240,7 +257,7 @@ class MetricStore:
         if not reduced:
             self.local.add(step_name)
             self.local.add(epoch_name)
-        if on_step:
+        if on_step and value is not None:
             if fx != "mean":
                 self.step_ops[step_name] = fx
             if prog_bar:

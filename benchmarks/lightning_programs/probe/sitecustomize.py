@@ -1,5 +1,6 @@
 """The harness's probe: imported by every Python process of a catalogued run (this folder is put
-first on ``PYTHONPATH``), it watches and never changes what a program computes.
+first on ``PYTHONPATH``), it watches and never changes what a program computes, beyond giving
+it locally made stand-ins for what it would download.
 
 Active only when ``LP_PROBE_DIR`` is set. It then
 
@@ -13,6 +14,9 @@ Active only when ``LP_PROBE_DIR`` is set. It then
   to fetch pretrained files catch that and train instead; without it they stop on the DNS error;
 - accepts torchvision's CIFAR files that are present, where torchvision compares MD5 sums with
   the real data set's (the harness made the files, see ``data.py``);
+- gives torchvision's pretrained weights, which it would download, as the weights of the same
+  architecture built under a seeded generator (the same under both frameworks: made locally,
+  like the data sets);
 - writes ``probe-<pid>.json`` into ``LP_PROBE_DIR`` when the process exits.
 
 With ``LP_LIMIT_BATCHES=T,E`` it gives every ``Trainer(...)`` the program makes
@@ -166,6 +170,29 @@ def _accept_present_cifar(module) -> None:
     module.check_integrity = lambda fpath, md5=None: os.path.isfile(fpath)
 
 
+def _made_pretrained_weights(module) -> None:
+    """torchvision's pretrained weights (``resnet18(pretrained=True)``) come from the network:
+    here, where the hub cache lacks the file, they are the weights of the same architecture
+    built under torch's generator seeded with 0 (the program's own generators untouched), so
+    the program runs, from the same weights under both frameworks."""
+    fetch = module.load_state_dict_from_url
+
+    def load_state_dict_from_url(url, *args, **kwargs):
+        import torch
+        import torchvision
+
+        name = os.path.basename(url)
+        cached = os.path.join(torch.hub.get_dir(), "checkpoints", name)
+        build = getattr(torchvision.models, name.split("-")[0], None)
+        if os.path.exists(cached) or build is None:
+            return fetch(url, *args, **kwargs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return build().state_dict()
+
+    module.load_state_dict_from_url = load_state_dict_from_url
+
+
 _AFTER_IMPORT = {
     "lightning.pytorch.trainer.trainer": lambda m: _watch_trainer(m.Trainer, True),
     "pytorch_lightning.trainer.trainer": lambda m: _watch_trainer(m.Trainer, True),
@@ -173,6 +200,7 @@ _AFTER_IMPORT = {
     "ptrain.lightning.trainer": lambda m: _watch_trainer(m.Trainer, True),
     "ptrain.lightning": _shim_package,
     "torchvision.datasets.cifar": _accept_present_cifar,
+    "torchvision.models._api": _made_pretrained_weights,
 }
 
 
