@@ -391,7 +391,7 @@ def set_compare(rows: dict, config: str) -> None:
     row["compare"] = compare(reference["metrics"], row["ptrain"]["metrics"], TOLERANCE[config])
     if reference is unbroken:
         row["compare"]["against"] = "Lightning unbroken"
-        if row.get("lightning"):
+        if row.get("lightning", {}).get("ran"):
             own = compare(row["lightning"]["metrics"], row["ptrain"]["metrics"], math.inf)
             row["compare"]["vs_lightning_resume"] = own["max_rel"]
 
@@ -449,6 +449,8 @@ def table(catalogue: list[dict], results: dict) -> str:
                     verdict = f"match ({against})"
                     if cmp_.get("vs_lightning_resume") is not None:
                         error = f"Lightning's resume: {cmp_['vs_lightning_resume']:.2e} apart"
+                    elif lt and not lt.get("ran"):
+                        error = f"Lightning's resume fails: {lt.get('error', '')}"
             else:
                 verdict = "differs"
                 bits = []
