@@ -352,6 +352,41 @@ def test_the_training_shard_shuffles_as_in_lightning_unless_the_user_says_otherw
     assert told.config["plugins"]["ddp"]["train_shuffle"] == "loader"
 
 
+def _set_up_device(trainer, world_size: int) -> None:
+    """The ``lightning-reseed-each-stage`` callback's ``setup_device`` wrapper, driven as
+    pluggy drives it, for a process of a ``world_size``-process job."""
+    trainer.world_size = world_size
+    wrapper = trainer.pm.get_plugin("lightning-reseed-each-stage").setup_device(trainer)
+    next(wrapper)
+    with pytest.raises(StopIteration):
+        wrapper.send(torch.device("cpu"))
+
+
+def test_each_stage_of_a_multi_process_job_is_seeded_again_as_in_lightning(monkeypatch):
+    monkeypatch.delenv("PTRAIN_GLOBAL_SEED", raising=False)
+    trainer = ptrain.lightning.Trainer(strategy="ddp", devices=2, **QUIET)
+    torch.manual_seed(123)
+    drawn = torch.rand(3)
+    _set_up_device(trainer, 2)  # no seed_everything before: nothing changes, as in Lightning
+    torch.manual_seed(123)
+    torch.rand(3)
+    untouched = torch.get_rng_state()
+    _set_up_device(trainer, 2)
+    assert torch.equal(torch.get_rng_state(), untouched)
+
+    ptrain.seed_everything(7)
+    after_seeding = torch.rand(3)
+    torch.rand(5)  # the program draws (builds its model) after seeding
+    _set_up_device(trainer, 2)
+    assert torch.equal(torch.rand(3), after_seeding)  # back to the seed's first numbers
+    assert not torch.equal(drawn, after_seeding)
+
+    torch.rand(5)
+    before = torch.get_rng_state()
+    _set_up_device(trainer, 1)  # one process: Lightning's single-device strategy re-seeds not
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_use_distributed_sampler_false_turns_the_strategys_sharding_off():
     trainer = ptrain.lightning.Trainer(strategy="ddp", devices=2, use_distributed_sampler=False,
                                        **QUIET)

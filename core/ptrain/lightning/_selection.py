@@ -54,12 +54,13 @@ def select(given: dict[str, Any]) -> Selection:
     from ptrain.lightning.strategies import lightning_strategy
 
     from ptrain.lightning._checkpointing import LightningCheckpointKeys, default_checkpoint
+    from ptrain.lightning._seeding import ReseedEachStage
     from ptrain.lightning.utilities.combined_loader import CombinedTrainingData
 
     chosen = Selection(ptrain_accelerator(given["accelerator"]), given["strategy"],
                        None, given["devices"],
                        callbacks=[CombinedTrainingData(), LightningCheckpointKeys(),
-                                  *default_checkpoint(given)])
+                                  ReseedEachStage(), *default_checkpoint(given)])
     precisions: list[Precision] = []
     ios: list[CheckpointIO] = []
 
