@@ -22,8 +22,9 @@ Settings, for each program and each framework:
 - ``ddp``, ``bf16``, ``unbroken``, ``resume``: the program's own classes imported unchanged,
   under a Trainer the harness builds (``lightning_programs/drive.py``, the catalogue's recipe),
   with strategy ddp on 2 CPU processes, with precision bf16-mixed, as the recipe says
-  (``unbroken``), and fitted for one epoch, checkpointed, then resumed in a new process to the
-  recipe's epochs (``resume``). A program with its own options for these (Hydra's
+  (``unbroken``), and stopped after one epoch (``trainer.should_stop``, the recipe's
+  ``max_epochs`` kept: a schedule built over them is the unbroken run's), checkpointed, then
+  resumed in a new process to the recipe's epochs (``resume``). A program with its own options for these (Hydra's
   ``trainer=ddp_sim``, ``ckpt_path=...``) runs through them instead.
 
 A resumed ptrain run is compared with Lightning's ``unbroken`` run where there is one: ptrain

@@ -13,7 +13,8 @@ package) and ``M(name)`` (imports ``L``'s submodule ``name``), sets ``model``, `
 (Trainer keyword arguments: the program's own settings, kept short), ``fit`` (keyword
 arguments of ``fit`` after the model) and ``test`` (those of ``test``, or None). ``CONFIG``
 adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
-``bf16`` (precision bf16-mixed), ``unbroken`` (the recipe as it is), ``resume1`` (one epoch, then ``save_checkpoint(CKPT)``),
+``bf16`` (precision bf16-mixed), ``unbroken`` (the recipe as it is), ``resume1`` (stopped
+after its first epoch by ``trainer.should_stop``, then ``save_checkpoint(CKPT)``),
 ``resume2`` (the full run from ``CKPT``).
 """
 
@@ -27,7 +28,7 @@ SETTINGS = {
     "ddp": {"strategy": "ddp", "accelerator": "cpu", "devices": 2},
     "bf16": {"precision": "bf16-mixed"},
     "unbroken": {},
-    "resume1": {"max_epochs": 1},
+    "resume1": {},
     "resume2": {},
 }
 
@@ -43,6 +44,8 @@ def main(framework: str, program_dir: str, module: str, build_file: str, config:
     with open(build_file) as f:
         exec(compile(f.read(), build_file, "exec"), space)  # noqa: S102 - the catalogue's recipe
     kwargs = {**space["trainer"], **SETTINGS[config]}
+    if config == "resume1":
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), _stop_after_first_epoch(L)]
     trainer = L.Trainer(**kwargs)
     model = space["model"]
     if config == "resume2":
@@ -54,6 +57,19 @@ def main(framework: str, program_dir: str, module: str, build_file: str, config:
         return
     if space.get("test") is not None:
         trainer.test(model, **space["test"])
+
+
+def _stop_after_first_epoch(L):
+    """A callback that ends the fit after its first epoch (its validation included) the way a
+    program stops itself, ``trainer.should_stop``: the Trainer keeps the recipe's
+    ``max_epochs``, so whatever the program builds from it (a ``OneCycleLR`` over
+    ``trainer.max_epochs``) is what the unbroken run builds."""
+
+    class StopAfterFirstEpoch(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = True
+
+    return StopAfterFirstEpoch()
 
 
 if __name__ == "__main__":
