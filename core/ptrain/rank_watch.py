@@ -73,6 +73,10 @@ class _Heartbeat:
         self.count, self.state, self.pid, self.host, self.doing = -1, "running", 0, "", "starting"
         self.changed = now
 
+    def where(self) -> str:
+        """Its process and host, as the messages name them."""
+        return f"pid {self.pid} on {self.host}" if self.pid else "not heard from yet"
+
     def update(self, raw: bytes, now: float) -> None:
         count, state, pid, host, doing = raw.decode("utf-8", "replace").split(_SEP, 4)
         if int(count) != self.count:
@@ -222,9 +226,8 @@ class RankWatch:
         for peer, beat in self._peers.items():
             silent = self._read_at - beat.changed
             if beat.state == "running" and silent > longer_than:
-                where = f"pid {beat.pid} on {beat.host}" if beat.pid else "not heard from yet"
-                said.append(f"rank {peer} ({where}) had sent no heartbeat for {silent:.1f} s; "
-                            f"it was last {beat.doing}")
+                said.append(f"rank {peer} ({beat.where()}) had sent no heartbeat for "
+                            f"{silent:.1f} s; it was last {beat.doing}")
         return said
 
     def last_doing(self, rank: int) -> str | None:
@@ -239,8 +242,7 @@ class RankWatch:
 
     def _end_job(self, peer: int, why: str) -> None:
         beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
-        where = f"pid {beat.pid} on {beat.host}" if beat.pid else "not heard from yet"
-        self.message = (f"rank {peer} ({where}) stopped responding: {why}; it was last "
+        self.message = (f"rank {peer} ({beat.where()}) stopped responding: {why}; it was last "
                         f"{beat.doing}. The job was ended (a rank silent for {self.hint} "
                         f"{self.stall_timeout:g} seconds ends it).")
         from ptrain import script_launch
