@@ -75,6 +75,15 @@ class TinyRegressor(ptrain.TrainModule):
         return DataLoader(self.val_set, batch_size=8)
 
 
+@pytest.fixture(autouse=True)
+def _no_seed_left_by_an_earlier_test(monkeypatch):
+    """Each test starts without the seed variables an earlier test's ``seed_everything`` left in
+    this process: a program a test starts inherits them, and would seed as it never does when
+    run alone."""
+    for variable in ("PTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.delenv(variable, raising=False)
+
+
 @pytest.fixture
 def tiny_module():
     return TinyRegressor

@@ -174,6 +174,39 @@ def test_isolate_rng_puts_every_generator_back():
     assert torch.equal(inside[0], after[0]) and inside[1] == after[1]
 
 
+@pytest.mark.parametrize("environment", [{}, {"PL_GLOBAL_SEED": "5"}])
+def test_seed_everything_without_a_seed_is_lightnings(monkeypatch, environment):
+    from lightning.fabric.utilities.seed import seed_everything as lightnings
+
+    import ptrain.lightning as pl
+
+    draws = {}
+    for name, seed_everything in (("lightning", lightnings), ("ptrain", pl.seed_everything)):
+        for variable in ("PL_GLOBAL_SEED", "PTRAIN_GLOBAL_SEED"):
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in environment.items():
+            monkeypatch.setenv(variable, value)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            seed = seed_everything()
+        said = [str(w.message) for w in seen if "seed" in str(w.message).lower()]
+        draws[name] = (seed, said, torch.rand(3).tolist(), os.environ["PL_GLOBAL_SEED"])
+    assert draws["ptrain"] == draws["lightning"]
+    assert draws["ptrain"][0] == int(environment.get("PL_GLOBAL_SEED", 0))
+
+
+def test_seed_everything_without_a_seed_takes_ptrains_seed_of_a_launched_process(monkeypatch):
+    import ptrain.lightning as pl
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.setenv("PTRAIN_GLOBAL_SEED", "12")
+    assert pl.seed_everything() == 12
+    assert os.environ["PL_GLOBAL_SEED"] == "12"
+    monkeypatch.setenv("PL_GLOBAL_SEED", "twelve")
+    with pytest.raises(ValueError, match="PL_GLOBAL_SEED='twelve' is not an int"):
+        pl.seed_everything()
+
+
 def test_model_summary_reads_as_lightnings():
     from lightning.pytorch.utilities.model_summary import ModelSummary as LightningSummary
 

@@ -19,7 +19,7 @@ from ptrain.lightning._logo import LIGHTNING_LOGO, cli_lightning_logo
 from ptrain.lightning.trainer import Trainer
 from ptrain.module import DataModule as LightningDataModule
 from ptrain.module import TrainModule as LightningModule
-from ptrain.trainer import seed_everything
+from ptrain.lightning.utilities.seed import seed_everything
 
 #: The version of Lightning's API this layer follows, for programs and libraries that check
 #: ``lightning.pytorch.__version__`` before using a feature; ptrain's own is ``ptrain.__version__``.

@@ -17,7 +17,6 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import typing
 import warnings
@@ -39,7 +38,7 @@ from ptrain.lightning.trainer import Trainer
 from ptrain.module import DataModule as LightningDataModule
 from ptrain.module import TrainModule as LightningModule
 from ptrain.trainer import Trainer as _NativeTrainer
-from ptrain.trainer import _SEED_VARIABLE, seed_everything
+from ptrain.lightning.utilities.seed import seed_everything
 
 try:
     import jsonargparse
@@ -412,7 +411,7 @@ class LightningCLI:
     function returning one), ``trainer_defaults`` (``callbacks`` there, objects or
     ``class_path``/``init_args`` configs, are always added and not configurable),
     ``seed_everything_default`` (``True``: the seed the process already has from an earlier
-    ``seed_everything``, else a random one, recorded in the config; ``False``: no seeding),
+    ``seed_everything``, else 0 as in Lightning, recorded in the config; ``False``: no seeding),
     ``parser_kwargs`` (for every parser, or per subcommand under its name), ``parser_class``,
     ``auto_configure_optimizers`` (add ``--optimizer`` and ``--lr_scheduler`` and write the
     model's ``configure_optimizers`` when one is given),
@@ -501,8 +500,9 @@ class LightningCLI:
         parser.add_argument("--seed_everything", type=Union[bool, int],
                             default=self.seed_everything_default,
                             help="An int seeds every generator with it before the model is "
-                                 "made; true seeds with a random seed (recorded in the saved "
-                                 "config); false does not seed.")
+                                 "made; true seeds with the seed of an earlier seeding "
+                                 "(PL_GLOBAL_SEED), else 0 (recorded in the saved config); "
+                                 "false does not seed.")
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """The ``trainer``, ``model`` and ``data`` groups (``trainer_defaults`` as the
@@ -750,12 +750,11 @@ class LightningCLI:
     def _set_seed(self) -> None:
         """Seed as ``seed_everything`` says: an int seeds with it; ``True`` keeps the seed this
         process already has (an earlier ``seed_everything(...)``, or one given by the process
-        that started it), else draws one; the seed used is recorded in the config."""
+        that started it), else 0, as Lightning's does; the seed used is recorded in the
+        config."""
         seed = self._get(self.config, "seed_everything")
         if seed is False:
             return
-        if seed is True and _SEED_VARIABLE in os.environ:
-            seed = int(os.environ[_SEED_VARIABLE])
         seed = seed_everything(None if seed is True else seed, workers=True)
         if self.subcommand:
             self.config[self.subcommand]["seed_everything"] = seed

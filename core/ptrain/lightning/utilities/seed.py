@@ -1,15 +1,52 @@
-"""Seeding: ``seed_everything`` (ptrain's), and ``isolate_rng``, which puts every random
-generator back as it was when its block ends."""
+"""Seeding: ``seed_everything`` with Lightning's rule for a missing seed, and ``isolate_rng``,
+which puts every random generator back as it was when its block ends."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 from typing import Iterator
 
 from ptrain import checkpoint_io
-from ptrain.trainer import seed_everything
+from ptrain import trainer as _trainer
 
 __all__ = ["isolate_rng", "seed_everything"]
+
+#: Where Lightning programs (and the processes they start) find the seed of the last seeding.
+LIGHTNING_SEED_VARIABLE = "PL_GLOBAL_SEED"
+
+
+def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
+    """Lightning's ``seed_everything``: seed Python's, NumPy's and torch's generators and return
+    the seed (:func:`ptrain.seed_everything` does the seeding).
+
+    ``seed=None`` takes the seed of ``PL_GLOBAL_SEED`` (an earlier seeding's, or the process
+    that started this one's), else ptrain's ``PTRAIN_GLOBAL_SEED``, else 0, with a warning
+    (``verbose``), as Lightning does; ptrain's own ``seed_everything(None)`` draws a random
+    seed instead. The seed is recorded in both variables for the processes started later.
+    """
+    if seed is None:
+        for variable in (LIGHTNING_SEED_VARIABLE, _trainer._SEED_VARIABLE):
+            if os.environ.get(variable):
+                seed = _from_variable(variable)
+                break
+        else:
+            seed = 0
+            if verbose:
+                warnings.warn("No seed found, seed set to 0", stacklevel=2)
+    seed = _trainer.seed_everything(seed, workers=workers)
+    os.environ[LIGHTNING_SEED_VARIABLE] = str(seed)
+    return seed
+
+
+def _from_variable(variable: str) -> int:
+    value = os.environ[variable]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"seed_everything: {variable}={value!r} is not an int; set it to "
+                         f"the seed (an int) or unset it") from None
 
 
 @contextlib.contextmanager
