@@ -80,7 +80,7 @@ from benchmarks.overhead import (  # noqa: E402
     quiet,
     source_revision,
 )
-from ptrain.trainer import seed_everything  # noqa: E402
+from ptrain.seeding import seed_everything  # noqa: E402
 
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
 RUNNERS = ("ptrain", "hand", "lightning")

@@ -203,7 +203,7 @@ def test_seed_everything_without_a_seed_takes_ptrains_seed_of_a_launched_process
     assert pl.seed_everything() == 12
     assert os.environ["PL_GLOBAL_SEED"] == "12"
     monkeypatch.setenv("PL_GLOBAL_SEED", "twelve")
-    with pytest.raises(ValueError, match="PL_GLOBAL_SEED='twelve' is not an int"):
+    with pytest.raises(ValueError, match="PL_GLOBAL_SEED='twelve' is not a seed"):
         pl.seed_everything()
 
 

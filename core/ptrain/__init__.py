@@ -14,7 +14,7 @@ from ptrain.hookspecs import hookimpl, hookspec
 
 _LAZY = {
     "Trainer": "ptrain.trainer",
-    "seed_everything": "ptrain.trainer",
+    "seed_everything": "ptrain.seeding",
     "TrainModule": "ptrain.module",
     "DataModule": "ptrain.module",
     "StepModule": "ptrain.step_module",

@@ -290,9 +290,10 @@ def _launcher_choice(value: Any) -> str:
 def _seeded_with() -> int:
     """The seed of this job's last ``seed_everything`` (every rank's is the same), else 0: the
     seed of the samplers a strategy puts in the dataloaders."""
-    from ptrain.trainer import _SEED_VARIABLE  # ptrain.trainer imports this module
+    from ptrain.seeding import last_seed
 
-    return int(os.environ.get(_SEED_VARIABLE, 0))
+    seed = last_seed()
+    return 0 if seed is None else seed
 
 
 def _train_shuffle_choice(value: Any) -> str:

@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import math
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -20,11 +19,11 @@ import pluggy
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from ptrain import checkpoint_io, run_folder, script_launch
+from ptrain import checkpoint_io, run_folder
 from ptrain._version import __version__
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
-from ptrain.config import core_options, to_seed
+from ptrain.config import core_options
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
@@ -38,6 +37,7 @@ from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
 from ptrain.precision_policy import PrecisionPolicy
+from ptrain.seeding import seed_everything
 from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
 from ptrain.step_module import StepModule
 
@@ -1190,40 +1190,6 @@ def _available_memory() -> int | None:
     except OSError:
         pass
     return None
-
-
-#: The seed of the last seed_everything, for the processes this one starts.
-_SEED_VARIABLE = "PTRAIN_GLOBAL_SEED"
-
-
-def seed_everything(seed: int | None = None, workers: bool = False) -> int:
-    """Seed Python's, NumPy's and torch's generators (all devices) and return the seed.
-
-    Call it before the model is built, so that its initial weights are seeded too (or pass
-    ``seed`` to the :class:`Trainer`, which calls this when it is made, and make the model
-    after it; ``ptrain fit --seed`` does the same). ``seed=None`` takes a random seed and prints
-    it, except in the processes the script launcher started, which take rank 0's (it is passed
-    to them in the environment, so every rank of the job draws alike). ``workers`` is accepted
-    for Lightning's signature: torch already seeds each DataLoader worker's Python, NumPy and
-    torch generators from a base seed drawn from the seeded generator, so their draws are
-    reproducible either way.
-    """
-    if seed is None and script_launch.is_started_copy() and _SEED_VARIABLE in os.environ:
-        seed = int(os.environ[_SEED_VARIABLE])
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32)
-        print(f"seed_everything: no seed given, using {seed}", flush=True)
-    try:
-        seed = to_seed(seed)
-    except ValueError as exc:
-        raise ConfigError(f"seed_everything({seed!r}): {exc}.") from None
-    os.environ[_SEED_VARIABLE] = str(seed)  # the ranks the script launcher starts use it too
-    random.seed(seed)
-    torch.manual_seed(seed)
-    import numpy as np
-
-    np.random.seed(seed % 2**32)
-    return seed
 
 
 __all__ = ["StageFunction", "Trainer", "WorkerResult", "full_state_dict", "no_limit",

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ptrain.hookspecs import hookimpl
+from ptrain.seeding import last_seed, seed_everything
 
 
 class ReseedEachStage:
@@ -24,9 +24,7 @@ class ReseedEachStage:
     @hookimpl(wrapper=True)
     def setup_device(self, trainer: Any) -> Any:
         device = yield
-        from ptrain.trainer import _SEED_VARIABLE, seed_everything  # imports this package
-
-        seed = os.environ.get(_SEED_VARIABLE)
+        seed = last_seed()
         if trainer.world_size > 1 and seed is not None:
-            seed_everything(int(seed))
+            seed_everything(seed)
         return device

@@ -8,8 +8,7 @@ import os
 import warnings
 from typing import Iterator
 
-from ptrain import checkpoint_io
-from ptrain import trainer as _trainer
+from ptrain import checkpoint_io, seeding
 
 __all__ = ["isolate_rng", "seed_everything"]
 
@@ -27,26 +26,16 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     seed instead. The seed is recorded in both variables for the processes started later.
     """
     if seed is None:
-        for variable in (LIGHTNING_SEED_VARIABLE, _trainer._SEED_VARIABLE):
-            if os.environ.get(variable):
-                seed = _from_variable(variable)
-                break
-        else:
-            seed = 0
-            if verbose:
-                warnings.warn("No seed found, seed set to 0", stacklevel=2)
-    seed = _trainer.seed_everything(seed, workers=workers)
+        seed = seeding.last_seed(LIGHTNING_SEED_VARIABLE)
+    if seed is None:
+        seed = seeding.last_seed()
+    if seed is None:
+        seed = 0
+        if verbose:
+            warnings.warn("No seed found, seed set to 0", stacklevel=2)
+    seed = seeding.seed_everything(seed, workers=workers)
     os.environ[LIGHTNING_SEED_VARIABLE] = str(seed)
     return seed
-
-
-def _from_variable(variable: str) -> int:
-    value = os.environ[variable]
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"seed_everything: {variable}={value!r} is not an int; set it to "
-                         f"the seed (an int) or unset it") from None
 
 
 @contextlib.contextmanager
