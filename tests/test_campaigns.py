@@ -1,6 +1,8 @@
 """The suite's campaign sampling (tests/_campaigns.py): the default run draws a seeded sample of
-each marked family, ``--full`` runs every case, and a person picking tests gets what they
-picked. Each check runs pytest itself on a small test file, in a subprocess."""
+each marked family (a test's cases, tests marked with one family name, or whole modules), seeded
+from the commit under test; ``--full`` runs every case, and a person picking tests (by name or by
+file) gets what they picked. Each check runs pytest itself on small test files, in a
+subprocess."""
 
 from __future__ import annotations
 
@@ -29,11 +31,14 @@ def _run(folder, *args: str) -> tuple[int, list[str], str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
                            *args], cwd=folder, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    passed = re.findall(r"::(test_\w+(?:\[\d+\])?) PASSED", proc.stdout)
+    passed = re.findall(r"(?:^|/)(?:test_\w+\.py::)?(test_\w+(?:\[\d+\])?) PASSED", proc.stdout,
+                        re.MULTILINE)
     return proc.returncode, passed, proc.stdout + proc.stderr
 
 
-def _project(tmp_path, test_source: str = FAMILY):
+def _project(tmp_path, test_source: str = FAMILY, **modules: str):
+    """A project with the campaign plugin: ``test_family.py`` holds ``test_source``, and each
+    keyword names another test module and its source."""
     (tmp_path / "conftest.py").write_text(
         "from tests import _campaigns\n\n"
         "def pytest_addoption(parser):\n    _campaigns.add_options(parser)\n\n"
@@ -41,6 +46,8 @@ def _project(tmp_path, test_source: str = FAMILY):
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nmarkers =\n    campaign(sample): a family\n")
     (tmp_path / "test_family.py").write_text(test_source)
+    for name, source in modules.items():
+        (tmp_path / f"{name}.py").write_text(source)
     return tmp_path
 
 
@@ -49,7 +56,7 @@ def test_the_default_run_draws_the_same_sample_and_says_so(tmp_path):
     code, first, output = _run(project)
     assert code == 0, output
     assert "test_alone" in first and len(first) == 4, first
-    assert "campaigns: a sample of 1 families (seed 0); 7 cases left out" in output
+    assert "campaigns: a sample of 1 families (seed 0, no git checkout); 7 cases left out" in output
     assert _run(project)[1] == first
     others = [set(_run(project, "--campaign-seed", str(seed))[1]) for seed in (1, 2)]
     assert any(other != set(first) for other in others), (first, others)
@@ -75,3 +82,88 @@ def test_a_campaign_without_a_sample_size_is_a_usage_error(tmp_path):
     code, _, output = _run(project)
     assert code == 4, output
     assert "test_family.py::test_case: @pytest.mark.campaign needs sample=K" in output
+
+
+PAIRS = """
+import pytest
+
+pytestmark = pytest.mark.campaign(sample=2, family="pairs")
+
+def test_{0}_one():
+    pass
+
+def test_{0}_two():
+    pass
+"""
+
+
+def test_tests_marked_with_one_family_name_are_drawn_as_one_family(tmp_path):
+    project = _project(tmp_path, PAIRS.format("a"), test_other=PAIRS.format("b"))
+    code, passed, output = _run(project)
+    assert code == 0, output
+    assert len(passed) == 2, passed
+    assert "a sample of 1 families" in output and "2 cases left out" in output, output
+    assert len(_run(project, "--full")[1]) == 4
+
+
+WHOLE_RUN = """
+import pytest
+
+@pytest.fixture(scope="module")
+def run():
+    return "{0}"
+
+@pytest.mark.campaign(sample=1, family="whole runs", per="module")
+def test_{0}_first(run):
+    pass
+
+@pytest.mark.campaign(sample=1, family="whole runs", per="module")
+def test_{0}_second(run):
+    pass
+
+def test_{0}_unmarked():
+    pass
+"""
+
+
+def test_a_family_drawn_per_module_keeps_or_leaves_out_each_module_whole(tmp_path):
+    names = ("x", "y", "z")
+    project = _project(tmp_path, "", **{f"test_{n}": WHOLE_RUN.format(n) for n in names})
+    code, passed, output = _run(project)
+    assert code == 0, output
+    drawn = [n for n in names if f"test_{n}_first" in passed]
+    assert len(drawn) == 1, passed
+    assert set(passed) == {f"test_{drawn[0]}_first", f"test_{drawn[0]}_second",
+                           *(f"test_{n}_unmarked" for n in names)}
+    left_out = next(n for n in names if n not in drawn)
+    named = _run(project, f"test_{left_out}.py")[1]
+    assert set(named) == {f"test_{left_out}_first", f"test_{left_out}_second",
+                          f"test_{left_out}_unmarked"}, named
+
+
+def test_a_test_file_named_on_the_command_line_runs_whole(tmp_path):
+    code, passed, output = _run(_project(tmp_path), "test_family.py")
+    assert code == 0 and len(passed) == 11, output
+
+
+def test_a_family_marked_two_ways_is_a_usage_error(tmp_path):
+    project = _project(tmp_path, PAIRS.format("a"),
+                       test_other=PAIRS.format("b").replace("sample=2", "sample=3"))
+    code, _, output = _run(project)
+    assert code == 4, output
+    assert "family 'pairs' is marked sample=3, per='case' here and sample=2" in output, output
+    assert "mark it alike" in output
+
+
+def test_the_default_seed_comes_from_the_commit_under_test(tmp_path):
+    project = _project(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "."], ["commit", "-qm", "tests"]):
+        subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    code, passed, output = _run(project)
+    seed = int(sha[:6], 16)
+    assert code == 0, output
+    assert f"(seed {seed}, commit {sha[:9]})" in output, output
+    assert set(passed) == set(_run(project, "--campaign-seed", str(seed))[1])

@@ -22,9 +22,10 @@ import torch
 from ptrain import CheckpointWriteError
 from ptrain.checkpoint_io import atomic_save, safe_load
 from tests._faults import SmallDisk, kill_marked, leftovers, start_job, unwritable_folder
+from tests._campaigns import JOB_MODULES
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 EVERY = 50  # a checkpoint every EVERY steps: the disk is filled after the first
 

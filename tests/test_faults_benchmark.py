@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._campaigns import WHOLE_TOOL_RUNS
+
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS]
 
 
 def test_the_quick_fault_campaign_loses_nothing_and_leaves_nothing(tmp_path):

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests._campaigns import WHOLE_TOOL_RUNS
+
+pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS]
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "first-model.md"
 BLOCK = re.compile(r"```(console|python|text)\n(.*?)```", re.S)

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests._campaigns import WHOLE_TOOL_RUNS
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS,
               pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="a GPU is here: run scripts/gpu-check.sh itself")]
 

@@ -26,7 +26,8 @@ pytest.importorskip("lightning", reason="the oracle: pip install lightning==2.6.
 pytest.importorskip("jsonargparse", reason='the cli extra: pip install "ptrain-core[cli]"')
 import yaml  # noqa: E402  (jsonargparse's YAML library)
 
-pytestmark = pytest.mark.slow
+#: Each test runs the program under both frameworks (seconds each): the default run draws eight.
+pytestmark = [pytest.mark.slow, pytest.mark.campaign(family="LightningCLI programs", sample=8)]
 
 PROGRAM = Path(__file__).parent / "lightning_cli_programs" / "regression.py"
 IMPORT_LINE = re.compile(r"^(\s*(?:import|from)\s+)(lightning\.pytorch|pytorch_lightning)\b",

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 import lightning.pytorch.utilities as lightning_utilities
 import ptrain.lightning.utilities as ptrain_utilities
+from tests._campaigns import TWO_PROCESS_RUNS
 
 Pair = collections.namedtuple("Pair", "x y")
 
@@ -451,6 +452,7 @@ def _program_module():
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_a_ddp_strategy_object_trains_on_two_processes_as_lightnings(tmp_path):
     lightning, lightning_seen = _run_program(tmp_path, "lightning", "ddp")
     ours, seen = _run_program(tmp_path, "ptrain", "ddp")

@@ -63,6 +63,11 @@ def _close(a: dict, b: dict, rel: float) -> None:
         assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-7), key
 
 
+#: Each test runs a program under ptrain and under Lightning (seconds to a minute): the default
+#: run draws five.
+DROP_IN_PAIRS = pytest.mark.campaign(family="drop-in pairs", sample=5)
+
+
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     where = tmp_path_factory.mktemp("classifier")
@@ -70,6 +75,7 @@ def classifier(tmp_path_factory):
             run_program("classifier", where, "ptrain"))
 
 
+@DROP_IN_PAIRS
 def test_classifier_trains_to_the_same_weights(classifier):
     lightning, ptrain = classifier
     assert ptrain["weights"] == lightning["weights"]
@@ -78,6 +84,7 @@ def test_classifier_trains_to_the_same_weights(classifier):
     assert ptrain["lr"] == lightning["lr"]  # ReduceLROnPlateau stepped on val_loss alike
 
 
+@DROP_IN_PAIRS
 def test_classifier_metrics_have_lightnings_names_and_values(classifier):
     lightning, ptrain = classifier
     _close(lightning["callback_metrics"], ptrain["callback_metrics"], rel=1e-6)
@@ -85,6 +92,7 @@ def test_classifier_metrics_have_lightnings_names_and_values(classifier):
     assert ptrain["logged_names"] == lightning["logged_names"]
 
 
+@DROP_IN_PAIRS
 def test_classifier_keeps_the_same_checkpoints(classifier):
     lightning, ptrain = classifier
     # on purpose: ptrain keeps the top-k ranking in best_k_models.json beside the files
@@ -93,6 +101,7 @@ def test_classifier_keeps_the_same_checkpoints(classifier):
     assert ptrain["best_model"] == lightning["best_model"]
 
 
+@DROP_IN_PAIRS
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_gan_with_manual_optimization_matches(tmp_path, precision):
     lightning = run_program("gan", tmp_path, "lightning", precision)
@@ -137,6 +146,7 @@ def _with_ptrains_documented_order(events: list[str]) -> list[str]:
     pytest.param(("bf16-mixed", "1"), id="bf16-mixed"),
     pytest.param(("32-true", "2"), id="ddp-2", marks=pytest.mark.slow),
 ])
+@DROP_IN_PAIRS
 def test_a_custom_callback_sees_lightnings_hooks_in_lightnings_order(tmp_path, setting):
     lightning = run_program("hook_order", tmp_path, "lightning", *setting)["events"]
     ptrain = run_program("hook_order", tmp_path, "ptrain", *setting)["events"]
@@ -149,6 +159,7 @@ def test_a_custom_callback_sees_lightnings_hooks_in_lightnings_order(tmp_path, s
     assert sorted(ptrain) == sorted(lightning)
 
 
+@DROP_IN_PAIRS
 def test_classifier_in_bf16_mixed_matches(tmp_path):
     lightning = run_program("classifier", tmp_path, "lightning", "bf16-mixed")
     ptrain = run_program("classifier", tmp_path, "ptrain", "bf16-mixed")
@@ -158,6 +169,7 @@ def test_classifier_in_bf16_mixed_matches(tmp_path):
     assert ptrain["best_model"] == lightning["best_model"]
 
 
+@DROP_IN_PAIRS
 @pytest.mark.slow
 def test_classifier_under_ddp_on_two_processes_matches(tmp_path):
     lightning = run_program("classifier", tmp_path, "lightning", "32-true", "2")
@@ -176,6 +188,7 @@ def test_classifier_under_ddp_on_two_processes_matches(tmp_path):
     assert ptrain["test"]["test_loss"] == pytest.approx(lightning["test"]["test_loss"], rel=0.1)
 
 
+@DROP_IN_PAIRS
 @pytest.mark.slow
 def test_gan_under_ddp_on_two_processes_matches(tmp_path):
     lightning = run_program("gan", tmp_path, "lightning", "32-true", "2")
@@ -189,6 +202,7 @@ def test_gan_under_ddp_on_two_processes_matches(tmp_path):
             pytest.approx(lightning["callback_metrics"][name], rel=0.1)
 
 
+@DROP_IN_PAIRS
 def test_checkpoint_files_in_dirpath_weights_only_and_best_without_a_monitor(tmp_path):
     lightning = run_program("checkpoint_files", tmp_path, "lightning")
     ptrain = run_program("checkpoint_files", tmp_path, "ptrain")
@@ -204,6 +218,7 @@ def test_checkpoint_files_in_dirpath_weights_only_and_best_without_a_monitor(tmp
     _close(lightning["plain_test"], ptrain["plain_test"], rel=1e-6)
 
 
+@DROP_IN_PAIRS
 def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
     lightning = run_program("optimizer_hooks", tmp_path, "lightning")
     ptrain = run_program("optimizer_hooks", tmp_path, "ptrain")

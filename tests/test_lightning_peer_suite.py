@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._campaigns import WHOLE_TOOL_RUNS
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import lightning_peer_plugin as plugin  # noqa: E402
@@ -88,6 +90,7 @@ def test_the_public_api_pass_rate_does_not_fall(group, tmp_path):
 
 
 @pytest.mark.slow
+@WHOLE_TOOL_RUNS
 def test_a_seeded_sample_of_lightnings_tests_passes(tmp_path):
     reason = _checkout_missing()
     if reason:

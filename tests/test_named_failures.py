@@ -17,8 +17,9 @@ import torch
 
 from conftest import run_cli
 from tests._cli_util import assert_ok, assert_usage_error
+from tests._campaigns import JOB_MODULES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 COMMON = ["--accelerator", "cpu", "-p", "no:progress-bar", "-p", "no:model-summary"]
 

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests._faults import kill_marked, leftovers, stall_job
+from tests._campaigns import JOB_MODULES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 STALL = 2.0
 #: the stall timeout, a heartbeat interval, and a job's error path and exit

@@ -12,6 +12,7 @@ from torch import nn
 
 import ptrain
 from conftest import TinyRegressor
+from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_ok, assert_usage_error
 from tests._stage_models import (BrokenValidation, LogsInPredict, NoPredictStep,
                                  StagedRegressor)
@@ -306,6 +307,7 @@ def test_cli_usage_errors_of_the_stages(tmp_path):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_predict_under_ddp_gathers_in_dataset_order_without_padding(tmp_path):
     # 11 samples in batches of 3: each rank gets 6 (one repeated to even them out)
     module = StagedRegressor(predict_n=11, predict_batch=3)
@@ -350,6 +352,7 @@ def test_datamodule_prepare_data_setup_teardown_and_state(tmp_path):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_prepare_data_runs_once_per_machine_under_ddp(tmp_path):
     from tests._stage_models import RecordingData
 
@@ -427,6 +430,7 @@ def test_the_precision_applies_to_test_and_predict(tmp_path):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_predict_and_test_under_fsdp(tmp_path):
     module = StagedRegressor(predict_n=11, predict_batch=3)
     t = trainer(tmp_path, strategy="fsdp", devices=2)

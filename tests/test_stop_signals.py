@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._campaigns import JOB_MODULES
 from tests.conftest import REPO, run_cli
 
 SINGLE = REPO / "tests" / "_resume_script.py"
@@ -102,6 +103,7 @@ def stopped_and_resumed(jobs, name: str, reference: str) -> tuple[subprocess.Com
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_sigterm_saves_and_the_resumed_run_ends_as_if_never_stopped(jobs):
     stopped, loop = stopped_and_resumed(jobs, "term", "reference")
     assert "stopped by SIGTERM after step 6" in stopped.stderr, detail(stopped)
@@ -111,6 +113,7 @@ def test_sigterm_saves_and_the_resumed_run_ends_as_if_never_stopped(jobs):
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_a_signal_to_rank_zero_stops_every_rank_at_one_step(jobs):
     stopped, loop = stopped_and_resumed(jobs, "ddp-term", "ddp-reference")
     assert stopped.stderr.count("stopped by SIGTERM") == 1, detail(stopped)  # rank 0's report
@@ -118,6 +121,7 @@ def test_a_signal_to_rank_zero_stops_every_rank_at_one_step(jobs):
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_a_second_ctrl_c_stops_at_once(jobs):
     proc = jobs["int-twice"]
     # Python's own end for an uncaught KeyboardInterrupt: killed by SIGINT
@@ -127,6 +131,7 @@ def test_a_second_ctrl_c_stops_at_once(jobs):
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_a_signal_after_the_last_step_is_passed_on_when_fit_is_complete(jobs):
     proc = jobs["after-last"]  # 3 epochs of 8 steps; the signal at the end of step 24
     assert proc.returncode == -signal.SIGTERM, detail(proc)  # the default action, after fit
@@ -135,6 +140,7 @@ def test_a_signal_after_the_last_step_is_passed_on_when_fit_is_complete(jobs):
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_under_slurm_the_job_is_requeued_after_the_save(jobs):
     proc = jobs["requeue"]
     assert proc.returncode == 128 + signal.SIGTERM, detail(proc)

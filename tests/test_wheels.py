@@ -26,8 +26,9 @@ import pytest
 
 import ptrain
 from ptrain.catalog import FIRST_PARTY
+from tests._campaigns import WHOLE_TOOL_RUNS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS]
 
 REPO = Path(__file__).resolve().parent.parent
 CONSTRAINTS = REPO / "constraints.txt"

@@ -27,6 +27,7 @@ from ptrain import ConfigError
 from ptrain_finders import BatchSizeFinder, LRFinder, TrainingSnapshot
 from ptrain_finders.lr_finder import smooth
 from ptrain_finders.steps import StepRunner, cycle
+from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import CLIRuns, assert_ok, assert_usage_error
 from tests._finder_models import (BatchSizeRecorder, CapAddressSpace, FinderProbe, FlatLoss,
                                   GroupLRRecorder, ManualRegressor, MemoryHungry, OwnGeneratorRegressor,
@@ -458,6 +459,7 @@ def test_cli_usage_errors(cli_runs, key):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero1"])
 def test_two_ranks_agree_on_the_suggestion_and_restore_their_state(tmp_path, strategy):
     """Each rank trains on its half of the data, so its own losses differ from the other's;
@@ -480,6 +482,7 @@ def test_two_ranks_agree_on_the_suggestion_and_restore_their_state(tmp_path, str
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_two_ranks_agree_when_only_one_runs_out_of_memory(tmp_path, monkeypatch):
     """Rank 1 alone has its address space capped: it runs out of memory at sizes rank 0 could
     take, without stranding rank 0 in a collective, and both train at the same size.
@@ -511,6 +514,7 @@ def test_two_ranks_agree_when_only_one_runs_out_of_memory(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_batch_size_finder_refuses_sharded_strategies(tmp_path):
     trainer = ptrain.Trainer(
         strategy="fsdp", devices=2, accelerator="cpu", max_steps=1,

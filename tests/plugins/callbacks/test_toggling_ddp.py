@@ -22,6 +22,7 @@ import torch
 
 import ptrain
 from ptrain.errors import ConfigError
+from tests._campaigns import JOB_MODULES
 from tests._toggle_ddp_models import G_WINDOW, CommCounter, ToggleGAN, read_backward_records
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -168,11 +169,13 @@ def assert_no_all_reduce_inside_sync_grad_false(records: dict[int, list[dict]]) 
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_no_gradient_all_reduce_inside_sync_grad_false(ddp_job):
     assert_no_all_reduce_inside_sync_grad_false(ddp_job["records"])
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_sync_grad_false_gradients_stay_local_until_the_window_end_averages_them(ddp_job):
     """Each rank's gradient right after each backward: where it was all-reduced it is the same
     on every rank; inside ``sync_grad=False`` it is this rank's own (the ranks see different
@@ -190,6 +193,7 @@ def test_sync_grad_false_gradients_stay_local_until_the_window_end_averages_them
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_ddp_with_toggling_trains_like_one_process_with_twice_the_batch(ddp_job, single_job):
     """shuffle=False: the DistributedSampler gives rank r the rows r, r+2, ...; batch k of the
     two ranks together is batch k of one process with twice the batch, the noise is in the rows
@@ -218,6 +222,7 @@ def test_ddp_with_toggling_trains_like_one_process_with_twice_the_batch(ddp_job,
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_zero1_with_toggling_trains_like_one_process_with_twice_the_batch(zero1_job, single_job):
     assert_no_all_reduce_inside_sync_grad_false(zero1_job["records"])
     assert zero1_job["trainer"].global_step == expected_global_step()
@@ -231,6 +236,7 @@ def test_zero1_with_toggling_trains_like_one_process_with_twice_the_batch(zero1_
 
 
 @pytest.mark.slow
+@JOB_MODULES
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
 def test_fsdp_strategies_refuse_manual_optimization_naming_ddp_and_zero1(strategy, tmp_path):
     trainer = ptrain.Trainer(strategy=strategy, devices=WORLD, accelerator="cpu", max_epochs=1,
@@ -253,6 +259,7 @@ def test_fsdp_strategies_refuse_manual_optimization_naming_ddp_and_zero1(strateg
 
 
 @pytest.mark.slow
+@JOB_MODULES
 def test_16_mixed_under_ddp_with_toggling_is_close_to_32_true(ddp_job, tmp_path):
     """float16 autocast and one loss scale shared by both optimizers, with the generator's
     gradient accumulated (scaled) across batches: within float16's tolerance of 32-true, no

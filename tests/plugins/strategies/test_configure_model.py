@@ -23,9 +23,10 @@ import torch
 
 from ptrain.errors import ModelError
 from tests.conftest import REPO
+from tests._campaigns import JOB_MODULES
 
 SCRIPT = REPO / "tests" / "_configure_model_script.py"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 #: What the issue asks of a model built in configure_model (and what building it whole exceeds).
 MAX_RISE = 0.75
 SMALL = ["--width", "64", "--depth", "4"]

@@ -30,6 +30,7 @@ import ptrain
 
 from ptrain.distributed import Environment, detect_environment, first_host
 from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
+from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
 from tests._dist_models import (FailingRegressor, NaNOnOneRank, OwnSamplerRegressor, RankRecorder,
                                 StopOnOneRank, read_records)
@@ -297,6 +298,7 @@ def test_torchrun_variables_win_over_slurm(clean_env):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_two_ranks_train_like_one_process_with_twice_the_batch(make_trainer, accumulate):
     """shuffle=False: the DistributedSampler gives rank r the samples r, r+2, r+4, ..., so batch
@@ -325,6 +327,7 @@ def test_two_ranks_train_like_one_process_with_twice_the_batch(make_trainer, acc
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_metrics_are_reduced_and_each_epoch_reshuffles_the_shards(make_trainer, tmp_path,
                                                                   monkeypatch):
     record_dir = tmp_path / "records"
@@ -407,6 +410,7 @@ def test_the_samplers_seed_is_the_jobs_seed_everything_seed(monkeypatch):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_failing_rank_ends_the_job_with_its_error(make_trainer):
     message = f"rank-one-broke-{os.getpid()}"
     trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
@@ -424,6 +428,7 @@ def test_failing_rank_ends_the_job_with_its_error(make_trainer):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_failing_rank_through_the_cli(jobs):
     result = jobs["cli-failure"]
     assert result.returncode == 1, detail(result)
@@ -434,6 +439,7 @@ def test_failing_rank_through_the_cli(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_usage_error_in_a_worker(jobs, make_trainer):
     # from Python: the worker's ConfigError arrives as itself
     trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
@@ -453,6 +459,7 @@ def test_usage_error_in_a_worker(jobs, make_trainer):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_usage_error_in_a_worker_is_one_paragraph_through_the_cli(jobs):
     """The CLI's rule for usage errors: one ``ptrain: error:`` paragraph on stderr, nothing
     else. Here rank 1 fails first and the launcher stops rank 0 (which is late on purpose)."""
@@ -464,6 +471,7 @@ def test_usage_error_in_a_worker_is_one_paragraph_through_the_cli(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_resume_after_sigkill_of_the_whole_job_is_exact(jobs):
     """Adam, shuffled data, dropout and a per-step scheduler, on two ranks; rank 0 kills the
     process group (the launching process, its elastic agent, both workers) at step 7, after the
@@ -496,6 +504,7 @@ def test_resume_after_sigkill_of_the_whole_job_is_exact(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_torchrun_launched_processes_train_as_one_job(jobs):
     assert (REPO / "core" / "ptrain" / "__main__.py").is_file()  # what `-m ptrain` runs
     result = jobs["torchrun"]
@@ -510,6 +519,7 @@ def test_torchrun_launched_processes_train_as_one_job(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_torchrun_with_disagreeing_devices_is_a_usage_error(jobs):
     result = jobs["torchrun-devices-1"]
     assert result.returncode != 0, detail(result)
@@ -520,6 +530,7 @@ def test_torchrun_with_disagreeing_devices_is_a_usage_error(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 @pytest.mark.parametrize("job", ["reference", "torchrun"])
 def test_only_rank_zero_writes(jobs, job):
     """One run folder (under torchrun each process picks one; rank 0's is used), one event file,
@@ -537,6 +548,7 @@ def test_only_rank_zero_writes(jobs, job):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_a_stop_asked_by_one_rank_is_agreed_by_all(make_trainer):
     """Only rank 1 sets ``should_stop`` (at the end of epoch 1); both ranks stop there, so the
     job ends instead of rank 0 waiting in epoch 2's collectives."""
@@ -551,6 +563,7 @@ def test_a_stop_asked_by_one_rank_is_agreed_by_all(make_trainer):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_a_stop_asked_in_on_train_batch_end_by_one_rank_is_agreed_by_all(make_trainer):
     """Only rank 1 sets ``should_stop``, in ``on_train_batch_end`` at step 3; with a check point
     every step, both ranks stop after that batch."""
@@ -565,6 +578,7 @@ def test_a_stop_asked_in_on_train_batch_end_by_one_rank_is_agreed_by_all(make_tr
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_a_nan_loss_on_one_rank_ends_the_job_with_its_error(make_trainer):
     """Rank 1's loss is NaN at batch 1; its NaN gradients reach rank 0 through the all-reduce,
     so rank 0's loss is NaN from batch 2. Both ranks stop at the epoch's check point, and the
@@ -579,6 +593,7 @@ def test_a_nan_loss_on_one_rank_ends_the_job_with_its_error(make_trainer):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_two_machines_meet_at_the_rendezvous_endpoint(jobs):
     node0, node1 = jobs["two-nodes"]
     assert node0.returncode == 0, detail(node0)
@@ -592,6 +607,7 @@ def test_two_machines_meet_at_the_rendezvous_endpoint(jobs):
 
 
 @pytest.mark.slow
+@TWO_PROCESS_RUNS
 def test_16_mixed_under_ddp_matches_32_true_and_saves_its_scaler(make_trainer, tmp_path):
     """The precision and strategy plugins compose without knowing each other: float16 autocast
     and loss scaling on top of DDP train to 32-true's parameters within float16's tolerance, and

@@ -22,9 +22,10 @@ import pytest
 from ptrain.errors import ConfigError
 from ptrain.script_launch import relaunch_command
 from tests.conftest import REPO
+from tests._campaigns import JOB_MODULES
 
 SCRIPT = REPO / "tests" / "_launcher_script.py"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 
 def sub_env() -> dict[str, str]:

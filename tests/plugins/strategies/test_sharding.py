@@ -38,8 +38,9 @@ from _shard_resume_script import (EVERY_N_TRAIN_STEPS, MAX_EPOCHS as RESUME_EPOC
                                   MODEL_ARGS as RESUME_MODEL_ARGS)
 from ptrain import CheckpointError
 from ptrain_fsdp.checkpoint import consolidate
+from tests._campaigns import JOB_MODULES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 TESTS = Path(__file__).resolve().parents[2]
 REPO = TESTS.parent
