@@ -28,6 +28,7 @@ import pytest
 
 MARKER = "campaign"
 _PER = ("case", "module")
+_KEYWORDS = ("sample", "family", "per")
 _SAMPLED = pytest.StashKey[tuple]()  # (families, cases left out, seed, where the seed came from)
 
 
@@ -116,6 +117,12 @@ def _families(items) -> dict[str, _Family]:
         if marker is None:
             continue
         test = item.nodeid.split("[", 1)[0]
+        unknown = sorted(set(marker.kwargs) - set(_KEYWORDS))
+        if marker.args or unknown:
+            given = [repr(a) for a in marker.args] + [f"{k}=" for k in unknown]
+            raise pytest.UsageError(f"{test}: @pytest.mark.campaign takes only "
+                                    f"{', '.join(k + '=' for k in _KEYWORDS)}; not "
+                                    f"{', '.join(given)}")
         name = marker.kwargs.get("family", test)
         sample, per = marker.kwargs.get("sample"), marker.kwargs.get("per", "case")
         family = families.setdefault(name, _Family(name, sample, per, test))

@@ -77,11 +77,14 @@ def test_a_case_picked_by_hand_runs_whether_drawn_or_not(tmp_path):
     assert len(_run(project, "test_family.py::test_case")[1]) == 10
 
 
-def test_a_campaign_without_a_sample_size_is_a_usage_error(tmp_path):
+def test_a_campaign_without_a_sample_size_or_with_an_unknown_word_is_a_usage_error(tmp_path):
     project = _project(tmp_path, FAMILY.replace("campaign(sample=3)", "campaign"))
     code, _, output = _run(project)
     assert code == 4, output
     assert "test_family.py::test_case: @pytest.mark.campaign needs sample=K" in output
+    code, _, output = _run(_project(tmp_path, FAMILY.replace("sample=3", "sampel=3")))
+    assert code == 4, output
+    assert "@pytest.mark.campaign takes only sample=, family=, per=; not sampel=" in output
 
 
 PAIRS = """
