@@ -182,3 +182,14 @@ class NoValidationData(Base):
 
     def val_dataloader(self):
         return None
+
+
+class UnusedHead(Base):
+    """The optimizer holds a registered submodule that the loss never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(1, 1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.head.parameters(), lr=0.1)

@@ -38,6 +38,10 @@ MODEL_CASES = {
                      ["self.log('per_sample'", "shape (4,)"]),
     "foreign-optimizer": (["fit", "--model", "tests._input_models:ForeignOptimizer"],
                           ["optimizer 0 (SGD)", "not the module's", "self.parameters()"]),
+    "optimizer-over-an-unused-submodule": (
+        ["fit", "--model", "tests._input_models:UnusedHead"],
+        ["optimizer 0 (SGD) holds 2 trainable parameter(s) of UnusedHead (head.weight, "
+         "head.bias)", "none of them got a gradient", "self.parameters()", "Nothing would train"]),
     "no-trainable-parameters": (["fit", "--model", "tests._input_models:Frozen"],
                                 ["Frozen has no trainable parameters", "requires_grad"]),
     "no-training-step": (["fit", "--model", "tests._input_models:NoTrainingStep"],

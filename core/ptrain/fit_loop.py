@@ -19,7 +19,7 @@ from ptrain import checkpoint_io
 from ptrain.data import loader_batch_size, stop_workers
 from ptrain.errors import ConfigError, ModelError, NonFiniteLossError
 from ptrain.finite_state import last_written_checkpoint, state_error, state_is_finite
-from ptrain.optimizers import step_scheduler
+from ptrain.optimizers import check_gradients_reach, step_scheduler
 from ptrain.evaluation_loop import (limit_batches, loader_length, run_sanity_check,
                                     run_validation)
 from ptrain.trainer import no_limit
@@ -155,6 +155,7 @@ class FitLoop:
         self.reload_every = trainer.reload_dataloaders_every_n_epochs
         self.train_loaded = self.val_loaded = None
         self.step_schedulers = [s for s in trainer.lr_schedulers if s["interval"] == "step"]
+        self.gradients_checked = False  # check_gradients_reach, once, before the first step
         # under manual optimization the module steps its schedulers itself, as in Lightning
         epoch = [s for s in trainer.lr_schedulers
                  if s["interval"] == "epoch" and self.automatic]
@@ -419,6 +420,9 @@ class FitLoop:
     def _step_optimizers(self) -> None:
         t = self.trainer
         hooks = self.step_hooks
+        if not self.gradients_checked:
+            check_gradients_reach(t.optimizers, t.module)
+            self.gradients_checked = True
         for optimizer in t.optimizers:
             # Trainer.run_optimizer_step's steps, inlined: the hot path saves a call per batch
             if hooks.has_on_before_optimizer_step:

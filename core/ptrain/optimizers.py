@@ -204,3 +204,27 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
 
     tracked_step._wrapped_by_lr_sched = True
     optimizer.step = tracked_step
+
+
+def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any) -> None:
+    """Called once, before a fit's first optimizer step under automatic optimization: the
+    optimizer's trainable parameters must have got a gradient from the loss, or every step
+    changes nothing (say, an optimizer over a registered submodule the loss never uses), and
+    the run would end as if it had trained. A :class:`ModelError` naming them, the fix, and
+    that nothing was stepped. Reads ``.grad is not None`` only: no device sync."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    for index, optimizer in enumerate(optimizers):
+        trainable = [p for group in optimizer.param_groups for p in group["params"]
+                     if p.requires_grad]
+        if not trainable or any(p.grad is not None for p in trainable):
+            continue
+        listed = [names.get(id(p), "?") for p in trainable]
+        shown = ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3
+                                         else "")
+        raise ModelError(
+            f"optimizer {index} ({type(optimizer).__name__}) holds {len(listed)} trainable "
+            f"parameter(s) of {type(module).__qualname__} ({shown}) and none of them got a "
+            f"gradient from the first batch's loss: the loss does not use them. Give "
+            f"configure_optimizers the parameters the loss uses (self.parameters()), or use "
+            f"those parameters in training_step. Nothing would train, so the fit stops before "
+            f"its first step.")
