@@ -157,6 +157,8 @@ def pytest_report_collectionfinish(config) -> str | None:
     if sampled is None:
         return None
     families, left_out, seed, source = sampled
+    if not left_out:  # every case was named on the command line
+        return f"campaigns: every case of {families} families runs (the files named run whole)"
     return (f"campaigns: a sample of {families} families (seed {seed}, {source}); {left_out} "
             f"cases left out, run them with --full")
 

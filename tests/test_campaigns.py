@@ -147,6 +147,7 @@ def test_a_family_drawn_per_module_keeps_or_leaves_out_each_module_whole(tmp_pat
 def test_a_test_file_named_on_the_command_line_runs_whole(tmp_path):
     code, passed, output = _run(_project(tmp_path), "test_family.py")
     assert code == 0 and len(passed) == 11, output
+    assert "campaigns: every case of 1 families runs (the files named run whole)" in output
 
 
 def test_a_family_marked_two_ways_is_a_usage_error(tmp_path):
