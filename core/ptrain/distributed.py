@@ -56,6 +56,7 @@ from ptrain.data import rebuild_dataloader
 from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
+from ptrain.seeding import last_seed
 
 if TYPE_CHECKING:
     from ptrain.options import OptionGroup
@@ -285,15 +286,6 @@ def _launcher_choice(value: Any) -> str:
     if value not in LAUNCHERS:
         raise ValueError(f"expected {', '.join(LAUNCHERS)}, got {value!r}")
     return value
-
-
-def _seeded_with() -> int:
-    """The seed of this job's last ``seed_everything`` (every rank's is the same), else 0: the
-    seed of the samplers a strategy puts in the dataloaders."""
-    from ptrain.seeding import last_seed
-
-    seed = last_seed()
-    return 0 if seed is None else seed
 
 
 def _train_shuffle_choice(value: Any) -> str:
@@ -555,7 +547,8 @@ class ProcessGroupStrategy:
                 f"--no-{trainer.options['strategy']}-distributed-sampler to use it as it is.")
         shuffle = stage == "train" and (self.train_shuffle == "always"
                                         or isinstance(sampler, RandomSampler))
-        seed = trainer.seed if trainer.seed is not None else _seeded_with()
+        # the Trainer's seed, else the job's last seed_everything (every rank's is the same)
+        seed = trainer.seed if trainer.seed is not None else (last_seed() or 0)
         return rebuild_dataloader(loader, sampler=DistributedSampler(
             loader.dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
             shuffle=shuffle, seed=seed, drop_last=False))
