@@ -109,6 +109,9 @@ model = P.GAN(*dm.dims)
 trainer = dict(accelerator="cpu", devices=1, {SHORT})
 fit = dict(datamodule=dm)
 test = None
+# each optimizer's step leaves the other network's parameters without gradients: Lightning's
+# plain ddp stops on them
+ddp_strategy = "ddp_find_unused_parameters_true"
 """),
     dict(TUTORIALS, package="pytorch_lightning", name="tut-datamodules", source="Lightning tutorials",
          path="lightning_examples/datamodules/datamodules.py", kind="jupytext", venv="tv",

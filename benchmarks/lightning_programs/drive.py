@@ -11,7 +11,10 @@ bf16-mixed, resume from a mid-run checkpoint).
 catalogue's recipe: Python that, given ``P`` (the program's module), ``L`` (the framework's
 package) and ``M(name)`` (imports ``L``'s submodule ``name``), sets ``model``, ``trainer``
 (Trainer keyword arguments: the program's own settings, kept short), ``fit`` (keyword
-arguments of ``fit`` after the model) and ``test`` (those of ``test``, or None). ``CONFIG``
+arguments of ``fit`` after the model) and ``test`` (those of ``test``, or None); it may set
+``ddp_strategy``, the strategy name the ``ddp`` setting uses where plain ``ddp`` does not run
+the program under Lightning (a GAN whose steps leave parameters unused needs
+``ddp_find_unused_parameters_true``; both frameworks then get that name). ``CONFIG``
 adds its settings: ``ddp`` (strategy ddp, 2 CPU devices),
 ``bf16`` (precision bf16-mixed), ``unbroken`` (the recipe as it is), ``resume1`` (stopped
 after its first epoch by ``trainer.should_stop``, then ``save_checkpoint(CKPT)``),
@@ -44,6 +47,8 @@ def main(framework: str, program_dir: str, module: str, build_file: str, config:
     with open(build_file) as f:
         exec(compile(f.read(), build_file, "exec"), space)  # noqa: S102 - the catalogue's recipe
     kwargs = {**space["trainer"], **SETTINGS[config]}
+    if config == "ddp":
+        kwargs["strategy"] = space.get("ddp_strategy", "ddp")
     if config == "resume1":
         kwargs["callbacks"] = [*kwargs.get("callbacks", []), _stop_after_first_epoch(L)]
     trainer = L.Trainer(**kwargs)
