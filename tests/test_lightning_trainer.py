@@ -458,3 +458,37 @@ def test_the_native_trainer_keeps_its_run_folder_attributes(tmp_path):
     trainer.fit(TinyRegressor())
     assert trainer.log_dir == trainer.run_dir == Path(tmp_path) / "version_0"
     assert (trainer.stage_call, trainer.status) == ("fit", "finished")
+
+
+# -- an optimizer whose parameters the loss never reaches --------------------------------------
+
+def test_an_optimizer_over_parameters_the_loss_never_reaches_steps_with_a_warning(tmp_path):
+    """Lightning steps it (its tutorials' SWA part does: the loss goes through an averaged
+    copy); so does ptrain.lightning, saying once that its steps change nothing, where ptrain's
+    own Trainer stops (tests/test_bad_inputs.py)."""
+
+    def run(pl):
+        base = model_class(pl)
+
+        class Unreached(base):
+            def __init__(self):
+                super().__init__()
+                self.head = torch.nn.Linear(2, 2)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.head.parameters(), lr=0.1)
+
+        model = Unreached()
+        head = model.head.weight.detach().clone()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             logger=False, **QUIET)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model)
+        said = [str(w.message) for w in caught if "the loss does not use them" in str(w.message)]
+        return trainer.global_step, torch.equal(model.head.weight, head), said
+
+    (l_steps, l_same, _), (p_steps, p_same, p_said) = both(run)
+    assert (p_steps, p_same) == (l_steps, l_same) and p_same and p_steps > 0
+    assert len(p_said) == 1 and "optimizer 0 (SGD)" in p_said[0], p_said
+    assert "Its steps change nothing" in p_said[0]

@@ -421,7 +421,7 @@ class FitLoop:
         t = self.trainer
         hooks = self.step_hooks
         if not self.gradients_checked:
-            check_gradients_reach(t.optimizers, t.module)
+            check_gradients_reach(t.optimizers, t.module, stop=t.stops_on_unreached_optimizer)
             self.gradients_checked = True
         for optimizer in t.optimizers:
             # Trainer.run_optimizer_step's steps, inlined: the hot path saves a call per batch

@@ -206,12 +206,14 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
     optimizer.step = tracked_step
 
 
-def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any) -> None:
+def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any,
+                          stop: bool = True) -> None:
     """Called once, before a fit's first optimizer step under automatic optimization: the
     optimizer's trainable parameters must have got a gradient from the loss, or every step
     changes nothing (say, an optimizer over a registered submodule the loss never uses), and
     the run would end as if it had trained. A :class:`ModelError` naming them, the fix, and
-    that nothing was stepped. Reads ``.grad is not None`` only: no device sync."""
+    that nothing was stepped; with ``stop=False`` the same paragraph as a warning, and the fit
+    goes on. Reads ``.grad is not None`` only: no device sync."""
     names = {id(p): name for name, p in module.named_parameters()}
     for index, optimizer in enumerate(optimizers):
         trainable = [p for group in optimizer.param_groups for p in group["params"]
@@ -221,10 +223,13 @@ def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any) 
         listed = [names.get(id(p), "?") for p in trainable]
         shown = ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3
                                          else "")
-        raise ModelError(
-            f"optimizer {index} ({type(optimizer).__name__}) holds {len(listed)} trainable "
-            f"parameter(s) of {type(module).__qualname__} ({shown}) and none of them got a "
-            f"gradient from the first batch's loss: the loss does not use them. Give "
-            f"configure_optimizers the parameters the loss uses (self.parameters()), or use "
-            f"those parameters in training_step. Nothing would train, so the fit stops before "
-            f"its first step.")
+        what = (f"optimizer {index} ({type(optimizer).__name__}) holds {len(listed)} trainable "
+                f"parameter(s) of {type(module).__qualname__} ({shown}) and none of them got a "
+                f"gradient from the first batch's loss: the loss does not use them. Give "
+                f"configure_optimizers the parameters the loss uses (self.parameters()), or use "
+                f"those parameters in training_step.")
+        if stop:
+            raise ModelError(f"{what} Nothing would train, so the fit stops before its first "
+                             f"step.")
+        warnings.warn(f"{what} Its steps change nothing; the fit goes on, as in Lightning.",
+                      stacklevel=2)

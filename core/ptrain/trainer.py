@@ -76,6 +76,12 @@ class Trainer:
     (name -> plugin object), ``loggers`` (the logger plugins), ``hook``.
     """
 
+    #: An optimizer whose trainable parameters all got no gradient from the first batch's loss
+    #: (its steps change nothing) stops the fit before its first step; ``False``: a warning, and
+    #: the fit goes on (``ptrain.lightning.Trainer``: Lightning steps such an optimizer, and
+    #: public programs do it).
+    stops_on_unreached_optimizer = True
+
     def __init__(
         self, *,
         accelerator: Any = "auto",

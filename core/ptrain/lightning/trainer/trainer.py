@@ -71,6 +71,10 @@ class Trainer(_Trainer):
     environment variables where set, as in Lightning.
     """
 
+    # Lightning's tutorials step an optimizer over parameters their loss never reaches (the
+    # CIFAR-10 baseline's SWA part): a warning here, as ptrain's own Trainer stops
+    stops_on_unreached_optimizer = False
+
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
                  devices: Any = "auto", num_nodes: int = 1, precision: Any = None,
