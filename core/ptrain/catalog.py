@@ -29,7 +29,8 @@ CORE_DISTRIBUTION = "ptrain-core"
 FIRST_PARTY: dict[str, dict[str, str]] = {
     "accelerator": {"cuda": "ptrain-cuda", "hpu": "ptrain-habana", "mps": "ptrain-mps",
                     "tpu": "ptrain-xla"},
-    "strategy": {"ddp": "ptrain-ddp", "fsdp": "ptrain-fsdp", "xla": "ptrain-xla",
+    "strategy": {"ddp": "ptrain-ddp", "fsdp": "ptrain-fsdp",
+                 "model-parallel": "ptrain-model-parallel", "xla": "ptrain-xla",
                  "zero1": "ptrain-zero", "zero2": "ptrain-zero", "zero3": "ptrain-zero"},
     "precision": {"16-mixed": "ptrain-mixed-precision", "bf16-mixed": "ptrain-mixed-precision",
                   "16-true": "ptrain-true-precision", "bf16-true": "ptrain-true-precision",

@@ -526,6 +526,14 @@ class ProcessGroupStrategy:
 
     # -- data ----------------------------------------------------------------------------------
 
+    def data_parallel(self, trainer: Trainer) -> tuple[int, int, Any]:
+        """This process's place among the model's replicas, which read different data:
+        ``(rank, size, group)``. The sampler gives each ``rank`` its shard of ``size``; metrics
+        are averaged over ``group`` (``None``: the whole job). Here every process is a replica.
+        A strategy that splits one replica of the model over several processes (tensor
+        parallel) overrides it: those processes must read the same batches."""
+        return trainer.global_rank, trainer.world_size, None
+
     @hookimpl(wrapper=True)
     def prepare_dataloader(self, trainer: Trainer, stage: str):
         loader = yield
@@ -549,9 +557,10 @@ class ProcessGroupStrategy:
                                         or isinstance(sampler, RandomSampler))
         # the Trainer's seed, else the job's last seed_everything (every rank's is the same)
         seed = trainer.seed if trainer.seed is not None else (last_seed() or 0)
+        rank, replicas, _ = self.data_parallel(trainer)
         return rebuild_dataloader(loader, sampler=DistributedSampler(
-            loader.dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
-            shuffle=shuffle, seed=seed, drop_last=False))
+            loader.dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed,
+            drop_last=False))
 
     @hookimpl
     def on_epoch_start(self, trainer: Trainer) -> None:
@@ -570,9 +579,10 @@ class ProcessGroupStrategy:
         shapes = [metrics[n].shape for n in names]
         flat = torch.cat([metrics[n].detach().float().reshape(-1).to(trainer.device)
                           for n in names])
-        dist.all_reduce(flat, op=_OPS[op])  # one collective for all of them
+        _, replicas, group = self.data_parallel(trainer)
+        dist.all_reduce(flat, op=_OPS[op], group=group)  # one collective for all of them
         if op == "mean":
-            flat = flat / trainer.world_size
+            flat = flat / replicas
         parts = flat.split([shape.numel() for shape in shapes])
         return {n: part.reshape(shape) for n, part, shape in zip(names, parts, shapes)}
 

@@ -141,6 +141,13 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
+    def device_mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` of the job's processes (``trainer.device_mesh``), for
+        ``configure_model`` to apply a tensor-parallel plan on (``self.device_mesh["tp"]`` under
+        ``model-parallel``); ``None`` without a trainer or under a strategy that lays out none."""
+        return self._trainer.device_mesh if self._trainer is not None else None
+
+    @property
     def device(self) -> torch.device:
         """Where the module's parameters are (the CPU for a module without any)."""
         for tensor in itertools.chain(self.parameters(), self.buffers()):

@@ -55,7 +55,10 @@ class Trainer:
 
     State any plugin may read: ``current_epoch``, ``global_step``, ``callback_metrics``,
     ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
-    ``local_rank``, ``is_global_zero``, ``model`` (as wrapped), ``module`` (the user's),
+    ``local_rank``, ``is_global_zero``, ``device_mesh`` (the strategy's
+    ``torch.distributed.DeviceMesh`` of the job's processes, with named dimensions, laid out
+    before the module's ``configure_model``; ``None`` under a strategy that lays out none),
+    ``model`` (as wrapped), ``module`` (the user's),
     ``optimizers``, ``lr_schedulers``, ``fit_progress`` (where this trainer's last ``fit``
     ended, ``{"epoch", "global_step"}``: a later ``fit`` without a checkpoint goes on from
     there, as in Lightning), ``run_root`` (the folder run folders go under: the
@@ -184,6 +187,7 @@ class Trainer:
         self.world_size = 1
         self.global_rank = 0
         self.local_rank = 0
+        self.device_mesh: Any = None  # a strategy's DeviceMesh (see the class docstring)
         self.model: torch.nn.Module | None = None
         self.module: TrainModule | None = None
         self.datamodule: DataModule | None = None

@@ -75,10 +75,18 @@ class LoopDefaults:
     def clip_gradients(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.grad is not None]
-        if trainer.gradient_clip_algorithm == "norm":
+        by_mesh = _by_mesh(params)
+        if trainer.gradient_clip_algorithm == "value":
+            for same_mesh in by_mesh:
+                torch.nn.utils.clip_grad_value_(same_mesh, trainer.gradient_clip_val,
+                                                foreach=True)
+        elif len(by_mesh) <= 1:
             torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val, foreach=True)
         else:
-            torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val, foreach=True)
+            norm = _norm_across_meshes(by_mesh)
+            for same_mesh in by_mesh:
+                torch.nn.utils.clip_grads_with_norm_(same_mesh, trainer.gradient_clip_val, norm,
+                                                     foreach=True)
         return True
 
     @hookimpl(trylast=True)
@@ -200,3 +208,67 @@ def _why_not_usable(trainer: Trainer, path: Path) -> str | None:
     if verified is False:
         return "this run's strategy can't resume from (it is of another strategy's format)"
     return None
+
+
+def _by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``params`` grouped by the device mesh their gradients are DTensors on (plain tensors
+    together): torch's foreach kernels take one mesh at a time."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        groups.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+    return list(groups.values())
+
+
+
+def _norm_across_meshes(by_mesh: list[list[torch.Tensor]]) -> torch.Tensor:
+    """The 2-norm of all the gradients of ``by_mesh`` (see :func:`_by_mesh`), as one plain
+    tensor, equal on every process.
+
+    A tensor-parallel model sharded by FSDP holds DTensors on the whole mesh (the
+    tensor-parallel layers) and on its data-parallel part (the others), which torch's norm
+    can't combine. Each process sums the squares of its local parts, each divided by the number
+    of processes holding the same part (those of its replicated dimensions, and the other
+    copies of a smaller mesh), and one all-reduce over the job adds them up.
+    """
+    import torch.distributed as dist
+
+    if any(placement.is_partial() for same_mesh in by_mesh for p in same_mesh
+           for placement in getattr(p.grad, "placements", ())):
+        # a gradient still to be summed over processes: torch's norm per mesh, made whole
+        return torch.nn.utils.get_total_norm(
+            [_whole(torch.nn.utils.get_total_norm([p.grad for p in same_mesh], 2.0))
+             for same_mesh in by_mesh], 2.0)
+    world = dist.get_world_size()
+    squares, plain = [], []
+    for same_mesh in by_mesh:
+        grads = [p.grad for p in same_mesh]
+        mesh = getattr(grads[0], "device_mesh", None)
+        if mesh is None:
+            plain.extend(grads)
+            continue
+        norms = torch._foreach_norm([g.to_local() for g in grads])
+        for grad, norm in zip(grads, norms):
+            copies = world // mesh.size()
+            for dim, placement in enumerate(grad.placements):
+                if placement.is_replicate():
+                    copies *= mesh.size(dim)
+            squares.append(norm.float().square() / copies)
+    total = torch.stack(squares).sum()
+    dist.all_reduce(total)
+    if plain:
+        total = total + torch.nn.utils.get_total_norm(plain, 2.0, foreach=True).float().square()
+    return total.sqrt()
+
+def _whole(total: torch.Tensor) -> torch.Tensor:
+    """A norm that is a DTensor (partial on some mesh dimensions) as a plain tensor, reduced one
+    dimension at a time: all at once, torch warns on every rank that it runs them in sequence."""
+    if not hasattr(total, "redistribute"):
+        return total
+    from torch.distributed.tensor import Replicate
+
+    placements = list(total.placements)
+    for dim, placement in enumerate(placements):
+        if placement.is_partial():
+            placements[dim] = Replicate()
+            total = total.redistribute(total.device_mesh, placements)
+    return total.to_local()

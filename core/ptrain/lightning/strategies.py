@@ -452,8 +452,10 @@ class DeepSpeedStrategy(ParallelStrategy):
 
 
 class ModelParallelStrategy(ParallelStrategy):
-    """Lightning's 2-D strategy (tensor parallel x FSDP over a device mesh). ptrain has no 2-D
-    strategy yet: made with a tensor-parallel size above 1 it is refused; with
+    """Lightning's 2-D strategy (tensor parallel x FSDP over a device mesh). Not yet mapped to
+    ptrain's 2-D strategy (``model-parallel``, whose mesh dimensions are named
+    ``dp_replicate``/``dp_shard``/``tp`` where Lightning's are ``data_parallel``/
+    ``tensor_parallel``): made with a tensor-parallel size above 1 it is refused; with
     ``tensor_parallel_size=1`` it is data parallelism with sharding, ptrain's ``fsdp``, and
     ``configure_model`` shards as under ``fsdp``."""
 
@@ -465,9 +467,12 @@ class ModelParallelStrategy(ParallelStrategy):
         owner = type(self).__name__
         if tensor_parallel_size != 1:
             raise refuse(owner, "tensor_parallel_size", tensor_parallel_size,
-                         "ptrain has no 2-D (tensor parallel x data parallel) strategy yet; "
-                         "pass tensor_parallel_size=1 for sharded data parallelism (ptrain's "
-                         "fsdp), or use FSDPStrategy")
+                         "ptrain.lightning does not map it to ptrain's 2-D strategy yet "
+                         "(model-parallel, whose mesh names its dimensions dp_replicate, "
+                         "dp_shard and tp, not data_parallel and tensor_parallel); pass "
+                         "tensor_parallel_size=1 for sharded data parallelism (ptrain's fsdp), "
+                         "or train with ptrain.Trainer(strategy='model-parallel') and "
+                         "self.device_mesh['tp'] in configure_model")
         if data_parallel_size != "auto":
             raise refuse(owner, "data_parallel_size", data_parallel_size,
                          "with tensor_parallel_size=1 every process is data parallel: set the "

@@ -12,9 +12,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from ptrain import ConfigError, hookimpl
+from ptrain.config import positive
 from ptrain.distributed import ProcessGroupStrategy
 from ptrain.meta_init import has_meta_tensors, materialize
-from ptrain.options import to_bool, to_str_list
+from ptrain.options import to_bool, to_int, to_str_list
 from ptrain_fsdp import checkpoint as sharded
 from ptrain_fsdp.modules import modules_to_shard
 
@@ -27,9 +28,11 @@ class FSDPStrategy(ProcessGroupStrategy):
     fixed_reshard_after_forward: bool | None = None
 
     def __init__(self, wrap_classes: list[str] | None = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, empty_init: bool = True, **process_group_options):
+                 cpu_offload: bool = False, empty_init: bool = True, replicate: int = 1,
+                 **process_group_options):
         super().__init__(**process_group_options)
         self.empty_init = empty_init
+        self.replicate = replicate
         self.wrap_classes = list(wrap_classes or ["auto"])
         self.reshard_after_forward = (reshard_after_forward
                                       if self.fixed_reshard_after_forward is None
@@ -57,7 +60,43 @@ class FSDPStrategy(ProcessGroupStrategy):
         options.add("reshard_after_forward", to_bool, default=True,
                     help="free gathered parameters after each module's forward (ZeRO-3); off: "
                          "keep them until its backward (ZeRO-2, less communication)")
+        options.add("replicate", positive(to_int), default=1,
+                    help="hybrid sharding: N groups of processes each hold a whole sharded "
+                         "copy, and gradients are averaged across the groups (shard within a "
+                         "node, replicate across nodes: --fsdp-replicate NUM_NODES); 1: every "
+                         "process holds a shard of the one copy")
         FSDPStrategy.add_sharding_options(options)
+
+    # -- the processes' mesh ---------------------------------------------------------------------
+
+    def mesh_shape(self, trainer) -> dict[str, int]:
+        """The sizes of the named dimensions of the job's mesh, outermost first; their product
+        is the world size. Here ``dp_replicate`` x ``dp_shard``."""
+        if trainer.world_size % self.replicate:
+            raise ConfigError(
+                f"--{trainer.options['strategy']}-replicate {self.replicate} does not divide the "
+                f"{trainer.world_size} processes of this job into equal groups; give a divisor "
+                f"of {trainer.world_size} (the number of nodes, for sharding within a node).")
+        return {"dp_replicate": self.replicate,
+                "dp_shard": trainer.world_size // self.replicate}
+
+    def data_parallel_mesh(self, mesh):
+        """The dimensions of ``mesh`` that FSDP shards and replicates over: a 2-D mesh makes
+        it hybrid (replicate x shard), a 1-D one plain."""
+        return mesh["dp_replicate", "dp_shard"] if mesh["dp_replicate"].size() > 1 \
+            else mesh["dp_shard"]
+
+    @hookimpl
+    def on_stage_start(self, trainer, stage: str) -> None:
+        # laid out before the module's configure_model, which may apply a plan on it; once per
+        # shape (each layout creates process groups, a collective of every rank)
+        shape = self.mesh_shape(trainer)
+        key = (trainer.device.type, tuple(shape.items()))
+        if getattr(self, "_mesh_key", None) != key:
+            self._mesh = init_device_mesh(trainer.device.type, tuple(shape.values()),
+                                          mesh_dim_names=tuple(shape))
+            self._mesh_key = key
+        trainer.device_mesh = self._mesh
 
     # -- model ---------------------------------------------------------------------------------
 
@@ -89,7 +128,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         # training forward can't write into. Evaluation runs under no_grad instead, as
         # Lightning's FSDP does (the inference_mode option's documented exception).
         trainer.inference_mode = False
-        mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
+        mesh = self.data_parallel_mesh(trainer.device_mesh)
         settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
         if policy.is_mixed:  # the precision plugin's formats, applied by FSDP itself
             settings["mp_policy"] = MixedPrecisionPolicy(param_dtype=policy.compute_dtype,
@@ -98,7 +137,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             settings["offload_policy"] = CPUOffloadPolicy(pin_memory=trainer.device.type == "cuda")
         if not has_meta_tensors(model):
             # built whole on every rank: rank 0's values, as DDP does (unseeded ranks differ)
-            _broadcast_from_rank_zero(model, trainer.device)
+            self.share_rank_zero_values(trainer, model)
         # fully_shard moves each unit to the mesh's device as it shards it: no rank's device
         # holds more than one unit whole
         for module in modules_to_shard(model, self.wrap_classes):
@@ -106,6 +145,16 @@ class FSDPStrategy(ProcessGroupStrategy):
         fully_shard(model, **settings)  # the root: everything not in a unit above
         materialize(model, torch.device("cpu") if self.cpu_offload else trainer.device)
         return model
+
+    def share_rank_zero_values(self, trainer, model: nn.Module) -> None:
+        """Every parameter and buffer of ``model``, built whole on every rank, set to rank
+        0's value (through the device, where the process group's backend can reach it)."""
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                on_device = tensor.data.to(trainer.device)
+                dist.broadcast(on_device, src=0)
+                if on_device is not tensor.data:
+                    tensor.data.copy_(on_device)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -124,13 +173,3 @@ class FSDPStrategy(ProcessGroupStrategy):
             return False
         return sharded.verify(path)
 
-
-def _broadcast_from_rank_zero(model: nn.Module, device: torch.device) -> None:
-    """Every parameter and buffer of ``model`` set to rank 0's value (through ``device``, where
-    the process group's backend can reach it)."""
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            on_device = tensor.data.to(device)
-            dist.broadcast(on_device, src=0)
-            if on_device is not tensor.data:
-                tensor.data.copy_(on_device)
