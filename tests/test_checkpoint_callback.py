@@ -96,6 +96,20 @@ def test_top_k_keeps_the_k_best_and_deletes_the_dropped_one_after_the_new_is_wri
     assert best["loop"]["global_step"] == 8
 
 
+def test_every_file_in_the_checkpoint_folder_takes_the_umask(make_trainer):
+    """Checkpoints, last.ckpt and the top-k record are made by the umask (here 027: 0640), as
+    any file the user's tools write, not 0600 (tempfile's mode before the rename)."""
+    previous = os.umask(0o027)
+    try:
+        trainer, _ = fit(make_trainer, ModelCheckpoint(monitor="val_metric", save_top_k=2))
+    finally:
+        os.umask(previous)
+    folder = trainer.log_dir / "checkpoints"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
+    assert RECORD in modes and "last.ckpt" in modes and len(modes) == 4, modes
+    assert set(modes.values()) == {"0o640"}, modes
+
+
 def test_mode_max_and_save_top_k_all_and_none(make_trainer):
     callback = ModelCheckpoint(monitor="val_metric", mode="max", save_top_k=-1,
                                filename="{epoch}-{val_metric:.1f}")

@@ -491,4 +491,4 @@ def test_an_optimizer_over_parameters_the_loss_never_reaches_steps_with_a_warnin
     (l_steps, l_same, _), (p_steps, p_same, p_said) = both(run)
     assert (p_steps, p_same) == (l_steps, l_same) and p_same and p_steps > 0
     assert len(p_said) == 1 and "optimizer 0 (SGD)" in p_said[0], p_said
-    assert "Its steps change nothing" in p_said[0]
+    assert "its steps change nothing" in p_said[0]

@@ -146,6 +146,19 @@ def test_the_command_writes_a_config_that_fit_trains_with(cli, tmp_path):
     assert other.read_text() == "[trainer]\n"
 
 
+def test_a_terminal_without_the_noise_sign_gets_it_escaped(cli, tmp_path):
+    """Issue 35: under an ASCII-only encoding, printing the noise ("±") failed the command
+    with rich's UnicodeEncodeError after tuned.toml was written; it is printed as Python
+    prints it on stderr (\\xb1), and the command succeeds."""
+    out = tmp_path / "tuned.toml"
+    result = cli("tune", "--model", "tests._tune_models:SmallBatchRegressor", "--accelerator",
+                 "cpu", "--tune-only", "dataloading", "--tune-steps", "12", "--tune-warmup", "2",
+                 "--tune-output", str(out), env={"PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "\\xb1" in result.stdout and "Traceback" not in result.stderr, result.stdout
+    assert out.is_file()
+
+
 def test_a_budget_the_candidates_trials_outlast_is_an_error_not_a_verdict(cli, tmp_path):
     """Issue 34: the user's configuration fits the budget, every candidate's trial runs far past
     it (its items are slow in loader workers). The tune ends with exit 2 and one paragraph

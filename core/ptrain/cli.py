@@ -563,8 +563,19 @@ def _package_of(filename: str) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _printable_in_any_encoding()
     with _warnings_as_sentences():
         return _main(argv)
+
+
+def _printable_in_any_encoding() -> None:
+    """A character the terminal's encoding lacks (``±`` under ``PYTHONIOENCODING=ascii``) is
+    printed escaped (``\\xb1``), as Python prints it on stderr, instead of failing the
+    command after its work is done."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")
 
 
 def _main(argv: list[str]) -> int:
@@ -611,40 +622,58 @@ def _main(argv: list[str]) -> int:
         return 130
     except Exception as exc:  # the traceback follows; say first whose code raised
         if not getattr(exc, "ptrain_reported_to_launcher", False):
+            death = _worker_death(exc)
+            if death is not None:  # torch's traceback here shows only the loader's machinery
+                print(death, file=sys.stderr, flush=True)
+                return 1
             header = _error_header(exc)
             if header is not None:
                 print(header, file=sys.stderr, flush=True)
         raise
 
 
+def _worker_death(exc: BaseException) -> str | None:
+    """The whole report when a DataLoader worker process died without a Python error, else
+    ``None``: torch can only say that it died, so its traceback has nothing to add."""
+    from ptrain.frames import dataloader_worker_death
+
+    death = dataloader_worker_death(exc)
+    if death is None:
+        return None
+    return (f"ptrain: error: a DataLoader worker process died without a Python error ({death}): "
+            f"the code it runs (the dataset's __getitem__, a collate_fn, a worker_init_fn) "
+            f"crashed in native code, or the process was killed (out of memory). Give the "
+            f"DataLoader num_workers=0 to run that code in this process, where the error can "
+            f"be seen.{_resume_note(exc)}")
+
+
+def _resume_note(exc: BaseException) -> str:
+    """" Checkpoints saved so far are intact: ..." when the failed fit wrote one, else ""."""
+    from ptrain.frames import fit_checkpoint
+
+    checkpoint = fit_checkpoint(exc)
+    if checkpoint is None:
+        return ""
+    return (f" Checkpoints saved so far are intact: resume with --ckpt-path last "
+            f"({checkpoint}).")
+
+
 def _error_header(exc: BaseException) -> str | None:
     """The line above the traceback of an exception that is not ptrain's own error: whose code
     raised it (the user's, or a plugin's hook), and the checkpoint to resume from when the
     failed fit wrote one."""
-    from ptrain.frames import (dataloader_worker_death, dataloader_worker_origin, fit_checkpoint,
-                               plugin_origin, user_code_origin)
+    from ptrain.frames import dataloader_worker_origin, plugin_origin, user_code_origin
 
     where = user_code_origin(exc) or dataloader_worker_origin(exc)
-    death = dataloader_worker_death(exc)
     if where is not None:
         header = f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback follows."
-    elif death is not None:
-        header = (f"ptrain: a DataLoader worker process died without a Python error ({death}): "
-                  f"the code it runs (the dataset's __getitem__, a collate_fn, a "
-                  f"worker_init_fn) crashed in native code, or the process was killed (out of "
-                  f"memory). Give the DataLoader num_workers=0 to run that code in this process, "
-                  f"where the error can be seen; its traceback follows.")
     else:
         plugin = plugin_origin(exc)
         if plugin is None:
             return None
         header = (f"ptrain: {plugin}; its traceback follows. That is the plugin's bug: report it "
                   f"to its authors, or run without it.")
-    checkpoint = fit_checkpoint(exc)
-    if checkpoint is not None:
-        header += (f" Checkpoints saved so far are intact: resume with --ckpt-path last "
-                   f"({checkpoint}).")
-    return header
+    return header + _resume_note(exc)
 
 
 if __name__ == "__main__":

@@ -92,16 +92,19 @@ def to_devices(value: Any) -> int | str | list[int]:
 _DURATION = re.compile(r"^(?:(\d+):)?(\d+):(\d+):(\d+)$")
 
 
-#: the seeds torch's generator takes (seed_everything gives NumPy's the seed modulo 2**32)
-SEED_RANGE = (0, 2**64 - 1)
+#: the seeds torch's generator takes, less the room a distributed sampler needs to add the
+#: epoch (it seeds with seed + epoch: 2**64 - 1 would overflow in the second epoch);
+#: seed_everything gives NumPy's generator the seed modulo 2**32
+SEED_RANGE = (0, 2**63 - 1)
 
 
 def to_seed(value: Any) -> int:
-    """A seed: an integer from 0 to 2**64 - 1."""
+    """A seed: an integer from 0 to 2**63 - 1."""
     seed = to_int(value)
     if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise ValueError(f"a seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} (what torch's "
-                         f"generator takes), got {seed}")
+                         f"generator takes, with room for the epoch a distributed sampler adds "
+                         f"to it), got {seed}")
     return seed
 
 

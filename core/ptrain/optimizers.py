@@ -213,7 +213,8 @@ def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any,
     changes nothing (say, an optimizer over a registered submodule the loss never uses), and
     the run would end as if it had trained. A :class:`ModelError` naming them, the fix, and
     that nothing was stepped; with ``stop=False`` the same paragraph as a warning, and the fit
-    goes on. Reads ``.grad is not None`` only: no device sync."""
+    goes on. Automatic optimization steps one optimizer, so nothing else would train. Reads
+    ``.grad is not None`` only: no device sync."""
     names = {id(p): name for name, p in module.named_parameters()}
     for index, optimizer in enumerate(optimizers):
         trainable = [p for group in optimizer.param_groups for p in group["params"]
@@ -231,5 +232,5 @@ def check_gradients_reach(optimizers: list[torch.optim.Optimizer], module: Any,
         if stop:
             raise ModelError(f"{what} Nothing would train, so the fit stops before its first "
                              f"step.")
-        warnings.warn(f"{what} Its steps change nothing; the fit goes on, as in Lightning.",
-                      stacklevel=2)
+        warnings.warn(f"{what} The fit goes on; its steps change nothing until a loss uses "
+                      f"them.", stacklevel=2)

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 from ptrain.config import to_seconds
-from ptrain.checkpoint_io import write_failed
+from ptrain.checkpoint_io import new_file_mode, write_failed
 from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError,
                            NonFiniteLossError)
 from ptrain.hookspecs import hookimpl
@@ -806,6 +806,7 @@ class ModelCheckpoint:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=folder)
+            os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would outlive the rename
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(record, f, indent=1)
             os.replace(tmp, folder / RECORD)
