@@ -58,11 +58,17 @@ def test_a_bit_flipped_checkpoint_is_refused_naming_the_damage(trained, make_tra
     assert "tensor data" in message
 
 
-def test_the_cli_refuses_it_with_a_usage_error(trained):
-    _, last = trained
+@pytest.mark.parametrize("stage", ["validate", "test", "predict", "fit"])
+def test_the_cli_refuses_it_with_a_usage_error(make_trainer, stage):
+    """Every stage that reads a checkpoint checks it first (issue 35)."""
+    from tests._stage_models import StagedRegressor
+
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(StagedRegressor())
+    last = Path(trainer.last_checkpoint_path)
     start, _ = tensor_data_offset(last)
     flip(last, start, 4)
-    result = run_cli("validate", "--model", "tests.conftest:TinyRegressor", "--ckpt-path",
+    result = run_cli(stage, "--model", "tests._stage_models:StagedRegressor", "--ckpt-path",
                      str(last), "--accelerator", "cpu", "-p", "no:progress-bar")
     assert_usage_error(result, "failed its integrity check", str(last))
 
@@ -98,6 +104,16 @@ def test_a_damaged_shard_of_a_sharded_checkpoint_is_refused(tmp_path):
     assert resumed.returncode != 0
     assert "failed its integrity check" in resumed.stderr, resumed.stderr[-3000:]
     assert repr(shard.name) in resumed.stderr, resumed.stderr[-3000:]
+    # the other read paths of a sharded folder refuse it too, writing nothing (issue 35)
+    for command in ([sys.executable, "-m", "ptrain_fsdp.consolidate", str(last),
+                     str(tmp_path / "whole.ckpt")],
+                    [sys.executable, "-m", "ptrain", "export", str(last), "--output",
+                     str(tmp_path / "whole.safetensors")]):
+        read = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert read.returncode == 2, (command, read.stderr[-3000:])
+        assert "failed its integrity check" in read.stderr and "Traceback" not in read.stderr
+    assert not (tmp_path / "whole.ckpt").exists()
+    assert not (tmp_path / "whole.safetensors").exists()
 
 
 def test_last_intact_falls_back_saying_so_and_last_does_not(make_trainer, tmp_path):
