@@ -6,7 +6,9 @@ case is a real ``ptrain`` process."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from tests._cli_util import assert_usage_error
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parent.parent
 COMMON = ["--accelerator", "cpu", "-p", "no:progress-bar", "-p", "no:model-summary"]
 
 #: name -> (argv after the stage, the words the message must hold)
@@ -191,6 +194,42 @@ def test_a_plugins_exception_is_attributed_to_the_plugin_and_its_hook(tmp_path):
                       f"in its on_epoch_end hook"), origin
     # a plugin in the user's own files (not an installed package) is the user's code
     assert user_code_origin(info.value).startswith("_end (test_bad_inputs.py:")
+
+
+BROKEN_PLUGIN = """
+import ptrain
+
+
+class Broken:
+    @ptrain.hookimpl
+    def on_epoch_end(self, trainer):
+        raise RuntimeError("the plugin's own bug")
+"""
+
+
+@pytest.mark.parametrize("hook", ["on_epoch_end", "setup", "on_train_batch_end"])
+def test_an_installed_plugins_exception_is_headed_by_its_distribution_and_hook(tmp_path, hook):
+    """Issue 35: a plugin installed as a distribution (a real .dist-info on the path, found
+    through its entry point) raises in a hook: the CLI's line above its traceback names the
+    plugin, the distribution with its version, and the hook."""
+    site = tmp_path / "site"
+    (site / "badplug").mkdir(parents=True)
+    (site / "badplug" / "__init__.py").write_text(
+        BROKEN_PLUGIN.replace("on_epoch_end(self, trainer)", f"{hook}(self, trainer)"))
+    info = site / "badplug-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: badplug\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text("[ptrain.callbacks]\nbadplug = badplug:Broken\n")
+    (info / "RECORD").write_text("badplug/__init__.py,,\nbadplug-0.3.dist-info/METADATA,,\n"
+                                 "badplug-0.3.dist-info/RECORD,,\n")  # as an installer writes
+    result = run_cli(*BASE, *COMMON, "-p", "badplug", "--max-epochs", "1",
+                     "--default-root-dir", str(tmp_path / "runs"),
+                     env={"PYTHONPATH": f"{site}{os.pathsep}{REPO}"})
+    assert result.returncode == 1, result.stderr
+    header = [line for line in result.stderr.splitlines() if line.startswith("ptrain:")]
+    assert header and header[0].startswith(
+        f"ptrain: plugin 'badplug' (badplug 0.3) raised RuntimeError in its {hook} hook; its "
+        f"traceback follows. That is the plugin's bug"), result.stderr
 
 
 def test_a_config_file_may_start_with_a_byte_order_mark(tmp_path):

@@ -664,11 +664,14 @@ def _error_header(exc: BaseException) -> str | None:
     failed fit wrote one."""
     from ptrain.frames import dataloader_worker_origin, plugin_origin, user_code_origin
 
-    where = user_code_origin(exc) or dataloader_worker_origin(exc)
+    # an installed plugin's code is its authors', wherever pip put its files (an editable
+    # install leaves them outside site-packages, where they would pass for the user's)
+    plugin = plugin_origin(exc, installed_only=True)
+    where = None if plugin is not None else user_code_origin(exc) or dataloader_worker_origin(exc)
     if where is not None:
         header = f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback follows."
     else:
-        plugin = plugin_origin(exc)
+        plugin = plugin or plugin_origin(exc)
         if plugin is None:
             return None
         header = (f"ptrain: {plugin}; its traceback follows. That is the plugin's bug: report it "

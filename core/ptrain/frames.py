@@ -120,10 +120,12 @@ def _calls_hooks(module: str) -> bool:
     return module.split(".")[0] == "pluggy" or module in _HOOK_CALLERS
 
 
-def plugin_origin(exc: BaseException) -> str | None:
+def plugin_origin(exc: BaseException, installed_only: bool = False) -> str | None:
     """``"plugin 'NAME' (DISTRIBUTION VERSION) raised TYPE in its HOOK hook"`` when ``exc`` came
     out of a plugin's hook implementation (the innermost frame called by pluggy or ptrain's hook
-    callers that is not ptrain's core), else ``None``."""
+    callers that is not ptrain's core), else ``None``; with ``installed_only``, only when the
+    plugin's code belongs to an installed distribution (wherever its files are: an editable
+    install's are in its source folder)."""
     from ptrain.loading import IMPL_MARK
 
     found = None
@@ -143,14 +145,28 @@ def plugin_origin(exc: BaseException) -> str | None:
         hook = marker.get("specname") or hook
         from ptrain.selection import object_name
 
-        name = object_name(owner)
+        name = _registered_name(exc, owner) or object_name(owner)
     else:
         name = found.f_globals.get("__name__", "?")
-    return f"plugin {name!r} ({_distribution(found)}) raised {type(exc).__name__} in its {hook} hook"
+    distribution = _distribution(found)
+    if distribution is None and installed_only:
+        return None
+    where = distribution or f"module {found.f_globals.get('__name__', '?')}"
+    return f"plugin {name!r} ({where}) raised {type(exc).__name__} in its {hook} hook"
 
 
-def _distribution(frame: Any) -> str:
-    """``"NAME VERSION"`` of the installed distribution holding ``frame``'s code."""
+def _registered_name(exc: BaseException, plugin: Any) -> str | None:
+    """The name ``plugin`` was selected and registered by (``-p NAME``, an entry point's
+    name), from the trainer found in ``exc``'s traceback."""
+    for frame, _ in _tb_frames(exc):
+        trainer = frame.f_locals.get("self")
+        if frame.f_globals.get("__name__") == "ptrain.trainer" and hasattr(trainer, "pm"):
+            return trainer.pm.get_name(plugin)
+    return None
+
+
+def _distribution(frame: Any) -> str | None:
+    """``"NAME VERSION"`` of the installed distribution holding ``frame``'s code, or ``None``."""
     from importlib import metadata
 
     root = _root(frame)
@@ -160,7 +176,7 @@ def _distribution(frame: Any) -> str:
             return f"{names[0]} {metadata.version(names[0])}"
     except Exception:  # a broken installation must not hide the plugin's error
         pass
-    return f"module {frame.f_globals.get('__name__', '?')}"
+    return None
 
 
 def fit_checkpoint(exc: BaseException) -> Path | None:
