@@ -219,7 +219,6 @@ def _by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-
 def _norm_across_meshes(by_mesh: list[list[torch.Tensor]]) -> torch.Tensor:
     """The 2-norm of all the gradients of ``by_mesh`` (see :func:`_by_mesh`), as one plain
     tensor, equal on every process.
@@ -258,6 +257,7 @@ def _norm_across_meshes(by_mesh: list[list[torch.Tensor]]) -> torch.Tensor:
     if plain:
         total = total + torch.nn.utils.get_total_norm(plain, 2.0, foreach=True).float().square()
     return total.sqrt()
+
 
 def _whole(total: torch.Tensor) -> torch.Tensor:
     """A norm that is a DTensor (partial on some mesh dimensions) as a plain tensor, reduced one

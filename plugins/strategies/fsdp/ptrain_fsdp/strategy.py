@@ -33,6 +33,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         super().__init__(**process_group_options)
         self.empty_init = empty_init
         self.replicate = replicate
+        self._mesh: Any = None  # the DeviceMesh laid out for _mesh_key (device type, shape)
+        self._mesh_key: tuple | None = None
         self.wrap_classes = list(wrap_classes or ["auto"])
         self.reshard_after_forward = (reshard_after_forward
                                       if self.fixed_reshard_after_forward is None
@@ -55,11 +57,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         ProcessGroupStrategy.add_process_group_options(options)
 
     @staticmethod
-    @hookimpl
-    def add_options(options) -> None:
+    def add_reshard_option(options) -> None:
         options.add("reshard_after_forward", to_bool, default=True,
                     help="free gathered parameters after each module's forward (ZeRO-3); off: "
                          "keep them until its backward (ZeRO-2, less communication)")
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        FSDPStrategy.add_reshard_option(options)
         options.add("replicate", positive(to_int), default=1,
                     help="hybrid sharding: N groups of processes each hold a whole sharded "
                          "copy, and gradients are averaged across the groups (shard within a "
@@ -92,7 +98,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         # shape (each layout creates process groups, a collective of every rank)
         shape = self.mesh_shape(trainer)
         key = (trainer.device.type, tuple(shape.items()))
-        if getattr(self, "_mesh_key", None) != key:
+        if self._mesh_key != key:
             self._mesh = init_device_mesh(trainer.device.type, tuple(shape.values()),
                                           mesh_dim_names=tuple(shape))
             self._mesh_key = key

@@ -68,9 +68,7 @@ class ModelParallelStrategy(FSDPStrategy):
                     help="compute the loss and its backward inside torch's loss_parallel(), "
                          "for a model whose output layer leaves its logits sharded over the "
                          "tensor dimension (ColwiseParallel(use_local_output=False))")
-        options.add("reshard_after_forward", to_bool, default=True,
-                    help="free gathered parameters after each module's forward (ZeRO-3); off: "
-                         "keep them until its backward (less communication)")
+        FSDPStrategy.add_reshard_option(options)
         FSDPStrategy.add_sharding_options(options)
 
     # -- the mesh --------------------------------------------------------------------------------
