@@ -106,6 +106,9 @@ def test_a_killed_rank_ends_the_job_at_once_naming_what_it_was_doing(hurt_jobs):
     assert "rank 1 was killed by SIGKILL" in log, log
     assert "It was last training (epoch 0, global step" in log, log
     assert last_step(log) >= 10, log
+    # how old that position is is said: heartbeats come every stall_timeout / 4 (0.5 s here)
+    age = re.search(r"its last heartbeat, read (\d+\.\d) s before this", log)
+    assert age is not None and float(age.group(1)) < STALL * 5, log
     assert not left, f"processes left running: {left}\n{log}"
 
 
