@@ -33,31 +33,31 @@ RUNS = {
     "single-dp2": ["--devices", "1", "--dp", "2"],
     "single-dp4": ["--devices", "1", "--dp", "4"],
     "single-dp2-clip": ["--devices", "1", "--dp", "2", "--clip", "0.5"],
-    "shard2-tensor2": ["--tensor", "2", "--dp", "2"],
+    # also the checkpoint that RESUMED resumes
+    "shard2-tensor2": ["--tensor", "2", "--dp", "2", "--save"],
     "hybrid2-shard2": ["--replicate", "2", "--tensor", "1", "--dp", "4"],
-    "shard2-tensor2-clip": ["--tensor", "2", "--dp", "2", "--clip", "0.5"],
     "shard2-tensor2-loss-parallel": ["--tensor", "2", "--dp", "2", "--loss-parallel"],
-    "shard2-tensor2-built-whole": ["--tensor", "2", "--dp", "2", "--build", "init"],
+    # two things in one run, as 4-process runs are the module's cost: built whole, and clipped
+    "shard2-tensor2-built-whole-clipped": ["--tensor", "2", "--dp", "2", "--build", "init",
+                                           "--clip", "0.5"],
     "shard2-tensor2-sharded-by-the-module": ["--tensor", "2", "--dp", "2", "--self-shard"],
     "fsdp-hybrid2-shard2": ["--strategy", "fsdp", "--replicate", "2", "--dp", "4"],
-    "plan-typo": ["--tensor", "2", "--plan-typo"],
-    "uneven-split": ["--tensor", "4", "--hidden", "66"],
+    # refused at setup: 2 processes are enough
+    "plan-typo": ["--devices", "2", "--tensor", "2", "--plan-typo"],
+    "uneven-split": ["--devices", "2", "--tensor", "2", "--hidden", "65"],
 }
 
 
 #: resumed runs: name -> (the run whose checkpoint they resume, their arguments); each resumes
 #: a copy of that run's folder, for a second epoch
 RESUMED = {
-    "resumed-same-mesh": ("first-epoch", ["--tensor", "2", "--dp", "2"]),
-    "resumed-replicate2-tensor2": ("first-epoch", ["--replicate", "2", "--shard", "1",
-                                                   "--tensor", "2", "--dp", "2"]),
-    "resumed-2-processes-shard2": ("first-epoch", ["--devices", "2", "--tensor", "1",
-                                                   "--dp", "2"]),
+    "resumed-same-mesh": ("shard2-tensor2", ["--tensor", "2", "--dp", "2"]),
+    "resumed-replicate2-tensor2": ("shard2-tensor2", ["--replicate", "2", "--shard", "1",
+                                                      "--tensor", "2", "--dp", "2"]),
+    "resumed-2-processes-shard2": ("shard2-tensor2", ["--devices", "2", "--tensor", "1",
+                                                      "--dp", "2"]),
 }
-RUNS.update({
-    "first-epoch": ["--tensor", "2", "--dp", "2", "--save"],
-    "two-epochs": ["--tensor", "2", "--dp", "2", "--epochs", "2"],
-})
+RUNS["two-epochs"] = ["--tensor", "2", "--dp", "2", "--epochs", "2"]
 
 
 def run(root: Path, name: str, args: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -95,7 +95,8 @@ def mean_over_replicas(ranks: list[dict]) -> list[float]:
 @pytest.mark.parametrize("name, single", [("shard2-tensor2", "single-dp2"),
                                           ("hybrid2-shard2", "single-dp4"),
                                           ("fsdp-hybrid2-shard2", "single-dp4"),
-                                          ("shard2-tensor2-built-whole", "single-dp2"),
+                                          ("shard2-tensor2-built-whole-clipped",
+                                           "single-dp2-clip"),
                                           ("shard2-tensor2-sharded-by-the-module",
                                            "single-dp2")])
 def test_trains_to_the_losses_of_one_process(runs, name, single):
@@ -141,7 +142,8 @@ def test_each_rank_holds_its_share_of_parameters_and_optimizer_state(runs, name,
 def test_clipping_takes_the_norm_over_the_whole_mesh(runs):
     """Clipped at 0.5 (below the gradients' norm, so every step is clipped), the 4-process run
     ends where one process does; a norm over this rank's part alone would clip differently."""
-    clipped, unclipped = ok(runs, "shard2-tensor2-clip"), ok(runs, "shard2-tensor2")
+    clipped = ok(runs, "shard2-tensor2-built-whole-clipped")
+    unclipped = ok(runs, "shard2-tensor2")
     (one,) = ok(runs, "single-dp2-clip")
     assert mean_over_replicas(clipped) == pytest.approx(one["losses"], rel=RTOL)
     assert mean_over_replicas(clipped)[2:] != pytest.approx(mean_over_replicas(unclipped)[2:],
@@ -164,8 +166,8 @@ def test_a_plan_key_naming_no_submodule_is_named(runs):
 def test_a_split_that_is_not_even_is_named(runs):
     proc, _ = runs["uneven-split"]
     assert proc.returncode != 0
-    assert ("splits layers.0.feed_forward.w1.weight (shape (66, 32)) along dimension 0 into "
-            "--model-parallel-tensor 4 parts, but 66 does not divide by 4") in proc.stderr, \
+    assert ("splits layers.0.feed_forward.w1.weight (shape (65, 32)) along dimension 0 into "
+            "--model-parallel-tensor 2 parts, but 65 does not divide by 2") in proc.stderr, \
         detail(proc)
 
 
