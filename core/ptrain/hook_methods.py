@@ -355,6 +355,11 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
         first.add("state_dict")
     for hook in first & hooks:
         namespace[hook] = staticmethod(_hookimpl(tryfirst=True)(functions[hook]))
+    if module_role and dispatch.has("backward") and "backward" in hooks:
+        # an overridden backward does the pass: before loop-defaults' (trylast) loss.backward(),
+        # not after it; setup refuses a plugin that also does it (loss scaling). Called for
+        # manual_backward's arguments only, it stays trylast, after a loss scaler's.
+        namespace["backward"] = staticmethod(_hookimpl()(functions["backward"]))
     if "clip_gradients" in hooks:  # it decides on every step, before any other clipping
         namespace["clips_every_step"] = True
     namespace.update(name=name, hooks=frozenset(hooks), lightning_role=role,
