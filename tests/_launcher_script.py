@@ -1,12 +1,15 @@
 """A 2-rank ``ddp`` script for ``tests/plugins/strategies/test_launchers.py``.
 
     python tests/_launcher_script.py OUT_DIR [--launcher auto|script|spawn] [--kill-rank-zero]
+        [--fail-every-rank]
 
 It calls ``fit``, then ``validate`` twice, on one trainer, and every process that ran a stage
 writes ``OUT_DIR/<pid>.json``: its pid, its parent's, its rank, and, for each stage it ran, the
 stage's name and its result. Rank 0 also writes ``OUT_DIR/result.json``: the script's pid, the
 results of the three calls and the trained weights. ``--kill-rank-zero``: rank 0 SIGKILLs
 itself at the second training step (rank 1 writes ``OUT_DIR/rank1.pid`` first).
+``--fail-every-rank``: at the second training step every rank raises ``RuntimeError("every rank
+broke: rank R")``, together (after a collective).
 
 ``main`` is importable, so that ``python -c`` can run the same job without a script file.
 """
@@ -34,8 +37,9 @@ class StageRecorder:
 
     name = "stage-recorder"
 
-    def __init__(self, out: str, kill_rank_zero: bool = False):
+    def __init__(self, out: str, kill_rank_zero: bool = False, fail_every_rank: bool = False):
         self.out, self.kill_rank_zero = out, kill_rank_zero
+        self.fail_every_rank = fail_every_rank
 
     def _write(self, trainer, entry):
         path = Path(self.out) / f"{os.getpid()}.json"
@@ -53,6 +57,9 @@ class StageRecorder:
 
     @ptrain.hookimpl
     def on_train_batch_end(self, trainer, batch_idx):
+        if self.fail_every_rank and trainer.global_step == 2:
+            trainer.hook.all_gather_object(trainer=trainer, obj=None)
+            raise RuntimeError(f"every rank broke: rank {trainer.global_rank}")
         if not self.kill_rank_zero or trainer.global_step != 2:
             return
         if trainer.global_rank == 1:
@@ -90,7 +97,8 @@ class Regressor(ptrain.TrainModule):
         return DataLoader(self.data, batch_size=16)
 
 
-def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False) -> None:
+def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False,
+         fail_every_rank: bool = False) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     ptrain.seed_everything(3)
     module = Regressor()
@@ -98,7 +106,7 @@ def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False) -> None
         strategy="ddp", devices=2, accelerator="cpu", max_epochs=2,
         default_root_dir=str(Path(out) / "runs"),
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",
-                   StageRecorder(out, kill_rank_zero)],
+                   StageRecorder(out, kill_rank_zero, fail_every_rank)],
         plugin_options={"ddp": {"launcher": launcher, "timeout": 60}})
     trainer.fit(module)
     results = [trainer.validate(module), trainer.validate(module)]
@@ -113,5 +121,6 @@ if __name__ == "__main__":
     parser.add_argument("out")
     parser.add_argument("--launcher", default="auto")
     parser.add_argument("--kill-rank-zero", action="store_true")
+    parser.add_argument("--fail-every-rank", action="store_true")
     args = parser.parse_args()
-    main(args.out, args.launcher, args.kill_rank_zero)
+    main(args.out, args.launcher, args.kill_rank_zero, args.fail_every_rank)

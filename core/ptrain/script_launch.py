@@ -161,11 +161,14 @@ def first_error(own: BaseException) -> BaseException:
         return own
     _failed = True
     failed_at = time.time()
-    folder = os.environ.get(ERROR_DIR)
-    records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) else []
     dead = _dead_children(wait=0.0 if isinstance(own, (PtrainError, KeyboardInterrupt))
                           else 1.0)
     _stop_copies()
+    # read after the wait: a rank that failed as rank 0 did (the same step's error on every
+    # rank) may write its record and exit within it, and is then not a silent death
+    folder = os.environ.get(ERROR_DIR)
+    records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) else []
+    dead = [(rank, code) for rank, code in dead if rank not in {r["rank"] for r in records}]
     if isinstance(own, KeyboardInterrupt):  # Ctrl-C reached every rank: an interruption
         return own
     if isinstance(own, rank_watch.RankStalled):  # rank 0's watch ended the job

@@ -3,8 +3,9 @@ again as the other ranks, up for the rest of the script) and the spawn launcher 
 per stage, for interactive use), with real gloo processes of two ranks.
 
 The jobs are the script ``tests/_launcher_script.py`` (``fit``, then ``validate`` twice, on one
-trainer), run as a program, run through ``python -c`` (no script file), and run with rank 0
-killed half-way. They are started together up front by the ``jobs`` fixture.
+trainer), run as a program, run through ``python -c`` (no script file), run with rank 0
+killed half-way, and with every rank failing at once. They are started together up front by
+the ``jobs`` fixture.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def jobs(tmp_path_factory):
         "spawn": [sys.executable, str(SCRIPT), str(root / "spawn"), "--launcher", "spawn"],
         "c": [sys.executable, "-c", interactive],
         "killed": [sys.executable, str(SCRIPT), str(root / "killed"), "--kill-rank-zero"],
+        "every-rank-fails": [sys.executable, str(SCRIPT), str(root / "every-rank-fails"),
+                             "--fail-every-rank"],
     }
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run, argv) for name, argv in argvs.items()}
@@ -120,6 +123,16 @@ def test_a_killed_rank_zero_ends_the_ranks_it_started(jobs):
     else:
         os.kill(pid, 9)
         pytest.fail(f"rank 1 (pid {pid}) was still running 30 s after rank 0 was killed")
+
+
+def test_ranks_failing_together_are_reported_with_an_error_not_as_silent(jobs):
+    """Every rank raises at the same step. Rank 0 reports its own error or a started rank's;
+    before, a rank that wrote its record and exited while rank 0 waited for dead ranks was
+    reported as one that died "without reporting an error", and no error was shown at all."""
+    proc, _ = jobs["every-rank-fails"]
+    assert proc.returncode == 1, detail(proc)
+    assert "without reporting an error" not in proc.stderr, detail(proc)
+    assert "RuntimeError: every rank broke: rank " in proc.stderr, detail(proc)
 
 
 def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
