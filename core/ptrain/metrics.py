@@ -216,6 +216,8 @@ class MetricStore:
         metric_object = None
         if isinstance(value, torch.Tensor):  # the usual case first: no more checks per call
             value = value.detach()
+            if hasattr(value, "full_tensor"):  # a DTensor (a loss under loss_parallel): whole
+                value = value.full_tensor()
             if value.numel() != 1:
                 raise ConfigError(f"self.log({name!r}, ...) got a tensor of shape "
                                   f"{tuple(value.shape)}; log one number (a 0-dim or "
