@@ -2,8 +2,10 @@
 the cost of a script's second and third stage calls; ptrain against the same model built whole,
 and against Lightning.
 
-    .venv/bin/python benchmarks/sharding.py              # about 3 minutes on 2 cores
+    .venv/bin/python benchmarks/sharding.py              # about 8 minutes on 2 cores
     .venv/bin/python benchmarks/sharding.py --quick      # a 32 MiB model, one stage run each
+    .venv/bin/python benchmarks/sharding.py --only meshes      # one section (memory, stages,
+                                                               # meshes)
 
 **Memory.** The model: ``Linear(32, W)``, ``D`` residual blocks ``x + tanh(Linear(W, W)(x)) / D``
 (each block a unit FSDP shards), ``Linear(W, 1)``; W = 1448, D = 32: 67 M parameters, 256 MiB
@@ -31,6 +33,10 @@ memory shows what is held rather than what the allocator kept after freeing.
 0, for ptrain's script launcher (the script started again as rank 1, up for the whole script),
 ptrain's spawn launcher (new workers per call, as in a notebook), and Lightning 2.6.6's ``ddp``
 (its own script launcher), every one in a fresh process; the fastest of ``--repeats`` runs.
+
+**Meshes.** One decoder on 4 processes under ``ddp``, ``fsdp``, hybrid ``fsdp`` 2 x 2 and
+``model-parallel`` 2 x 2, against a hand-written FSDP2 x tensor-parallel loop and Lightning's
+``ModelParallelStrategy(2, 2)``: see ``benchmarks/meshes.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -53,8 +58,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+import meshes  # noqa: E402
 import ptrain  # noqa: E402
 from overhead import source_revision  # noqa: E402
+from resident_memory import peak_rss_bytes, rss_bytes  # noqa: E402
 
 #: glibc's malloc raises its mmap threshold each time a large block is freed, after which freed
 #: tensors stay in the process's heap: resident memory then grows over the steps (under FSDP
@@ -64,22 +71,6 @@ FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 MEMORY_CONFIGS = [("ddp", "init"), ("fsdp", "init"), ("fsdp", "configure"), ("zero3", "init"),
                   ("zero3", "configure"), ("zero2", "init"), ("zero2", "configure")]
 STAGE_CONFIGS = ["ptrain script", "ptrain spawn", "lightning ddp"]
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (Linux's VmHWM). Not getrusage's ru_maxrss: that one
-    carries over the peak of the process that started this one (the kernel keeps it across
-    exec), so under a large parent it reads the parent's size."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (not Linux?)")
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -304,6 +295,24 @@ def stage_rows(args) -> list[list[str]]:
     return rows
 
 
+def mesh_rows(args) -> list[list[str]]:
+    rows = []
+    for label in meshes.CONFIGS:
+        with tempfile.TemporaryDirectory(prefix="ptrain-bench-") as out:
+            code, output = child(["--child", "meshes", label], out, 900)
+            ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+        if code != 0 or len(ranks) != meshes.PROCESSES:
+            rows.append([label, f"failed ({code})", *[""] * (len(meshes.HEADERS) - 2)])
+            print(output[-3000:], file=sys.stderr)
+            continue
+        rows.append(meshes.row(label, ranks))
+        print(f"  {label}: done", file=sys.stderr, flush=True)
+    return rows
+
+
+SECTIONS = ("memory", "stages", "meshes")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -314,13 +323,18 @@ def main() -> None:
                    help="MiB each rank may use above its baseline")
     p.add_argument("--repeats", type=int, default=2, help="runs of each stage-call script")
     p.add_argument("--quick", action="store_true", help="a 32 MiB model, one run of each script")
+    p.add_argument("--only", choices=SECTIONS, action="append",
+                   help="run this section (again for several); default: all")
     args = p.parse_args()
     if args.child:
         if args.child[0] == "memory":
             run_memory(args.child[1], args.child[2], args.width, args.depth, args.out)
+        elif args.child[0] == "meshes":
+            meshes.run_child(" ".join(args.child[1:]), args.out)
         else:
             run_stages(" ".join(args.child[1:]), args.out)
         return
+    sections = args.only or SECTIONS
     if args.quick:
         args.width, args.depth, args.repeats = 512, 32, 1
         args.rank_budget_mb = 50.0
@@ -328,15 +342,24 @@ def main() -> None:
                  ) * 4 / 2**20
     print(f"ptrain {source_revision()}, torch {torch.__version__}, Python "
           f"{sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
-    print(f"Memory per rank: a {params_mb:.0f} MiB model (parameters + gradients "
-          f"{2 * params_mb:.0f} MiB), 2 ranks, budget {args.rank_budget_mb:.0f} MiB per rank\n",
-          flush=True)
-    print(table(["configuration", "setup peak MiB", "x params", "training peak MiB", "x params",
-                 "within budget", "first losses (rank 0)"], memory_rows(args)))
-    print("\n(x params: the rise as a multiple of the model's parameter bytes)\n")
-    print("Stage calls of one script (ddp, 2 ranks), seconds on rank 0\n", flush=True)
-    print(table(["launcher", "fit", "validate #1", "validate #2", "whole script"],
-                stage_rows(args)))
+    if "memory" in sections:
+        print(f"Memory per rank: a {params_mb:.0f} MiB model (parameters + gradients "
+              f"{2 * params_mb:.0f} MiB), 2 ranks, budget {args.rank_budget_mb:.0f} MiB per "
+              f"rank\n", flush=True)
+        print(table(["configuration", "setup peak MiB", "x params", "training peak MiB",
+                     "x params", "within budget", "first losses (rank 0)"], memory_rows(args)))
+        print("\n(x params: the rise as a multiple of the model's parameter bytes)\n")
+    if "stages" in sections:
+        print("Stage calls of one script (ddp, 2 ranks), seconds on rank 0\n", flush=True)
+        print(table(["launcher", "fit", "validate #1", "validate #2", "whole script"],
+                    stage_rows(args)))
+        print()
+    if "meshes" in sections:
+        print(f"Meshes: examples/decoder.py's decoder ({meshes.DIMS}), AdamW, "
+              f"{meshes.STEPS} steps of {meshes.GLOBAL_BATCH} sequences, 4 processes; "
+              f"ms/step after {meshes.WARMUP} steps, losses averaged over the replicas\n",
+              flush=True)
+        print(table(meshes.HEADERS, mesh_rows(args)))
 
 
 if __name__ == "__main__":

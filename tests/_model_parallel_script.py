@@ -1,17 +1,21 @@
-"""A training run of a small Llama-style decoder under ``model-parallel`` (4 ranks through the
-script launcher) or on one process, for ``tests/plugins/strategies/test_model_parallel.py``.
+"""A training run of examples/decoder.py's small Llama-style decoder under ``model-parallel``
+(4 ranks through the script launcher) or on one process, for
+``tests/plugins/strategies/test_model_parallel.py``.
 
     python tests/_model_parallel_script.py --root DIR --out DIR [--devices 4]
         [--strategy model-parallel|fsdp] [--replicate R] [--shard S] [--tensor T] [--loss-parallel] [--steps N]
         [--clip VALUE] [--build configure|init] [--hidden H] [--plan-typo] [--self-shard]
-        [--epochs E] [--save] [--resume]
+        [--epochs E] [--save] [--resume] [--batch B] [--kill-step K]
 
 ``--devices 1`` runs the same model on one process (``single-device``) with the global batch of
 the 4-rank run: the batch size times ``--dp``, the data-parallel size (``replicate x shard``)
-of the run it stands for; both read ``--steps`` global batches. Every rank writes
-``<out>/rank<R>.json``: its loss at every step, its mesh coordinate and data-parallel rank, the
-bytes of parameters and optimizer state it holds (local shards), and the model's whole
-parameter bytes.
+of the run it stands for; both read ``--steps`` global batches. ``--batch`` sets the batch of
+each data-parallel replica, for a run whose data-parallel size is not ``--dp`` but which reads
+the same global batches (a resumed run on another mesh). ``--kill-step K``: rank 0 SIGKILLs the
+whole process group (run the script in a session of its own) once ``global_step`` reaches K.
+Every rank writes ``<out>/rank<R>.json``: its loss at every step, its mesh coordinate and
+data-parallel rank, the bytes of parameters and optimizer state it holds (local shards), and
+the model's whole parameter bytes.
 """
 
 from __future__ import annotations
@@ -22,108 +26,42 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the tests' helpers, and examples/
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import ptrain  # noqa: E402
 from ptrain.distributed import held_bytes  # noqa: E402
 
-VOCAB, DIM, HEADS, DEPTH, SEQ = 64, 32, 4, 2, 8
+from _shard_models import KillJob  # noqa: E402
+from examples import decoder  # noqa: E402
+
+DIM = 32  # the decoder's width (examples/decoder.py's default)
 BATCH = 4  # per data-parallel replica
 
 
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wq, self.wk, self.wv = (nn.Linear(DIM, DIM, bias=False) for _ in range(3))
-        self.wo = nn.Linear(DIM, DIM, bias=False)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        # -1 heads: under a tensor-parallel plan each rank holds HEADS / tp of them
-        q, k, v = (w(x).view(b, s, -1, DIM // HEADS).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(DIM, hidden, bias=False)
-        self.w3 = nn.Linear(DIM, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, DIM, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.attention_norm = nn.RMSNorm(DIM)
-        self.attention = Attention()
-        self.ffn_norm = nn.RMSNorm(DIM)
-        self.feed_forward = FeedForward(hidden)
-
-    def forward(self, x):
-        x = x + self.attention(self.attention_norm(x))
-        return x + self.feed_forward(self.ffn_norm(x))
-
-
-class Decoder(ptrain.TrainModule):
-    """Token embedding, ``DEPTH`` blocks, a norm and the output layer, made in
-    ``configure_model`` (``build="configure"``: on the meta device under ``model-parallel``)
-    or in ``__init__``; with a mesh, ``configure_model`` applies the tensor-parallel plan."""
+class Decoder(decoder.Decoder):
+    """examples/decoder.py's decoder (its default sizes), with what the tests need: its losses
+    kept, a plan key naming no submodule (``plan_typo``), and ``configure_model`` that calls
+    ``fully_shard`` itself over ``dp_shard`` (``self_shard``), as a Lightning program does."""
 
     def __init__(self, build: str = "configure", loss_parallel: bool = False,
                  hidden: int = 2 * DIM, plan_typo: bool = False, batch_size: int = BATCH,
                  samples: int = BATCH * 8, self_shard: bool = False):
-        super().__init__()
-        self.self_shard = self_shard
-        self.build, self.loss_parallel = build, loss_parallel
-        self.hidden, self.plan_typo = hidden, plan_typo
-        self.batch_size, self.samples = batch_size, samples
-        self.layers = None
+        super().__init__(hidden=hidden, samples=samples, batch_size=batch_size, build=build,
+                         loss_parallel=loss_parallel)
+        self.plan_typo, self.self_shard = plan_typo, self_shard
         self.losses: list[torch.Tensor] = []
-        if build == "init":
-            self._make_layers()
 
-    def _make_layers(self):
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList(Block(self.hidden) for _ in range(DEPTH))
-        self.norm = nn.RMSNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB, bias=False)
+    def block_plan(self) -> dict:
+        plan = super().block_plan()
+        if self.plan_typo:
+            plan["feed_forwrd.w2"] = plan["feed_forward.w2"]
+        return plan
 
     def configure_model(self):
-        if self.layers is None:
-            self._make_layers()
-        if self.device_mesh is None or "tp" not in self.device_mesh.mesh_dim_names:
-            return  # one process, or fsdp's mesh
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
-
-        tp = self.device_mesh["tp"]
-        parallelize_module(self, tp, {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-            # sharded logits for loss_parallel, else gathered whole
-            "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-            if self.loss_parallel else ColwiseParallel(output_layouts=Replicate()),
-        })
-        for block in self.layers:
-            parallelize_module(block, tp, {
-                "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
-                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(),
-                **({"feed_forwrd.w2": RowwiseParallel()} if self.plan_typo else {}),
-            })
-        if self.self_shard:  # as a Lightning program does it: the strategy then leaves it
+        super().configure_model()
+        if self.self_shard:  # the strategy then leaves the model as it is
             from torch.distributed.fsdp import fully_shard
 
             data = self.device_mesh["dp_shard"]
@@ -131,34 +69,10 @@ class Decoder(ptrain.TrainModule):
                 fully_shard(block, mesh=data)
             fully_shard(self, mesh=data)
 
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for block in self.layers:
-            h = block(h)
-        return self.output(self.norm(h))
-
     def training_step(self, batch, batch_idx):
-        tokens, targets = batch
-        logits = self(tokens)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = super().training_step(batch, batch_idx)
         self.losses.append(loss.detach())
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-2)
-
-    def train_dataloader(self):
-        return DataLoader(make_tokens(self.samples), batch_size=self.batch_size)
-
-
-def make_tokens(n: int) -> TensorDataset:
-    """``n`` sequences of a learnable pattern (each token the previous plus a per-sequence
-    step, modulo VOCAB), next-token targets."""
-    g = torch.Generator().manual_seed(0)
-    start = torch.randint(0, VOCAB, (n, 1), generator=g)
-    step = torch.randint(1, 4, (n, 1), generator=g)
-    seq = (start + step * torch.arange(SEQ + 1)) % VOCAB
-    return TensorDataset(seq[:, :-1], seq[:, 1:])
 
 
 class Probe:
@@ -217,12 +131,14 @@ def main() -> None:
     p.add_argument("--plan-typo", action="store_true", help="a plan key naming no submodule")
     p.add_argument("--self-shard", action="store_true",
                    help="configure_model calls fully_shard itself (over dp_shard)")
+    p.add_argument("--batch", type=int, default=BATCH, help="per data-parallel replica")
+    p.add_argument("--kill-step", type=int)
     args = p.parse_args()
 
     ptrain.seed_everything(7)
     module = Decoder(args.build, loss_parallel=args.loss_parallel, hidden=args.hidden,
                      plan_typo=args.plan_typo,
-                     batch_size=BATCH if args.devices > 1 else BATCH * args.dp,
+                     batch_size=args.batch if args.devices > 1 else BATCH * args.dp,
                      samples=BATCH * args.dp * args.steps, self_shard=args.self_shard)
     strategy = args.strategy if args.devices > 1 else "single-device"
     options = {}
@@ -238,7 +154,8 @@ def main() -> None:
         default_root_dir=args.root,
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",
                    *([] if args.save else ["no:checkpoint"]),
-                   Probe(Path(args.out))],
+                   Probe(Path(args.out)),
+                   *([] if args.kill_step is None else [KillJob(args.kill_step)])],
         plugin_options=options)
     trainer.fit(module, ckpt_path="last" if args.resume else None)
 

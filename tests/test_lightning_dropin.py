@@ -228,3 +228,20 @@ def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
         assert ptrain[model]["global_step"] == lightning[model]["global_step"], model
         assert ptrain[model]["val_loss"] == pytest.approx(lightning[model]["val_loss"],
                                                           rel=1e-6), model
+
+
+@DROP_IN_PAIRS
+def test_tensor_parallel_program_matches(tmp_path):
+    """ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on 4 processes: the
+    module sees Lightning's mesh names, and ptrain's model-parallel trains it as Lightning does."""
+    lightning = run_program("tensor_parallel", tmp_path, "lightning")
+    ptrain = run_program("tensor_parallel", tmp_path, "ptrain")
+    assert ptrain["mesh"] == lightning["mesh"] == ["data_parallel", "tensor_parallel"]
+    assert ptrain["global_step"] == lightning["global_step"] == 6
+    for result in (lightning, ptrain):
+        first, _, third, _ = result["losses"]
+        # a tensor-parallel pair reads the same batches, the two data-parallel replicas others
+        assert result["losses"] == [first, first, third, third] and first != third
+    # the same arithmetic in the same order: equal to the last bit (seen so on this CPU)
+    assert ptrain["losses"] == lightning["losses"]
+    assert ptrain["weights"] == lightning["weights"]

@@ -50,9 +50,20 @@ def _fsdp():
 
 
 def _model_parallel():
-    refuses(lambda: s.ModelParallelStrategy(), "tensor_parallel_size", "2-D")
-    run = trainer(strategy=s.ModelParallelStrategy(tensor_parallel_size=1), devices=2)
-    assert run.options["strategy"] == "fsdp"
+    run = trainer(strategy=s.ModelParallelStrategy(), devices=2)
+    options = run.config["plugins"]["model-parallel"]
+    assert run.options["strategy"] == "model-parallel"
+    # Lightning's "auto": data parallel over the nodes, tensor parallel within one
+    assert (options["replicate"], options["shard"], options["tensor"]) == (1, "auto", "auto")
+    assert options["mesh_names"] == "lightning"
+    run = trainer(strategy=s.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+                  devices=2)
+    options = run.config["plugins"]["model-parallel"]
+    assert (options["shard"], options["tensor"]) == (2, 1)
+    refuses(lambda: s.ModelParallelStrategy(tensor_parallel_size=0), "tensor_parallel_size",
+            "1 or more")
+    refuses(lambda: s.ModelParallelStrategy(save_distributed_checkpoint=False),
+            "save_distributed_checkpoint", "ptrain export")
 
 
 def _parallel():

@@ -452,12 +452,17 @@ class DeepSpeedStrategy(ParallelStrategy):
 
 
 class ModelParallelStrategy(ParallelStrategy):
-    """Lightning's 2-D strategy (tensor parallel x FSDP over a device mesh). Not yet mapped to
-    ptrain's 2-D strategy (``model-parallel``, whose mesh dimensions are named
-    ``dp_replicate``/``dp_shard``/``tp`` where Lightning's are ``data_parallel``/
-    ``tensor_parallel``): made with a tensor-parallel size above 1 it is refused; with
-    ``tensor_parallel_size=1`` it is data parallelism with sharding, ptrain's ``fsdp``, and
-    ``configure_model`` shards as under ``fsdp``."""
+    """Lightning's 2-D strategy: ptrain's ``model-parallel`` (ptrain-model-parallel), whose
+    module sees Lightning's mesh: ``self.device_mesh`` has the dimensions ``data_parallel``
+    and ``tensor_parallel``, a view of ptrain's ``dp_replicate x dp_shard x tp`` mesh.
+
+    ``data_parallel_size`` and ``tensor_parallel_size`` keep Lightning's meaning of ``"auto"``:
+    the number of nodes, and the processes of one node. As in Lightning, ``configure_model``
+    applies the plan and ``fully_shard``; a module that applies no ``fully_shard`` of its own is
+    sharded by ptrain over ``data_parallel`` (where Lightning would leave its replicas
+    unsynchronised)."""
+
+    ptrain_name = "model-parallel"
 
     def __init__(self, data_parallel_size: Any = "auto", tensor_parallel_size: Any = "auto",
                  save_distributed_checkpoint: bool = True,
@@ -465,23 +470,19 @@ class ModelParallelStrategy(ParallelStrategy):
                  timeout: Any = datetime.timedelta(seconds=1800)) -> None:
         super().__init__()
         owner = type(self).__name__
-        if tensor_parallel_size != 1:
-            raise refuse(owner, "tensor_parallel_size", tensor_parallel_size,
-                         "ptrain.lightning does not map it to ptrain's 2-D strategy yet "
-                         "(model-parallel, whose mesh names its dimensions dp_replicate, "
-                         "dp_shard and tp, not data_parallel and tensor_parallel); pass "
-                         "tensor_parallel_size=1 for sharded data parallelism (ptrain's fsdp), "
-                         "or train with ptrain.Trainer(strategy='model-parallel') and "
-                         "self.device_mesh['tp'] in configure_model")
-        if data_parallel_size != "auto":
-            raise refuse(owner, "data_parallel_size", data_parallel_size,
-                         "with tensor_parallel_size=1 every process is data parallel: set the "
-                         "number of processes with Trainer(devices=..., num_nodes=...)")
+        for argument, value in (("data_parallel_size", data_parallel_size),
+                                ("tensor_parallel_size", tensor_parallel_size)):
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 1):
+                raise refuse(owner, argument, value, "give a number of processes (1 or more), "
+                             "or 'auto'")
         if save_distributed_checkpoint is not True:
             raise refuse(owner, "save_distributed_checkpoint", save_distributed_checkpoint,
-                         "ptrain's fsdp writes sharded checkpoints; trainer.save_full_weights"
-                         "(path) or `ptrain export` make one file of the whole weights")
-        self.ptrain_name = "fsdp"
+                         "ptrain's model-parallel writes sharded checkpoints; "
+                         "trainer.save_full_weights(path) or `ptrain export` make one file of "
+                         "the whole weights")
+        self._options.update(replicate=1, shard=data_parallel_size,
+                             tensor=tensor_parallel_size, mesh_names="lightning")
         self._process_group_options(process_group_backend, timeout)
 
 

@@ -4,7 +4,8 @@ under ``shard 2 x tensor 2`` and under hybrid ``replicate 2 x shard 2`` (also as
 --fsdp-replicate 2``); each rank holds about
 1/(shard x tensor) of the parameter and optimizer bytes; processes of one tensor-parallel group
 read the same batches; gradient clipping takes the norm over the whole mesh; loss parallel; a
-sharded checkpoint resumes on another mesh shape; bad mesh sizes and bad plans are named.
+sharded checkpoint, also one left by a job killed mid-epoch, resumes on other mesh shapes
+(1 x 4, 2 x 2 hybrid, 4 x 1, 2 processes); bad mesh sizes and bad plans are named.
 
 Tolerance: the 4-process runs split the matmuls and sum the gradients in another order, so
 their losses match one process's to a relative 1e-4 (float32; seen: within 3e-7 over 4 steps).
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
-from tests.conftest import REPO
 from tests._campaigns import JOB_MODULES
+from tests._model_parallel_script import Decoder
+from tests.conftest import REPO
 from tests.plugins.strategies.test_configure_model import detail, sub_env
 
 SCRIPT = REPO / "tests" / "_model_parallel_script.py"
@@ -49,33 +53,51 @@ RUNS = {
 
 
 #: resumed runs: name -> (the run whose checkpoint they resume, their arguments); each resumes
-#: a copy of that run's folder, for a second epoch
+#: a copy of that run's folder, for a second epoch, reading the same global batches (``--batch``
+#: per data-parallel replica: 8 on one, 2 on each of four)
 RESUMED = {
-    "resumed-same-mesh": ("shard2-tensor2", ["--tensor", "2", "--dp", "2"]),
+    "resumed-tensor4-after-a-kill": ("killed-in-epoch-2", ["--tensor", "4", "--batch", "8"]),
     "resumed-replicate2-tensor2": ("shard2-tensor2", ["--replicate", "2", "--shard", "1",
-                                                      "--tensor", "2", "--dp", "2"]),
-    "resumed-2-processes-shard2": ("shard2-tensor2", ["--devices", "2", "--tensor", "1",
-                                                      "--dp", "2"]),
+                                                      "--tensor", "2"]),
+    "resumed-shard4": ("shard2-tensor2", ["--tensor", "1", "--batch", "2"]),
+    "resumed-2-processes-shard2": ("shard2-tensor2", ["--devices", "2", "--tensor", "1"]),
 }
-RUNS["two-epochs"] = ["--tensor", "2", "--dp", "2", "--epochs", "2"]
+RUNS.update({
+    "two-epochs": ["--tensor", "2", "--dp", "2", "--epochs", "2"],
+    # rank 0 SIGKILLs the whole job after the first step of epoch 2, the checkpoint of epoch 1
+    # on disk
+    "killed-in-epoch-2": ["--tensor", "2", "--dp", "2", "--epochs", "2", "--save",
+                          "--kill-step", "5"],
+})
 
 
 def run(root: Path, name: str, args: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out = root / name
     proc = subprocess.run([sys.executable, str(SCRIPT), "--root", str(root / "runs" / name),
                            "--out", str(out), *args], cwd=REPO, env=sub_env(),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          start_new_session=True)  # --kill-step kills its process group
     return proc, [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
 
 
+class Runs(dict):
+    """name -> (the finished process, its ranks' records); ``root`` holds the runs' folders
+    (``runs/<name>``)."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("model-parallel")
+def runs(tmp_path_factory) -> Runs:
+    done = Runs(tmp_path_factory.mktemp("model-parallel"))
     # one at a time: 4 processes on 2 cores
-    done = {name: run(root, name, args) for name, args in RUNS.items()}
+    for name, args in RUNS.items():
+        done[name] = run(done.root, name, args)
     for name, (source, args) in RESUMED.items():
-        shutil.copytree(root / "runs" / source, root / "runs" / name)
-        done[name] = run(root, name, [*args, "--epochs", "2", "--resume"])
+        shutil.copytree(done.root / "runs" / source, done.root / "runs" / name)
+        done[name] = run(done.root, name, [*args, "--epochs", "2", "--resume"])
     return done
 
 
@@ -177,9 +199,12 @@ def test_a_split_that_is_not_even_is_named(runs):
     (["--model-parallel-replicate", "3"],
      "--model-parallel-replicate 3 x --model-parallel-tensor 4 does not divide the 4 processes"),
     (["--model-parallel-tensor", "0"], "--model-parallel-tensor"),
+    # a precision the combination can't run: said by the ranks, at start-up
+    (["--model-parallel-tensor", "2", "--precision", "16-mixed"],
+     "--precision 16-mixed scales the loss"),
 ])
-def test_mesh_sizes_that_do_not_fit_are_usage_errors(tmp_path, flags, message):
-    """Said before any process starts (the CLI, exit 2)."""
+def test_mesh_sizes_and_a_precision_that_do_not_fit_are_usage_errors(tmp_path, flags, message):
+    """Said before any training step (the CLI, exit 2); the sizes before any process starts."""
     proc = subprocess.run(
         [sys.executable, "-m", "ptrain", "fit", "--model", "_model_parallel_script:Decoder",
          "--strategy", "model-parallel", "--devices", "4", "--accelerator", "cpu",
@@ -191,14 +216,62 @@ def test_mesh_sizes_that_do_not_fit_are_usage_errors(tmp_path, flags, message):
     assert "Traceback" not in proc.stderr
 
 
+def test_the_killed_run_was_killed(runs):
+    proc, ranks = runs["killed-in-epoch-2"]
+    assert proc.returncode == -signal.SIGKILL, detail(proc)
+    assert ranks == []  # no rank got to its teardown
+
+
 @pytest.mark.parametrize("name", list(RESUMED))
 def test_a_checkpoint_resumes_on_another_mesh_shape(runs, name):
-    """A sharded checkpoint of ``shard 2 x tensor 2``, after one epoch, resumed for a second
-    on the same mesh, on ``replicate 2 x tensor 2`` and on 2 processes without tensor
-    parallelism (the same data-parallel size, so the same batches): the second epoch's losses
-    are the uninterrupted run's."""
+    """A sharded checkpoint of ``shard 2 x tensor 2`` after one epoch (written by a finished
+    run, or by one killed in its second epoch) resumed for a second epoch on ``1 x tensor 4``,
+    ``replicate 2 x tensor 2``, ``shard 4 x 1`` and on 2 processes without tensor parallelism,
+    each reading the same global batches: the second epoch's losses are the uninterrupted
+    run's."""
     unbroken = ok(runs, "two-epochs")
     resumed = ok(runs, name)
     assert len(resumed[0]["losses"]) == 4
     assert mean_over_replicas(resumed) == pytest.approx(mean_over_replicas(unbroken)[4:],
                                                         rel=RTOL)
+
+
+def test_export_gathers_the_shards_into_the_whole_model(runs, tmp_path):
+    """``ptrain export`` of the ``shard 2 x tensor 2`` checkpoint (DTensors split both ways)
+    writes whole tensors, which load strictly into the module built whole on one process."""
+    ok(runs, "shard2-tensor2")
+    (checkpoint,) = runs.root.glob("runs/shard2-tensor2/**/checkpoints/last.ckpt")
+    out = tmp_path / "decoder.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "ptrain", "export", str(checkpoint),
+                           "--output", str(out)], cwd=REPO, env=sub_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, detail(proc)
+    whole = Decoder(build="init")
+    exported = load_file(out)
+    loaded = whole.load_state_dict(exported, strict=True)
+    assert not loaded.missing_keys and not loaded.unexpected_keys
+    assert {k: tuple(v.shape) for k, v in exported.items()} == \
+        {k: tuple(v.shape) for k, v in whole.state_dict().items()}
+
+
+def test_the_decoder_example_trains_from_its_config_file(tmp_path):
+    """``ptrain fit --config examples/decoder.toml``: 4 processes, shard 2 x tensor 2; its
+    sharded checkpoint exported loads into the example's module built on one process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ptrain", "fit", "--config", "examples/decoder.toml",
+         "--max-epochs", "2", "--default-root-dir", str(tmp_path / "runs"), "--no-progress-bar"],
+        cwd=REPO, env=sub_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, detail(proc)
+    assert "train_loss=" in proc.stdout, detail(proc)
+    (checkpoint,) = (tmp_path / "runs").rglob("last.ckpt")
+    assert checkpoint.is_dir()  # sharded
+    out = tmp_path / "decoder.safetensors"
+    export = subprocess.run([sys.executable, "-m", "ptrain", "export", str(checkpoint),
+                             "--output", str(out)], cwd=REPO, env=sub_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, detail(export)
+    from examples.decoder import Decoder as Example
+
+    whole = Example(samples=256, batch_size=16, build="init")
+    loaded = whole.load_state_dict(load_file(out), strict=True)
+    assert not loaded.missing_keys and not loaded.unexpected_keys

@@ -94,6 +94,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     @hookimpl
     def on_stage_start(self, trainer, stage: str) -> None:
+        """Lays out the job's mesh as ``self._mesh``, which the strategy works on, and shows
+        it to the module as ``trainer.device_mesh`` (a subclass may show another view)."""
         # laid out before the module's configure_model, which may apply a plan on it; once per
         # shape (each layout creates process groups, a collective of every rank)
         shape = self.mesh_shape(trainer)
@@ -134,7 +136,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         # training forward can't write into. Evaluation runs under no_grad instead, as
         # Lightning's FSDP does (the inference_mode option's documented exception).
         trainer.inference_mode = False
-        mesh = self.data_parallel_mesh(trainer.device_mesh)
+        mesh = self.data_parallel_mesh(self._mesh)
         settings: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
         if policy.is_mixed:  # the precision plugin's formats, applied by FSDP itself
             settings["mp_policy"] = MixedPrecisionPolicy(param_dtype=policy.compute_dtype,
@@ -154,13 +156,14 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def share_rank_zero_values(self, trainer, model: nn.Module) -> None:
         """Every parameter and buffer of ``model``, built whole on every rank, set to rank
-        0's value (through the device, where the process group's backend can reach it)."""
+        0's value, one :meth:`share_rank_zero_value` each."""
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
-                on_device = tensor.data.to(trainer.device)
-                dist.broadcast(on_device, src=0)
-                if on_device is not tensor.data:
-                    tensor.data.copy_(on_device)
+                self.share_rank_zero_value(trainer, tensor)
+
+    def share_rank_zero_value(self, trainer, tensor: torch.Tensor) -> None:
+        """``tensor`` set to rank 0's value of it."""
+        broadcast_into(tensor.data, trainer.device, src=0)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -179,3 +182,12 @@ class FSDPStrategy(ProcessGroupStrategy):
             return False
         return sharded.verify(path)
 
+
+def broadcast_into(tensor: torch.Tensor, device: torch.device, src: int,
+                   group: dist.ProcessGroup | None = None) -> None:
+    """``tensor`` set in place to global rank ``src``'s value of it, sent over ``group``
+    through ``device``, where the process group's backend can reach it."""
+    on_device = tensor.to(device)
+    dist.broadcast(on_device, src=src, group=group)
+    if on_device is not tensor:
+        tensor.copy_(on_device)

@@ -11,16 +11,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from ptrain import ConfigError, hookimpl
 from ptrain.config import positive
 from ptrain.meta_init import materialize
 from ptrain.options import to_bool, to_int
 from ptrain_fsdp import FSDPStrategy
+from ptrain_fsdp.strategy import broadcast_into
 
 #: the mesh's dimensions, outermost first: processes that differ in an outer one sit on other
 #: nodes first (``auto`` keeps the tensor dimension inside a node, where links are fastest)
 DIMENSIONS = ("dp_replicate", "dp_shard", "tp")
+#: ``mesh_names`` -> the dimensions of the module's ``self.device_mesh``: ptrain's own mesh,
+#: or the 2-D view Lightning's ModelParallelStrategy gives (``data_parallel`` is
+#: ``dp_replicate x dp_shard`` flattened, ``tensor_parallel`` is ``tp``)
+MODULE_MESHES = {"ptrain": DIMENSIONS, "lightning": ("data_parallel", "tensor_parallel")}
 
 
 def _size_or_auto(value: Any) -> int | str:
@@ -39,17 +45,21 @@ class ModelParallelStrategy(FSDPStrategy):
     ``parallelize_module``. The strategy then shards the model with FSDP2 over the
     data-parallel dimensions (hybrid when ``dp_replicate`` > 1), unless ``configure_model``
     already did. Processes of one tensor-parallel group read the same batches; metrics are
-    averaged over the data-parallel replicas.
+    averaged over the data-parallel replicas. With ``mesh_names="lightning"`` the module sees
+    a 2-D view of the same mesh, ``data_parallel x tensor_parallel``, as under Lightning's
+    ``ModelParallelStrategy``; the strategy itself always works on its own mesh, ``_mesh``.
     """
 
     def __init__(self, replicate: int = 1, shard: int | str = "auto", tensor: int | str = "auto",
-                 loss_parallel: bool = False, **fsdp_options):
+                 loss_parallel: bool = False, mesh_names: str = "ptrain", **fsdp_options):
         super().__init__(replicate=replicate, **fsdp_options)
         self.shard = shard
         self.tensor = tensor
         self.loss_parallel = loss_parallel
+        self.mesh_names = mesh_names
         self._data_group: tuple[Any, Any] | None = None  # (mesh, its data-parallel group)
         self._in_loss_parallel: Any = None  # the entered loss_parallel() context, in a stage
+        self._lightning_view: tuple[Any, Any] | None = None  # (mesh, its 2-D view)
 
     @staticmethod
     @hookimpl
@@ -68,6 +78,12 @@ class ModelParallelStrategy(FSDPStrategy):
                     help="compute the loss and its backward inside torch's loss_parallel(), "
                          "for a model whose output layer leaves its logits sharded over the "
                          "tensor dimension (ColwiseParallel(use_local_output=False))")
+        options.add("mesh_names", str, default="ptrain", choices=sorted(MODULE_MESHES),
+                    help="the dimensions of the module's self.device_mesh: ptrain "
+                         "(dp_replicate, dp_shard, tp) or lightning (data_parallel, "
+                         "tensor_parallel, as Lightning's ModelParallelStrategy names them: a "
+                         "view of the same mesh; ptrain.lightning's ModelParallelStrategy "
+                         "sets it)")
         FSDPStrategy.add_reshard_option(options)
         FSDPStrategy.add_sharding_options(options)
 
@@ -108,7 +124,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().launch(trainer, function)
 
     def data_parallel(self, trainer) -> tuple[int, int, Any]:
-        mesh = trainer.device_mesh
+        mesh = self._mesh
         replicate, shard, tensor = (mesh[name].size() for name in DIMENSIONS)
         if tensor == 1:
             return super().data_parallel(trainer)
@@ -124,14 +140,23 @@ class ModelParallelStrategy(FSDPStrategy):
     @hookimpl
     def on_stage_start(self, trainer, stage: str) -> None:
         super().on_stage_start(trainer, stage)
-        mesh = trainer.device_mesh
+        mesh = self._mesh
+        # every process makes every group, in the same order: a collective, so here, where
+        # every process passes, not when first needed
         if mesh["tp"].size() > 1 and (self._data_group is None or self._data_group[0] is not mesh):
-            # every process makes every group, in the same order: a collective, so here, where
-            # every process passes, not when first needed
             ranks = mesh.mesh.reshape(-1, mesh["tp"].size())
             group, _ = dist.new_subgroups_by_enumeration(
                 [ranks[:, t].tolist() for t in range(ranks.shape[1])])
             self._data_group = (mesh, group)
+        if self.mesh_names == "lightning":
+            if self._lightning_view is None or self._lightning_view[0] is not mesh:
+                # the same processes as data_parallel x tensor_parallel, made once per mesh
+                # (new process groups: a collective). A view of the root mesh, as FSDP2 over
+                # tensor parallelism needs (the module's DTensors and fully_shard meet there).
+                dp, tp = mesh["dp_replicate"].size() * mesh["dp_shard"].size(), mesh["tp"].size()
+                view = mesh._flatten("world")._unflatten(0, (dp, tp), MODULE_MESHES["lightning"])
+                self._lightning_view = (mesh, view)
+            trainer.device_mesh = self._lightning_view[1]
 
     # -- model -----------------------------------------------------------------------------------
 
@@ -146,30 +171,21 @@ class ModelParallelStrategy(FSDPStrategy):
             materialize(model, trainer.device)
             trainer.inference_mode = False  # as under fsdp (see FSDPStrategy.wrap_model)
             return model
-        _check_even_split(trainer, model)
+        _check_even_split(trainer, model, self._mesh["tp"].size())
         return super().wrap_model(trainer, model)
 
-    def share_rank_zero_values(self, trainer, model: nn.Module) -> None:
+    def share_rank_zero_value(self, trainer, tensor: torch.Tensor) -> None:
         """As under fsdp, except for the tensor-parallel layers' DTensors: each process holds
         its own part of those, which it takes from the first data-parallel replica holding the
         same part (``distribute_tensor`` already made the parts agree within that replica)."""
-        mesh = trainer.device_mesh
+        if not isinstance(tensor, DTensor):
+            super().share_rank_zero_value(trainer, tensor)
+            return
+        mesh = self._mesh
         places = mesh.mesh.reshape(-1, mesh["tp"].size())
         _, _, group = self.data_parallel(trainer)
         source = int(places[0, mesh.get_coordinate()[-1]])
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                if hasattr(tensor, "to_local"):
-                    local = tensor.to_local()
-                    on_device = local.to(trainer.device)
-                    dist.broadcast(on_device, src=source, group=group)
-                    if on_device is not local:
-                        local.copy_(on_device)
-                else:
-                    on_device = tensor.data.to(trainer.device)
-                    dist.broadcast(on_device, src=0)
-                    if on_device is not tensor.data:
-                        tensor.data.copy_(on_device)
+        broadcast_into(tensor.to_local(), trainer.device, src=source, group=group)
 
     @hookimpl
     def setup(self, trainer, stage: str) -> None:
@@ -217,20 +233,23 @@ def _plan_keys_resolve(trainer, device: torch.device | None) -> Iterator[None]:
                 f"to the module given to parallelize_module{known}.") from None
 
 
-def _check_even_split(trainer, model: nn.Module) -> None:
-    """Every parameter the plan splits over the tensor dimension splits evenly: torch shards an
-    uneven one too, and the layer's reshapes (attention heads) then fail or mix up the parts."""
-    tp = trainer.device_mesh["tp"]
+def _check_even_split(trainer, model: nn.Module, parts: int) -> None:
+    """Every parameter the plan splits over the tensor dimension (into ``parts``) splits
+    evenly: torch shards an uneven one too, and the layer's reshapes (attention heads) then
+    fail or mix up the parts."""
+    tensor_names = {names[-1] for names in MODULE_MESHES.values()}
     for name, param in model.named_parameters():
         mesh = getattr(param, "device_mesh", None)
-        if mesh is None or "tp" not in (mesh.mesh_dim_names or ()):
+        dims = [d for d, n in enumerate(mesh.mesh_dim_names or ()) if n in tensor_names] \
+            if mesh is not None else []
+        if not dims:
             continue
-        placement = param.placements[mesh.mesh_dim_names.index("tp")]
-        if placement.is_shard() and param.shape[placement.dim] % tp.size():
+        placement = param.placements[dims[0]]
+        if placement.is_shard() and param.shape[placement.dim] % parts:
             size = param.shape[placement.dim]
             raise ConfigError(
                 f"the tensor-parallel plan splits {name.removeprefix('module.')} (shape "
                 f"{tuple(param.shape)}) along dimension {placement.dim} into "
-                f"--{trainer.options['strategy']}-tensor {tp.size()} parts, but {size} does not "
-                f"divide by {tp.size()}; choose a tensor size that divides {size}, or layer "
-                f"sizes that divide by {tp.size()}.")
+                f"--{trainer.options['strategy']}-tensor {parts} parts, but {size} does not "
+                f"divide by {parts}; choose a tensor size that divides {size}, or layer "
+                f"sizes that divide by {parts}.")
