@@ -492,3 +492,14 @@ def test_an_optimizer_over_parameters_the_loss_never_reaches_steps_with_a_warnin
     assert (p_steps, p_same) == (l_steps, l_same) and p_same and p_steps > 0
     assert len(p_said) == 1 and "optimizer 0 (SGD)" in p_said[0], p_said
     assert "its steps change nothing" in p_said[0]
+
+
+def test_print_speaks_in_the_first_process_as_lightnings_does(tmp_path, capsys):
+    def printed(pl):
+        trainer = pl.Trainer(default_root_dir=str(tmp_path), **QUIET)
+        capsys.readouterr()
+        trainer.print("parameters:", 3, sep=" ", end="!\n")
+        return capsys.readouterr().out
+
+    lightning, ptrain_ = both(printed)
+    assert ptrain_ == lightning == "parameters: 3!\n"

@@ -251,6 +251,12 @@ class Trainer(_Trainer):
 
     # -- Lightning's attribute names ----------------------------------------------------------
 
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print(*args, **kwargs)`` in the first process of each machine (local rank 0), as
+        Lightning's ``Trainer.print``."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
     @property
     def lightning_module(self) -> Any:
         return self.module
