@@ -121,6 +121,19 @@ def test_the_all_extra_installs_every_first_party_plugin():
     assert {project(p)["name"] for p in PLUGINS} <= named
 
 
+def test_the_train_extra_is_every_plugin_that_needs_nothing_beyond_the_core():
+    """``[train]``: the plugins whose own requirements are ptrain's, torch and numpy (which the
+    core brings); the others (the MLflow and W&B loggers) only in ``[all]``."""
+    extras = project(REPO / "pyproject.toml")["optional-dependencies"]
+    train = {Requirement(r).name for r in extras["train"]}
+    light = {project(p)["name"] for p in PLUGINS
+             if all(Requirement(r).name.startswith("ptrain-") or Requirement(r).name in
+                    ("torch", "numpy") for r in project(p).get("dependencies", []))}
+    assert train == light
+    assert {Requirement(r).name for r in extras["all"]} >= train | {"ptrain-mlflow",
+                                                                     "ptrain-wandb"}
+
+
 def test_the_changelog_has_a_section_for_the_version_or_what_is_unreleased():
     text = (REPO / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text or f"## [{ptrain.__version__}]" in text
