@@ -44,8 +44,13 @@ def _fsdp():
     shard_grad_op = trainer(strategy=s.FSDPStrategy(sharding_strategy="SHARD_GRAD_OP"),
                             devices=2)
     assert shard_grad_op.options["strategy"] == "zero2"
-    refuses(lambda: s.FSDPStrategy(sharding_strategy="HYBRID_SHARD"), "sharding_strategy",
-            "2-D")
+    hybrid = trainer(strategy=s.FSDPStrategy(sharding_strategy="HYBRID_SHARD"), devices=2)
+    assert hybrid.options["strategy"] == "fsdp"
+    assert hybrid.config["plugins"]["fsdp"]["replicate"] == "nodes"  # one copy per node
+    refuses(lambda: s.FSDPStrategy(sharding_strategy="NO_SHARD"), "sharding_strategy",
+            "HYBRID_SHARD", "DDPStrategy")
+    refuses(lambda: s.FSDPStrategy(device_mesh=(2, 4)), "device_mesh", "HYBRID_SHARD",
+            "--fsdp-replicate")
     refuses(lambda: s.FSDPStrategy(auto_wrap_policy=lambda *a, **k: True), "auto_wrap_policy")
 
 

@@ -323,14 +323,17 @@ def _wrap_classes(policy: Any, owner: str, argument: str, what: str) -> list[str
 
 
 #: Lightning's FSDP sharding strategies that ptrain has: the strategy plugin they select
-_SHARDING = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "zero2"}
+#: Lightning's sharding_strategy -> (ptrain's strategy, its options)
+_SHARDING = {"FULL_SHARD": ("fsdp", {}), "SHARD_GRAD_OP": ("zero2", {}),
+             "HYBRID_SHARD": ("fsdp", {"replicate": "nodes"})}
 
 
 class FSDPStrategy(ParallelStrategy):
     """ptrain's ``fsdp`` strategy (FSDP2): ``auto_wrap_policy={Block}`` -> ``wrap_classes``,
     ``cpu_offload`` -> ``cpu_offload``, ``activation_checkpointing_policy={Block}`` -> the
     ``activation-checkpointing`` callback on those classes, ``sharding_strategy=
-    "SHARD_GRAD_OP"`` -> ``zero2``. ptrain writes sharded checkpoints (a folder of shards per
+    "SHARD_GRAD_OP"`` -> ``zero2``, ``"HYBRID_SHARD"`` -> ``fsdp`` with one replica per node
+    (``--fsdp-replicate nodes``: sharded within a node, replicated across nodes). ptrain writes sharded checkpoints (a folder of shards per
     checkpoint) whatever ``state_dict_type`` says; ``trainer.save_full_weights(path)`` or
     ``ptrain export`` make one file of the whole weights."""
 
@@ -371,17 +374,19 @@ class FSDPStrategy(ParallelStrategy):
         name = str(getattr(sharding_strategy, "name", sharding_strategy)).upper()
         if name not in _SHARDING:
             raise refuse(owner, "sharding_strategy", sharding_strategy,
-                         "ptrain has FULL_SHARD (fsdp) and SHARD_GRAD_OP (zero2); for NO_SHARD "
-                         "use DDPStrategy; hybrid sharding across nodes needs a 2-D strategy, "
-                         "which ptrain has not yet")
-        self.ptrain_name = _SHARDING[name]
+                         "ptrain has FULL_SHARD (fsdp), SHARD_GRAD_OP (zero2) and HYBRID_SHARD "
+                         "(fsdp with one replica per node); for NO_SHARD use DDPStrategy")
+        self.ptrain_name, options = _SHARDING[name]
+        self._options.update(options)
         if state_dict_type not in ("full", "sharded"):
             raise refuse(owner, "state_dict_type", state_dict_type, "pass 'full' or 'sharded'")
         self.state_dict_type = state_dict_type
         if device_mesh is not None:
             raise refuse(owner, "device_mesh", device_mesh,
-                         "ptrain's fsdp shards over one dimension of all processes; 2-D "
-                         "(hybrid) meshes need a strategy ptrain has not yet")
+                         "ptrain's fsdp lays out its own mesh: pass sharding_strategy="
+                         "'HYBRID_SHARD' for one replica per node, or give the number of "
+                         "replicas as ptrain's fsdp option replicate (--fsdp-replicate R); "
+                         "for tensor parallelism use ModelParallelStrategy")
         for argument, value in kwargs.items():
             if argument == "use_orig_params" and value is True:
                 continue  # FSDP2 always keeps the original parameters

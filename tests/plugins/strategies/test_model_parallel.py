@@ -46,6 +46,8 @@ RUNS = {
                                            "--clip", "0.5"],
     "shard2-tensor2-sharded-by-the-module": ["--tensor", "2", "--dp", "2", "--self-shard"],
     "fsdp-hybrid2-shard2": ["--strategy", "fsdp", "--replicate", "2", "--dp", "4"],
+    # one replica per node: on this one machine, plain sharding over the 4 processes
+    "fsdp-replicate-nodes": ["--strategy", "fsdp", "--replicate", "nodes", "--dp", "4"],
     # refused at setup: 2 processes are enough
     "plan-typo": ["--devices", "2", "--tensor", "2", "--plan-typo"],
     "uneven-split": ["--devices", "2", "--tensor", "2", "--hidden", "65"],
@@ -117,6 +119,7 @@ def mean_over_replicas(ranks: list[dict]) -> list[float]:
 @pytest.mark.parametrize("name, single", [("shard2-tensor2", "single-dp2"),
                                           ("hybrid2-shard2", "single-dp4"),
                                           ("fsdp-hybrid2-shard2", "single-dp4"),
+                                          ("fsdp-replicate-nodes", "single-dp4"),
                                           ("shard2-tensor2-built-whole-clipped",
                                            "single-dp2-clip"),
                                           ("shard2-tensor2-sharded-by-the-module",
@@ -136,6 +139,8 @@ def test_mesh_is_laid_out_as_asked(runs):
     # fsdp's hybrid sharding (--fsdp-replicate 2): the same data-parallel mesh, no tensor dim
     assert [r["mesh"] for r in ok(runs, "fsdp-hybrid2-shard2")] == \
         [{"dp_replicate": 2, "dp_shard": 2}] * 4
+    assert [r["mesh"] for r in ok(runs, "fsdp-replicate-nodes")] == \
+        [{"dp_replicate": 1, "dp_shard": 4}] * 4  # --num-nodes 1
 
 
 def test_a_tensor_parallel_group_reads_the_same_batches(runs):

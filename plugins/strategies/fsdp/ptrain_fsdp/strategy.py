@@ -20,6 +20,16 @@ from ptrain_fsdp import checkpoint as sharded
 from ptrain_fsdp.modules import modules_to_shard
 
 
+def _replicas(value: Any) -> int | str:
+    """``--fsdp-replicate``: a count >= 1, or ``"nodes"`` (one replica per node)."""
+    if isinstance(value, str) and value.strip().lower() == "nodes":
+        return "nodes"
+    try:
+        return positive(to_int)(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or nodes, for one replica per node") from None
+
+
 class FSDPStrategy(ProcessGroupStrategy):
     """``--strategy fsdp``: FSDP2 sharding of parameters, gradients and optimizer state."""
 
@@ -28,7 +38,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     fixed_reshard_after_forward: bool | None = None
 
     def __init__(self, wrap_classes: list[str] | None = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, empty_init: bool = True, replicate: int = 1,
+                 cpu_offload: bool = False, empty_init: bool = True, replicate: int | str = 1,
                  **process_group_options):
         super().__init__(**process_group_options)
         self.empty_init = empty_init
@@ -66,11 +76,11 @@ class FSDPStrategy(ProcessGroupStrategy):
     @hookimpl
     def add_options(options) -> None:
         FSDPStrategy.add_reshard_option(options)
-        options.add("replicate", positive(to_int), default=1,
+        options.add("replicate", _replicas, default=1,
                     help="hybrid sharding: N groups of processes each hold a whole sharded "
-                         "copy, and gradients are averaged across the groups (shard within a "
-                         "node, replicate across nodes: --fsdp-replicate NUM_NODES); 1: every "
-                         "process holds a shard of the one copy")
+                         "copy, and gradients are averaged across the groups; nodes: one "
+                         "copy per node (shard within a node, replicate across nodes); 1: "
+                         "every process holds a shard of the one copy")
         FSDPStrategy.add_sharding_options(options)
 
     # -- the processes' mesh ---------------------------------------------------------------------
@@ -78,13 +88,13 @@ class FSDPStrategy(ProcessGroupStrategy):
     def mesh_shape(self, trainer) -> dict[str, int]:
         """The sizes of the named dimensions of the job's mesh, outermost first; their product
         is the world size. Here ``dp_replicate`` x ``dp_shard``."""
-        if trainer.world_size % self.replicate:
+        replicate = trainer.num_nodes if self.replicate == "nodes" else self.replicate
+        if trainer.world_size % replicate:
             raise ConfigError(
-                f"--{trainer.options['strategy']}-replicate {self.replicate} does not divide the "
+                f"--{trainer.options['strategy']}-replicate {replicate} does not divide the "
                 f"{trainer.world_size} processes of this job into equal groups; give a divisor "
-                f"of {trainer.world_size} (the number of nodes, for sharding within a node).")
-        return {"dp_replicate": self.replicate,
-                "dp_shard": trainer.world_size // self.replicate}
+                f"of {trainer.world_size}, or nodes (one copy per node).")
+        return {"dp_replicate": replicate, "dp_shard": trainer.world_size // replicate}
 
     def data_parallel_mesh(self, mesh):
         """The dimensions of ``mesh`` that FSDP shards and replicates over: a 2-D mesh makes
