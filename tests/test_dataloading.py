@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import ptrain
 from _cli_util import assert_usage_error
-from conftest import TinyRegressor, make_regression_data
+from conftest import REPO, TinyRegressor, make_regression_data, run_cli
 from ptrain.builtins.dataloading import MIN_ADVISED_WORKERS, DataLoading, PreloadedDataset
 from ptrain.data import DataLoaderWarning, suggested_num_workers
 
@@ -328,3 +328,15 @@ def test_preloaded_and_iterable_datasets_draw_no_worker_advice(make_trainer):
     assert caught == []
     _, caught = fit(make_trainer, LoaderRegressor(Costly()), {"cpus": 4, "preload": True})
     assert caught == []
+
+
+def test_a_worker_count_no_machine_could_start_is_a_usage_error(tmp_path):
+    """torch would try to start them all: the CLI fuzz drew 99999999999999999999 and hung."""
+
+    result = run_cli("fit", "--model", "tests._input_models:Base", "--accelerator", "cpu",
+                     "--max-steps", "2", "-p", "no:progress-bar", "-p", "dataloading",
+                     "--dataloading-num-workers", "99999999999999999999", "--dataloading-cpus",
+                     "2", "--default-root-dir", str(tmp_path / "runs"), cwd=REPO)
+    assert result.returncode == 2, result.stderr
+    assert "give at most 32 (16 per core" in result.stderr
+    assert "Traceback" not in result.stderr
