@@ -168,7 +168,8 @@ def first_error(own: BaseException) -> BaseException:
     # rank) may write its record and exit within it, and is then not a silent death
     folder = os.environ.get(ERROR_DIR)
     records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) else []
-    dead = [(rank, code) for rank, code in dead if rank not in {r["rank"] for r in records}]
+    recorded = {record["rank"] for record in records}
+    dead = [(rank, code) for rank, code in dead if rank not in recorded]
     if isinstance(own, KeyboardInterrupt):  # Ctrl-C reached every rank: an interruption
         return own
     if isinstance(own, rank_watch.RankStalled):  # rank 0's watch ended the job

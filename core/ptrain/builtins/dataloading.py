@@ -184,15 +184,16 @@ class DataLoading:
                  cpus: int | None = None, num_workers: int | None = None):
         if num_workers is not None and num_workers < 0:
             raise ConfigError(f"dataloading num_workers must be 0 or more, not {num_workers}.")
-        cores = cpus if cpus is not None and cpus > 0 else available_cpus()
-        most = WORKERS_PER_CPU * cores
-        if num_workers is not None and num_workers > most:
-            # torch would try to start them all (the CLI fuzz hung, then ran out of memory)
-            raise ConfigError(
-                f"dataloading num_workers {num_workers} would start {num_workers} worker "
-                f"processes per DataLoader; with {cores} CPU cores give at most {most} "
-                f"({WORKERS_PER_CPU} per core; loading rarely gains beyond a few per core), or "
-                f"leave it unset for the advised number.")
+        if num_workers is not None:  # the cores are read only for a count to check
+            cores = cpus if cpus is not None and cpus > 0 else available_cpus()
+            most = WORKERS_PER_CPU * cores
+            if num_workers > most:
+                # torch would try to start them all (the CLI fuzz hung, then ran out of memory)
+                raise ConfigError(
+                    f"dataloading num_workers {num_workers} would start {num_workers} worker "
+                    f"processes per DataLoader; with {cores} CPU cores give at most {most} "
+                    f"({WORKERS_PER_CPU} per core; loading rarely gains beyond a few per "
+                    f"core), or leave it unset for the advised number.")
         self.apply, self.preload = apply, preload
         self.num_workers = num_workers
         self.preload_max_gib = preload_max_gib
