@@ -61,6 +61,15 @@ class SlowInWorkersRegressor(SlowDataRegressor):
         self.slow = WorkerSlowItems(n, ms)
 
 
+class WorkerSlowRegressor(SlowInWorkersRegressor):
+    """SlowInWorkersRegressor with items only slow enough (30 ms in a worker) that every loader
+    candidate finishes its trials and loses, by far: a tune whose verdict is always "no measured
+    candidate beat your configuration"."""
+
+    def __init__(self, ms: float = 30.0, n: int = 128, batch_size: int = 2):
+        super().__init__(ms=ms, n=n, batch_size=batch_size)
+
+
 class SmallBatchRegressor(TinyRegressor):
     """A near-zero model on batches of 2: the step's fixed cost dominates, so a larger batch
     trains many more samples per second."""
@@ -118,4 +127,5 @@ def catalog_with(*names: str) -> Catalog:
 
 
 __all__ = ["FailingCompileOffer", "FailingRegressor", "NoOpOffer", "SlowDataRegressor",
-           "SlowInWorkersRegressor", "SmallBatchRegressor", "WorkerSlowItems", "catalog_with"]
+           "SlowInWorkersRegressor", "SmallBatchRegressor", "WorkerSlowItems", "WorkerSlowRegressor",
+           "catalog_with"]
