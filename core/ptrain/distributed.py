@@ -39,8 +39,10 @@ import math
 import os
 import pickle
 import re
+import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -51,7 +53,7 @@ import torch.distributed as dist
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
-from ptrain import rank_errors, rank_watch, rendezvous, script_launch
+from ptrain import machines, rank_errors, rank_watch, rendezvous, script_launch
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
@@ -167,7 +169,8 @@ def first_host(nodelist: str) -> str:
 
 def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int = 1,
                    rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-                   timeout: float | None = None, hint: str = "rdzv_endpoint") -> Any:
+                   timeout: float | None = None, hint: str = "rdzv_endpoint",
+                   stall_timeout: float = 0.0) -> Any:
     """Run ``function`` (picklable) in ``nprocs`` new processes on this machine, joined by c10d
     rendezvous with those of the other ``num_nodes - 1`` machines, and return what the lowest
     global rank on this machine returned.
@@ -178,7 +181,10 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     ``timeout`` (seconds) bounds the rendezvous: an endpoint that is not this machine's free port
     is checked first (:func:`ptrain.rendezvous.probe_store`), and the machines must all join
     within it; otherwise a :class:`ConfigError` names the endpoint (``hint``: the option that
-    gave it). ``None``: torch's defaults (10 minutes to join).
+    gave it). ``None``: torch's defaults (10 minutes to join). Each of the launcher's own
+    store operations waits at most ``stall_timeout`` (when set, and at most a minute, torch's
+    default): a machine cut off from the rendezvous's host ends its launcher that much later
+    than its workers, not many minutes.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -189,21 +195,33 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
                           f"machine reaches: set the strategy's rdzv_endpoint option to HOST:PORT "
                           f"of one of them (the same on all), and the same rdzv_id.")
     rdzv_configs: dict[str, Any] = {}
+    local_addr, hosted, host, port = None, None, "", 0
     if timeout is not None:
-        seconds = max(1, math.ceil(timeout))
-        rdzv_configs.update(join_timeout=seconds, read_timeout=seconds)
+        rdzv_configs.update(join_timeout=max(1, math.ceil(timeout)))
+    store_s = max(5, math.ceil(min(60.0, timeout or 60.0, stall_timeout or 60.0)))
+    rdzv_configs.update(read_timeout=store_s, close_timeout=store_s, heartbeat_timeout=store_s)
     if rdzv_endpoint:
         host, port = rendezvous.parse_endpoint(rdzv_endpoint, hint)
         addresses = rendezvous.resolve(host, hint)
         # the first machine on the endpoint's own host hosts the store on its free port; all
         # others connect to it, which torch would do without a bound
-        if not (rendezvous.is_this_machine(addresses) and rendezvous.port_is_free(port)):
+        hosting = rendezvous.is_this_machine(addresses) and rendezvous.port_is_free(port)
+        if num_nodes > 1:
+            # across machines ptrain hosts it (see ptrain.machines); torch's agents are clients
+            hosted = machines.RendezvousHost.start(host, port, timeout or 1800.0) \
+                if hosting else None
+            rdzv_configs["is_host"] = False
+            # where the other machines reach this one (the first machine's is their
+            # MASTER_ADDR): the address that faces the endpoint, not what the host name
+            # resolves to (often 127.0.0.1)
+            local_addr = rendezvous.route_address(host)
+        if not hosting or (num_nodes > 1 and hosted is None):
             rendezvous.probe_store(host, port, 1800.0 if timeout is None else timeout, hint)
     config = LaunchConfig(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs,
         run_id=rdzv_id or "ptrain", rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", rdzv_configs=rdzv_configs,
+        start_method="spawn", rdzv_configs=rdzv_configs, local_addr=local_addr,
     )
     # Plain pickle bytes: handed over as objects, the module's tensors would be moved into
     # shared memory (torch.multiprocessing's pickling), and every rank would update one copy.
@@ -217,14 +235,26 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     # elastic_launch sets this in the launching process and leaves it: a stage call must not
     # change the caller's environment (a test suite that checks for leaks sees it)
     signals_variable = os.environ.get(_ELASTIC_SIGNALS)
+    returned = threading.Event()
     try:
         with tempfile.TemporaryDirectory(prefix="ptrain-workers-") as error_dir:
+            if num_nodes > 1:
+                threading.Thread(target=machines.end_if_agent_blocked, name="ptrain-agent-watch",
+                                 args=(error_dir, returned, 3 * store_s + 10.0),
+                                 daemon=True).start()
             try:
                 results = elastic_launch(config, _run_worker)(payload, error_dir)
             except ChildFailedError as exc:
                 raise _first_error(exc, Path(error_dir)) from None
             except RendezvousError as exc:
                 raise _rendezvous_error(exc, config, hint) from None
+            finally:
+                returned.set()
+        # the job succeeded: the other machines' agents close the rendezvous on the store
+        if hosted is not None:
+            hosted.close_after_others(num_nodes - 1, within=store_s)
+        elif num_nodes > 1:
+            machines.say_returned(host, port, within=store_s)
     finally:
         for log, level in zip(loggers, levels):
             log.setLevel(level)
@@ -259,10 +289,14 @@ def _rendezvous_error(exc: BaseException, config: Any, hint: str) -> ConfigError
 
     timeout = config.rdzv_configs.get("join_timeout", 600)
     if isinstance(exc, RendezvousTimeoutError):
+        here = socket.gethostname() + (f", {config.local_addr}" if config.local_addr else "")
+        others = ("the other one never came" if config.max_nodes == 2 else
+                  f"not all of the other {config.max_nodes - 1} came")
         return ConfigError(
             f"not all {config.max_nodes} machines joined the rendezvous at "
-            f"{config.rdzv_endpoint} ({hint}, id {config.run_id!r}) within {timeout} s; start "
-            f"every machine with the same endpoint, id and --num-nodes, or raise the timeout.")
+            f"{config.rdzv_endpoint} ({hint}, id {config.run_id!r}) within {timeout} s: this "
+            f"one ({here}) did, {others}. Start every machine with the same endpoint, id and "
+            f"--num-nodes, check that they reach the endpoint, or raise the timeout.")
     return ConfigError(
         f"the rendezvous at {config.rdzv_endpoint} ({hint}, id {config.run_id!r}) failed: "
         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__} "
@@ -402,7 +436,8 @@ class ProcessGroupStrategy:
             if command is None:
                 return launch_workers(function, nprocs=nprocs, num_nodes=trainer.num_nodes,
                                       rdzv_endpoint=self.rdzv_endpoint, rdzv_id=self.rdzv_id,
-                                      timeout=self.timeout, hint=hint)
+                                      timeout=self.timeout, hint=hint,
+                                      stall_timeout=self.stall_timeout)
             script_launch.start_copies(command, nprocs, endpoint=self._local_endpoint(hint))
             self.environment = detect_environment()
         if self.environment.source == "script" and self.environment.world_size != expected:
@@ -456,7 +491,8 @@ class ProcessGroupStrategy:
         # the rank watch ended the job, or a collective timed out: the watch's message says
         # why, and which rank, not the broken collective's
         stalled = rank_watch.stall_error() or rank_watch.timeout_error(
-            exception, self.timeout, f"--{trainer.options['strategy']}-timeout")
+            exception, self.timeout, f"--{trainer.options['strategy']}-timeout") \
+            or rank_watch.lost_peer_error(exception)
         reported = stalled
         if script_launch.is_started_copy():
             script_launch.record_error(stalled or exception)
@@ -485,7 +521,7 @@ class ProcessGroupStrategy:
             if backend == "auto":  # the accelerator knows its collective library
                 accelerator = trainer.plugins.get(trainer.options["accelerator"])
                 backend = getattr(accelerator, "process_group_backend", "gloo")
-            self._init_process_group(backend, environment, device)
+            self._init_process_group(backend, environment, device, trainer)
             atexit.register(_destroy_process_group)
         if self.stall_timeout > 0 and trainer.world_size > 1:
             rank_watch.start(rank=trainer.global_rank, world_size=trainer.world_size,
@@ -500,15 +536,21 @@ class ProcessGroupStrategy:
         return device
 
     def _init_process_group(self, backend: str, environment: Environment,
-                            device: torch.device) -> None:
+                            device: torch.device, trainer: Trainer) -> None:
         """``init_process_group`` at ``MASTER_ADDR:MASTER_PORT``, bounded by ``timeout``: an
         address that doesn't resolve, a port another program holds, a store that never answers
-        or ranks that never meet end in a :class:`ConfigError` naming the endpoint."""
+        or ranks that never meet end in a :class:`ConfigError` naming the endpoint. gloo gets
+        the interface that faces ``MASTER_ADDR`` unless ``GLOO_SOCKET_IFNAME`` says one
+        (:func:`ptrain.rendezvous.gloo_interface`)."""
         host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
         set_by = f"set by {_SET_BY.get(environment.source, 'the environment')}"
         hint = f"MASTER_ADDR:MASTER_PORT, {set_by}"
         if environment.source != "script":  # ptrain's script launcher chose them itself
             rendezvous.resolve(host, f"MASTER_ADDR, {set_by}")
+        if "gloo" in backend:
+            interface = rendezvous.gloo_interface(host, trainer.num_nodes > 1)
+            if interface is not None:
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
             # rank 0 hosts the store (torchrun's agent hosts it before the ranks start); the
             # others would wait on a silent one for ever
             if environment.global_rank != 0 and environment.source != "torchelastic" \

@@ -44,10 +44,11 @@ def read_records(folder: str | Path) -> list[dict[str, Any]]:
 
 def error_of(record: dict[str, Any]) -> BaseException:
     """The error to raise for ``record``: a :class:`PtrainError` as itself (a usage error reads
-    the same from any rank), anything else as a :class:`WorkerError` naming the rank and holding
+    the same from any rank), and a :class:`WorkerError` too (it already says which rank and
+    why: the rank watch's), anything else as a :class:`WorkerError` naming the rank and holding
     its traceback."""
     exc = pickle.loads(record["exception"]) if record["exception"] is not None else None
-    if isinstance(exc, PtrainError):
+    if isinstance(exc, (PtrainError, WorkerError)):
         return exc
     return WorkerError(f"rank {record['rank']} failed; the other ranks were stopped. Its "
                        f"error:\n{record['traceback']}")

@@ -1,6 +1,7 @@
 """The rank watch: a rank that stops running ends the whole job within a time the user sets.
 
-A rank killed outright breaks its peers' next gloo collective at once; one that is stopped
+A rank killed outright breaks its peers' next gloo collective at once (on another machine, the
+watch then names it when its heartbeat has stopped: :func:`lost_peer_error`); one that is stopped
 (SIGSTOP, a frozen machine, a lost network) or dead under NCCL leaves them waiting in a
 collective until the process group's timeout (30 minutes by default). The watch finds it sooner.
 
@@ -240,6 +241,16 @@ class RankWatch:
         return (f"{beat.doing} (its last heartbeat, read {time.monotonic() - beat.changed:.1f} s "
                 f"before this)")
 
+    def wait_for_verdict(self) -> None:
+        """Return once this watch has ended the job, or every watched rank has said that its
+        part ended or failed (its own error is the job's then), or after the stall timeout and
+        three rounds: how long the watch takes to find a silent rank."""
+        deadline = time.monotonic() + self.stall_timeout + 3 * self.interval
+        while self.message is None and time.monotonic() < deadline:
+            if all(beat.state != "running" for beat in self._peers.values()):
+                return
+            time.sleep(self.interval / 4)
+
     def _end_job(self, peer: int, why: str) -> None:
         beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
         self.message = (f"rank {peer} ({beat.where()}) stopped responding: {why}; it was last "
@@ -397,12 +408,30 @@ def timeout_error(exception: BaseException, timeout: float, hint: str) -> RankSt
                        f"differs between ranks). The job was ended.")
 
 
+#: How gloo says a peer's connection closed under a collective: its process died (killed, or
+#: its machine went down), or it failed and exited
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe")
+
+
+def lost_peer_error(exception: BaseException) -> RankStalled | None:
+    """For ``exception``, gloo's error when a peer's connection closed under a collective, the
+    job's error once the watch has found which rank is gone (see
+    :meth:`RankWatch.wait_for_verdict`): a killed process on another machine can't be looked
+    up, only heard to stop. ``None`` for any other error, without a watch, or when the peer
+    reported its own failure."""
+    if _watch is None or not _PEER_LOST.search(str(exception)):
+        return None
+    _watch.wait_for_verdict()
+    return stall_error()
+
+
 def last_doing(rank: int) -> str | None:
     """What ``rank`` last said it was doing, when this process's watch heard it (rank 0 hears
     every rank)."""
     return _watch.last_doing(rank) if _watch is not None else None
 
 
-__all__ = ["RankStalled", "RankWatch", "finishing", "last_doing", "process_state",
+__all__ = ["RankStalled", "RankWatch", "finishing", "last_doing", "lost_peer_error",
+           "process_state",
            "record_stalls_in", "stall_error", "stall_timeout", "start", "stop", "timeout_error",
            "where_main_thread_is"]

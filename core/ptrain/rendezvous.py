@@ -12,7 +12,9 @@ found and the fix; ``hint`` names the option or variable the user set.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
+import struct
 import threading
 import time
 from datetime import timedelta
@@ -59,6 +61,100 @@ def is_this_machine(addresses: list[str]) -> bool:
         except OSError:
             continue
     return False
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) resolves only to loopback addresses: an address
+    every machine has for itself, so other machines can't reach this one there."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+                               for i in infos)
+
+
+def route_address(host: str) -> str | None:
+    """This machine's address that traffic to ``host`` leaves from (the routing table's choice:
+    a UDP socket is connected, nothing is sent), or ``None`` when there is no route."""
+    try:
+        address = socket.getaddrinfo(host, None, proto=socket.IPPROTO_UDP)[0][4][0]
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))
+            return s.getsockname()[0]
+    except (OSError, UnicodeError):
+        return None
+
+
+def interfaces() -> dict[str, list[str]]:
+    """This machine's network interfaces and their addresses (Linux; IPv4 primary addresses
+    and IPv6 addresses), by name."""
+    try:
+        import fcntl
+        found: dict[str, list[str]] = {name: [] for _, name in socket.if_nameindex()}
+    except (ImportError, OSError):  # not a Unix: no interface table to read
+        return {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in found:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                found[name].append(socket.inet_ntoa(packed[20:24]))
+            except OSError:
+                pass
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) == 6 and fields[5] in found:
+                    found[fields[5]].append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    except OSError:
+        pass
+    return found
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds ``address``, or ``None``."""
+    return next((name for name, held in interfaces().items() if address in held), None)
+
+
+def gloo_interface(master_addr: str, across_machines: bool) -> str | None:
+    """The interface gloo should use to reach the other processes, when it must be chosen;
+    checks a ``GLOO_SOCKET_IFNAME`` the user set.
+
+    gloo binds to the address the host name resolves to, falling back to loopback; where that is
+    loopback (Debian and Ubuntu map the host name to 127.0.1.1) it tells the other machines to
+    connect to their own 127.0.0.1, and the job waits out its timeout. So when no interface is
+    set and the job spans machines, gloo gets the one that faces ``MASTER_ADDR``. ``None``:
+    keep gloo's choice (one machine, or ``MASTER_ADDR`` is loopback here: no interface faces
+    the others then). A set interface that doesn't exist, or a loopback one across machines,
+    raises :class:`ConfigError` naming the interfaces there are."""
+    import os
+
+    table = interfaces()
+    listing = ", ".join(f"{name} ({', '.join(held) or 'no address'})"
+                        for name, held in table.items())
+    given = os.environ.get("GLOO_SOCKET_IFNAME", "").strip()
+    if given:
+        for name in given.split(","):
+            if table and name not in table:
+                raise ConfigError(
+                    f"GLOO_SOCKET_IFNAME={given!r} names the interface {name!r}, which this "
+                    f"machine does not have; its interfaces: {listing}. Give the one that "
+                    f"reaches the other machines, or unset the variable for ptrain to choose "
+                    f"the one that faces MASTER_ADDR.")
+            held = table.get(name, [])
+            if across_machines and held and all(
+                    ipaddress.ip_address(a.split("%")[0]).is_loopback for a in held):
+                raise ConfigError(
+                    f"GLOO_SOCKET_IFNAME={given!r} is the loopback interface, which other "
+                    f"machines can't reach, and this job spans machines; give the interface "
+                    f"that reaches them (here: {listing}), or unset the variable.")
+        return None
+    if not across_machines or is_loopback(master_addr):
+        return None
+    address = route_address(master_addr)
+    return interface_of(address) if address else None
 
 
 def port_is_free(port: int) -> bool:
@@ -159,5 +255,6 @@ def _first_line(error: object) -> str:
     return text.rstrip(".")
 
 
-__all__ = ["busy_port_error", "is_this_machine", "parse_endpoint", "port_is_free",
-           "probe_store", "resolve", "translate"]
+__all__ = ["busy_port_error", "gloo_interface", "interface_of", "interfaces", "is_loopback", "is_this_machine",
+           "parse_endpoint", "port_is_free", "probe_store", "resolve", "route_address",
+           "translate"]

@@ -1,0 +1,65 @@
+"""A model for the multi-node tests (tests/test_two_nodes.py): it says which node each rank
+ran on and what it computed, so that a job across machines can be compared with one machine's.
+
+Every training step appends ``{"step", "loss"}`` (a JSON line) to ``<record_dir>/rank<R>.jsonl``;
+the first line is ``{"node": host name, "shard_group": [ranks]}``, the ranks whose shards make
+one replica (``None`` without a device mesh). ``step_s`` makes each step take that long (a job
+long enough to lose a node in).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from tests.conftest import TinyRegressor
+
+
+class NodeRecorder(TinyRegressor):
+    def __init__(self, record_dir: str, step_s: float = 0.0, n: int = 64, **kwargs):
+        super().__init__(n=n, **kwargs)
+        self.record_dir, self.step_s = record_dir, step_s
+        x, y = self.train_set.tensors
+        self.train_set = TensorDataset(x, y)
+
+    def _write(self, line: dict) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with open(Path(self.record_dir) / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_fit_start(self):
+        mesh = self.trainer.device_mesh
+        group = None
+        if mesh is not None and "dp_shard" in (mesh.mesh_dim_names or ()):
+            group = dist.get_process_group_ranks(mesh.get_group("dp_shard"))
+        self._write({"node": socket.gethostname(), "shard_group": group})
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self._write({"step": self.trainer.global_step, "loss": float(loss.detach())})
+        if self.step_s:
+            time.sleep(self.step_s)
+        self.log("train_loss", loss)
+        return loss
+
+
+def read(record_dir: Path) -> dict[int, dict]:
+    """What :class:`NodeRecorder` wrote: rank -> ``{"node", "shard_group", "losses"}``."""
+    ranks = {}
+    for path in sorted(Path(record_dir).glob("rank*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        head = lines[0] if lines and "node" in lines[0] else {}
+        ranks[int(path.stem[len("rank"):])] = {
+            "node": head.get("node"), "shard_group": head.get("shard_group"),
+            "losses": [line["loss"] for line in lines if "loss" in line]}
+    return ranks
+
+
+__all__ = ["NodeRecorder", "read"]
