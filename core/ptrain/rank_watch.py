@@ -98,6 +98,7 @@ class RankWatch:
         self.interval = max(0.05, min(stall_timeout / 4, 5.0))
         self.describe = describe
         self.message: str | None = None
+        self._verdict_lock = threading.Lock()  # the judge thread and the main thread may decide
         self.gone_rank: int | None = None  # the rank whose process the watch found gone
         self._host, self._port = host, port
         self._count = 0
@@ -241,29 +242,22 @@ class RankWatch:
         return (f"{beat.doing} (its last heartbeat, read {time.monotonic() - beat.changed:.1f} s "
                 f"before this)")
 
-    def wait_for_verdict(self) -> None:
-        """Return once this watch has ended the job, or every watched rank has said that its
-        part ended or failed (its own error is the job's then), or after the stall timeout and
-        three rounds: how long the watch takes to find a silent rank."""
-        deadline = time.monotonic() + self.stall_timeout + 3 * self.interval
-        while self.message is None and time.monotonic() < deadline:
-            if all(beat.state != "running" for beat in self._peers.values()):
-                return
-            time.sleep(self.interval / 4)
-
-    def _end_job(self, peer: int, why: str) -> None:
-        beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
-        self.message = (f"rank {peer} ({beat.where()}) stopped responding: {why}; it was last "
-                        f"{beat.doing}. The job was ended (a rank silent for {self.hint} "
-                        f"{self.stall_timeout:g} seconds ends it).")
+    def _decide(self, peer: int, message: str) -> bool:
+        """Make ``message`` (about ``peer``) the job's error, unless another thread of this
+        process decided first (``False``): say it where no main thread would, record it for the
+        spawn launcher, kill ``peer``'s process when it runs here, and stop watching."""
         from ptrain import script_launch
 
+        with self._verdict_lock:
+            if self.message is not None:
+                return False
+            self.message = message
+        beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
         # A rank the script launcher started records its error for rank 0 without printing it,
         # and the rank it saw stop is rank 0 (the one that would print): it says it here. Any
         # other process reports the message through its main thread; it says it here only if
-        # that thread stays blocked (below).
-        said = script_launch.is_started_copy()
-        if said:
+        # that thread stays blocked (see _end_job).
+        if script_launch.is_started_copy():
             print(f"ptrain: rank {self.rank}: {self.message}", file=sys.stderr, flush=True)
         if _record_folder is not None:  # before the kill, which the launcher may see first
             rank_errors.write_record(_record_folder, RankStalled(self.message), self.rank)
@@ -273,6 +267,38 @@ class RankWatch:
             except (ProcessLookupError, PermissionError):
                 pass
         self._stop.set()
+        return True
+
+    def wait_for_verdict(self) -> None:
+        """(The main thread, after a peer's connection closed under a collective.) Return once
+        this watch has ended the job; or every watched rank has said that its part ended or
+        failed (its own error is the job's then); or a rank still running by its last word has
+        not beaten for three rounds (it beats every round): that one is gone, and the job ends
+        naming it, without waiting out the stall timeout. At most the stall timeout and three
+        rounds."""
+        deadline = time.monotonic() + self.stall_timeout + 3 * self.interval
+        while self.message is None and time.monotonic() < deadline:
+            if all(beat.state != "running" for beat in self._peers.values()):
+                return
+            for peer, beat in self._peers.items():
+                silent = self._read_at - beat.changed
+                if beat.state == "running" and silent > 3 * self.interval:
+                    self._decide(peer, f"rank {peer} ({beat.where()}) is gone: its connection "
+                                       f"closed under a collective and it has sent no "
+                                       f"heartbeat for {silent:.1f} s; it was last {beat.doing}. "
+                                       f"The job was ended.")
+                    return
+            time.sleep(self.interval / 4)
+
+    def _end_job(self, peer: int, why: str) -> None:
+        beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
+        if not self._decide(peer, f"rank {peer} ({beat.where()}) stopped responding: {why}; it "
+                                  f"was last {beat.doing}. The job was ended (a rank silent for "
+                                  f"{self.hint} {self.stall_timeout:g} seconds ends it)."):
+            return
+        from ptrain import script_launch
+
+        said = script_launch.is_started_copy()
         # the main thread now fails in its collective and reports the message (stop() tells);
         # if it is still blocked after the grace period (an NCCL collective), the process ends
         if self._handled.wait(self.grace):
