@@ -51,14 +51,17 @@ class NodeRecorder(TinyRegressor):
 
 
 def read(record_dir: Path) -> dict[int, dict]:
-    """What :class:`NodeRecorder` wrote: rank -> ``{"node", "shard_group", "losses"}``."""
+    """What :class:`NodeRecorder` wrote: rank -> ``{"node", "shard_group", "losses", "steps"}``
+    (the first line's node and shard group; every training step's loss and global step, of
+    every attempt of a restarted job in order)."""
     ranks = {}
     for path in sorted(Path(record_dir).glob("rank*.jsonl")):
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         head = lines[0] if lines and "node" in lines[0] else {}
         ranks[int(path.stem[len("rank"):])] = {
             "node": head.get("node"), "shard_group": head.get("shard_group"),
-            "losses": [line["loss"] for line in lines if "loss" in line]}
+            "losses": [line["loss"] for line in lines if "loss" in line],
+            "steps": [line["step"] for line in lines if "loss" in line]}
     return ranks
 
 

@@ -447,3 +447,23 @@ def test_stateful_plugin_gets_its_state_back(make_trainer):
     assert second.batches == 16
     saved = torch.load(trainer.last_checkpoint_path, weights_only=True)
     assert saved["plugins"]["counter"]["batches"] == 16
+
+
+def test_ckpt_path_auto_starts_once_then_resumes_with_the_same_command(cli, tmp_path):
+    """``--ckpt-path auto``: the command a restarted job runs again (torchrun --max-restarts, a
+    requeued batch job) starts from scratch when no checkpoint exists, saying so, and resumes
+    from the newest ``last.ckpt`` once one does; it is a usage error for evaluation."""
+    args = ["fit", "--model", "tests.conftest:TinyRegressor", "--ckpt-path", "auto",
+            "--default-root-dir", str(tmp_path), "--no-progress-bar"]
+    first = cli(*args, "--max-epochs", "1")
+    assert first.returncode == 0, first.stderr
+    assert f"ckpt_path='auto': no checkpoint under {tmp_path} yet; training from the start." \
+        in " ".join(first.stdout.split()), first.stdout
+    again = cli(*args, "--max-epochs", "2")
+    assert again.returncode == 0, again.stderr
+    assert "Resuming from checkpoint" in again.stdout and "version_0" in again.stdout, again.stdout
+    assert torch.load(tmp_path / "version_0" / "checkpoints" / "last.ckpt",
+                      weights_only=True)["loop"]["epoch"] == 2
+    refused = cli("validate", "--model", "tests.conftest:TinyRegressor", "--ckpt-path", "auto",
+                  "--default-root-dir", str(tmp_path))
+    assert refused.returncode == 2 and "ckpt_path='auto' is for fit" in refused.stderr

@@ -257,3 +257,52 @@ def test_torchrun_on_each_machine_trains_the_job(nodes, tmp_path, local_addr):
     ranks = read(record)
     assert sorted(ranks) == [0, 1] and all(len(r["losses"]) == 4 for r in ranks.values()), ranks
     assert {r["node"] for r in ranks.values()} == {n.name for n in nodes}
+
+
+def test_torchrun_restarts_the_job_after_a_lost_process_and_it_resumes_exactly(nodes, tmp_path):
+    """torchrun ``--max-restarts 1`` on both machines, ``--ckpt-path auto``: the second
+    machine's training process is SIGKILLed after a checkpoint; the agents meet again, and the
+    job resumes from that checkpoint and trains, step for step, what an uninterrupted job
+    trains."""
+    def job(root: Path, record: Path, restarts: int) -> list[subprocess.Popen]:
+        record.mkdir()
+        procs = []
+        for node in nodes:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        f"{nodes[0].address}:{PORT}", "--rdzv-id", root.name, "--rdzv-conf",
+                        f"is_host={int(node is nodes[0])}", "--max-restarts", str(restarts),
+                        "-m", "ptrain"]
+            argv = fit_argv("ddp", root, record, "--model.step_s", "0.3", "--model.n", "96",
+                            "--checkpoint-every-n-train-steps", "3", "--ckpt-path", "auto",
+                            "--ddp-stall-timeout", "8")
+            procs.append(start(node, launcher + argv[argv.index("fit"):]))
+        return procs
+
+    reference = finish(job(tmp_path / "reference", tmp_path / "reference-rec", 0))
+    for result in reference:
+        assert result.returncode == 0, detail(result)
+    procs = job(tmp_path / "restarted", tmp_path / "rec", 1)
+    steps = tmp_path / "rec" / "rank1.jsonl"
+    deadline = time.monotonic() + 4 * TIMEOUT_S
+    while not (steps.is_file() and steps.read_text().count('"step"') >= 5):
+        assert all(p.poll() is None for p in procs), [detail(r) for r in finish(procs)]
+        assert time.monotonic() < deadline, "the job never reached step 5"
+        time.sleep(0.1)
+    trainer_pid = next(pid for pid in nodes[1].pids()
+                       if "ptrain" in Path(f"/proc/{pid}/cmdline").read_text()
+                       and "torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_text())
+    os.kill(trainer_pid, signal.SIGKILL)
+    results = finish(procs)
+    for result in results:
+        assert result.returncode == 0, detail(result)
+    assert "Resuming from checkpoint" in results[0].stdout, detail(results[0])
+    want, got = read(tmp_path / "reference-rec"), read(tmp_path / "rec")
+    for rank in (0, 1):
+        steps, losses = got[rank]["steps"], got[rank]["losses"]
+        # the second attempt starts where its step count goes back: at the checkpoint's step
+        resumed = max(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+        at = steps[resumed]
+        assert at > 0 and at % 3 == 0, steps  # from a checkpoint, not from the start
+        assert steps[resumed:] == want[rank]["steps"][at:], (steps, want[rank]["steps"])
+        assert losses[resumed:] == pytest.approx(want[rank]["losses"][at:], rel=1e-6, abs=1e-9)

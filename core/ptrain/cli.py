@@ -222,8 +222,9 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
                      help="print the resolved configuration (plugin options included) and exit")
     run.add_argument("--ckpt-path", action=_Once,
                      help="resume (fit) or evaluate from this checkpoint: a path, 'last', 'best', "
-                          "or 'last-intact' (the newest that passes its integrity check, saying "
-                          "what it passed over)")
+                          "'last-intact' (the newest that passes its integrity check, saying "
+                          "what it passed over), or for fit 'auto' ('last' when there is one, "
+                          "else from the start: for jobs that are restarted)")
     run.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
                      help="enable callback plugin NAME; -p no:NAME blocks one before it is "
                           "imported (repeatable)")

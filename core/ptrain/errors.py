@@ -25,6 +25,11 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     raises there), so either ``except`` catches it."""
 
 
+class NoCheckpointYetError(CheckpointError):
+    """``ckpt_path="last"`` found no checkpoint: the run has written none yet (what
+    ``ckpt_path="auto"`` starts from scratch on)."""
+
+
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (no space, no permission, a quota, a file-size limit);
     nothing saved before was replaced, and the partial file was removed."""

@@ -26,7 +26,8 @@ from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
-from ptrain.errors import CheckpointError, ConfigError, ModelError, PluginError
+from ptrain.errors import (CheckpointError, ConfigError, ModelError, NoCheckpointYetError,
+                           PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
 from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
                                  is_hook_method_callback, module_plugins)
@@ -303,7 +304,7 @@ class Trainer:
             ckpt_path: str | None = None, *, train_dataloaders: Any = None,
             val_dataloaders: Any = None) -> None:
         """Train ``module``; with ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resume
-        exactly. Dataloaders given here are used instead of the module's (or the datamodule's)
+        exactly; ``"auto"``: from ``"last"`` when there is one, else from the start. Dataloaders given here are used instead of the module's (or the datamodule's)
         for their stage."""
         self._run("fit", module, datamodule, ckpt_path,
                   {"train": train_dataloaders, "validate": val_dataloaders})
@@ -535,7 +536,7 @@ class Trainer:
                      ckpt_path: str | None, dataloaders: dict[str, Any]) -> dict[str, float]:
         self.module, self.datamodule = module, datamodule
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
-        checkpoint_file = self._resolve_ckpt_path(ckpt_path)
+        checkpoint_file = self._resolve_ckpt_path(ckpt_path, stage)
         self.ckpt_path = None if checkpoint_file is None else str(checkpoint_file)
         scratch = reserved = None
         if self.fast_dev_run:  # whatever a plugin writes goes to a folder removed at the end
@@ -868,13 +869,28 @@ class Trainer:
                 f"of batches, not the fraction {interval}. Give one (e.g. "
                 f"val_check_interval=100), or a check_val_every_n_epoch.")
 
-    def _resolve_ckpt_path(self, ckpt_path: str | None) -> Path | None:
-        """What the ``resolve_ckpt_path`` hook makes of ``ckpt_path`` ("last", "best", a path)."""
+    def _resolve_ckpt_path(self, ckpt_path: str | None, stage: str = "fit") -> Path | None:
+        """What the ``resolve_ckpt_path`` hook makes of ``ckpt_path`` ("last", "best", a path).
+        ``"auto"`` (``fit`` only): ``"last"`` when there is one, else ``None``, said on stdout
+        -- one command for a job's first start and every restart (torchrun --max-restarts, a
+        requeued batch job)."""
         if ckpt_path is None:
             return None
         if not str(ckpt_path).strip():
             raise ConfigError("ckpt_path is empty; give a checkpoint's path, 'last' (the newest "
                               "run's) or 'best', or leave it out to start from scratch.")
+        if ckpt_path == "auto":
+            if stage != "fit":
+                raise ConfigError(f"ckpt_path='auto' is for fit (resume when a checkpoint "
+                                  f"exists, else start); {stage} needs weights: give a "
+                                  f"checkpoint's path, 'last' or 'best'.")
+            try:
+                return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path="last"))
+            except NoCheckpointYetError:
+                if os.environ.get("RANK", "0") == "0":
+                    print(f"ckpt_path='auto': no checkpoint under {self.run_root} yet; training "
+                          f"from the start.", flush=True)
+                return None
         return Path(self.hook.resolve_ckpt_path(trainer=self, ckpt_path=str(ckpt_path)))
 
     def _choose_log_dir(self, checkpoint_file: Path | None, stage: str) -> Path:

@@ -67,7 +67,7 @@ import torch
 from ptrain.config import to_seconds
 from ptrain.checkpoint_io import new_file_mode, write_failed
 from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError,
-                           NonFiniteLossError)
+                           NoCheckpointYetError, NonFiniteLossError)
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
@@ -880,7 +880,7 @@ class ModelCheckpoint:
             return self.last_model_path
         candidates = sorted(self._last_files(folder), key=lambda p: p.stat().st_mtime)
         if not candidates:
-            raise CheckpointError(
+            raise NoCheckpointYetError(
                 f"ckpt_path='last' found no {self.CHECKPOINT_NAME_LAST}*{self.FILE_EXTENSION} in "
                 f"the checkpoint callback's dirpath {str(folder)!r} (it writes one there when "
                 f"save_last is on); give a checkpoint's path, or start without ckpt_path.")

@@ -18,7 +18,7 @@ import torch
 from ptrain import checkpoint_io, run_folder
 from ptrain.config import dump_hyperparameters
 from ptrain.data import move_to_device
-from ptrain.errors import CheckpointError
+from ptrain.errors import CheckpointError, NoCheckpointYetError
 from ptrain.hookspecs import hookimpl
 from ptrain.meta_init import materialize
 from ptrain.precision_policy import PrecisionPolicy
@@ -142,7 +142,7 @@ class LoopDefaults:
                           file=sys.stderr, flush=True)
                 return str(candidate)
             newer.append(run)
-        raise CheckpointError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
+        raise NoCheckpointYetError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
                               f"under {str(root)!r} (the checkpoint callback writes it unless its "
                               f"save_last is off); give a checkpoint's path, or start without "
                               f"--ckpt-path.")

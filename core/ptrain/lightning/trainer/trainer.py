@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from ptrain import run_folder
-from ptrain.errors import CheckpointError, ConfigError, ModelError
+from ptrain.errors import ConfigError, ModelError, NoCheckpointYetError
 from ptrain.evaluation_loop import stage_batches
 from ptrain.lightning._common import refuse
 from ptrain.lightning._selection import select
@@ -230,7 +230,7 @@ class Trainer(_Trainer):
         if ckpt_path == "last":
             try:
                 self.resolve_ckpt_path("last")
-            except CheckpointError as exc:
+            except NoCheckpointYetError as exc:
                 warnings.warn(f"ckpt_path='last' found no checkpoint to resume, so fit starts "
                               f"from scratch, as in Lightning: {exc}", stacklevel=3)
                 return None
