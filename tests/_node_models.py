@@ -4,29 +4,32 @@ ran on and what it computed, so that a job across machines can be compared with 
 Every training step appends ``{"step", "loss"}`` (a JSON line) to ``<record_dir>/rank<R>.jsonl``;
 the first line is ``{"node": host name, "shard_group": [ranks]}``, the ranks whose shards make
 one replica (``None`` without a device mesh). ``step_s`` makes each step take that long (a job
-long enough to lose a node in).
+long enough to lose a node in). ``restart_delay_s`` holds back a process of a restarted torchrun
+try (``TORCHELASTIC_RESTART_COUNT`` above 0) that long before it meets the others, so that they
+reach the store first and find there what the previous try left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
 
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from tests.conftest import TinyRegressor
 
 
 class NodeRecorder(TinyRegressor):
-    def __init__(self, record_dir: str, step_s: float = 0.0, n: int = 64, **kwargs):
+    def __init__(self, record_dir: str, step_s: float = 0.0, n: int = 64,
+                 restart_delay_s: float = 0.0, **kwargs):
         super().__init__(n=n, **kwargs)
         self.record_dir, self.step_s = record_dir, step_s
-        x, y = self.train_set.tensors
-        self.train_set = TensorDataset(x, y)
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            time.sleep(restart_delay_s)
 
     def _write(self, line: dict) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
-from ptrain import machines, rank_errors, rank_watch, rendezvous, script_launch
+from ptrain import machines, rank_errors, rank_watch, rendezvous, restart_store, script_launch
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
@@ -368,6 +368,7 @@ class ProcessGroupStrategy:
         self.distributed_sampler = distributed_sampler
         self.train_shuffle = train_shuffle
         self.environment: Environment | None = None
+        self._key_prefix = ""  # of this try's keys in a store that outlives it (restart_store)
 
     @staticmethod
     def add_process_group_options(options: OptionGroup, launcher: bool = True) -> None:
@@ -528,7 +529,8 @@ class ProcessGroupStrategy:
                              stall_timeout=self.stall_timeout, host=os.environ["MASTER_ADDR"],
                              port=int(os.environ["MASTER_PORT"]),
                              describe=lambda: _doing(trainer),
-                             hint=f"--{trainer.options['strategy']}-stall-timeout")
+                             hint=f"--{trainer.options['strategy']}-stall-timeout",
+                             key_prefix=self._key_prefix)
         # every rank writes into the run folder rank 0 chose (under torchrun each chose its own)
         chosen = [str(trainer.run_dir) if trainer.run_dir is not None else None]
         dist.broadcast_object_list(chosen, src=0)
@@ -556,9 +558,18 @@ class ProcessGroupStrategy:
             if environment.global_rank != 0 and environment.source != "torchelastic" \
                     and port.isdigit():
                 rendezvous.probe_store(host, int(port), self.timeout, hint)
+        meeting: dict[str, Any] = {}
         try:
+            if environment.source == "torchelastic" and restart_store.outlives_tries():
+                client = dist.TCPStore(host, int(port), is_master=False,
+                                       timeout=timedelta(seconds=self.timeout))
+                self._key_prefix = restart_store.try_prefix(
+                    client, environment.global_rank, environment.world_size, self.timeout)
+                meeting = dict(store=dist.PrefixStore(self._key_prefix, client),
+                               rank=environment.global_rank, world_size=environment.world_size)
             dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout),
-                                    device_id=device if device.type == "cuda" else None)
+                                    device_id=device if device.type == "cuda" else None,
+                                    **meeting)
         except (RuntimeError, TimeoutError) as exc:  # torch's DistError family
             translated = rendezvous.translate(exc, host, int(port) if port.isdigit() else 0,
                                               self.timeout, hint)

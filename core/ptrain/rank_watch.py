@@ -89,10 +89,12 @@ class _Heartbeat:
 class RankWatch:
     """The watch of one process; see the module docstring. ``describe()`` (called on the watch
     thread) says what this rank is doing; ``hint`` is the option that sets ``stall_timeout``,
-    named in the message."""
+    named in the message; ``key_prefix`` is the prefix of this try's keys in the store
+    (:mod:`ptrain.restart_store`)."""
 
     def __init__(self, *, rank: int, world_size: int, stall_timeout: float, host: str, port: int,
-                 describe: Callable[[], str], hint: str, grace: float = 10.0):
+                 describe: Callable[[], str], hint: str, grace: float = 10.0,
+                 key_prefix: str = ""):
         self.rank, self.world_size = rank, world_size
         self.stall_timeout, self.grace, self.hint = stall_timeout, grace, hint
         self.interval = max(0.05, min(stall_timeout / 4, 5.0))
@@ -100,7 +102,7 @@ class RankWatch:
         self.message: str | None = None
         self._verdict_lock = threading.Lock()  # the judge thread and the main thread may decide
         self.gone_rank: int | None = None  # the rank whose process the watch found gone
-        self._host, self._port = host, port
+        self._host, self._port, self._key_prefix = host, port, key_prefix
         self._count = 0
         self._state = "running"
         self._stop = threading.Event()
@@ -124,7 +126,7 @@ class RankWatch:
         # the judge times the store's answers; a call on its own waits up to the default
         client = dist.TCPStore(self._host, self._port, is_master=False,
                                timeout=timedelta(seconds=max(300.0, self.stall_timeout)))
-        self._store = dist.PrefixStore("ptrain-rank-watch", client)
+        self._store = dist.PrefixStore(f"{self._key_prefix}ptrain-rank-watch", client)
         self._beat()
         for target, name in ((self._run_beats, "beat"), (self._run_judge, "judge")):
             thread = threading.Thread(target=target, name=f"ptrain-rank-watch-{name}",
