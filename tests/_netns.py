@@ -56,6 +56,12 @@ class Node:
         kwargs.setdefault("start_new_session", True)
         return subprocess.Popen(self.command(argv), **kwargs)
 
+    def listens_on(self, port: int) -> bool:
+        """Whether a process inside this node listens on TCP ``port``."""
+        out = _ip("netns", "exec", self.name, "ss", "-Hltn", f"sport = :{port}",
+                  check=False).stdout
+        return bool(out.strip())
+
     def pids(self) -> list[int]:
         """Every process inside this node now."""
         out = _ip("netns", "pids", self.name, check=False).stdout

@@ -20,6 +20,7 @@ import pytest
 
 from tests import _netns
 from tests._node_models import read
+from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -39,14 +40,6 @@ def nodes():
         yield made
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without ranks a launcher may have set."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                         "GLOO_SOCKET_IFNAME")
-            and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-
-
 def fit_argv(strategy: str, root: Path, record: Path, *extra: str, devices: int = 1,
              num_nodes: int = 2, endpoint: str | None = None, timeout: int = TIMEOUT_S
              ) -> list[str]:
@@ -62,23 +55,14 @@ def fit_argv(strategy: str, root: Path, record: Path, *extra: str, devices: int 
 
 def start(node: _netns.Node, argv: list[str], env: dict[str, str] | None = None
           ) -> subprocess.Popen:
-    return node.popen(argv, cwd=REPO, env={**clean_env(), **(env or {})},
+    return node.popen(argv, cwd=REPO, env=launcher_free_env(**(env or {})),
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 4 * TIMEOUT_S
            ) -> list[subprocess.CompletedProcess]:
     """Wait for every process (killing a process group that outlives ``timeout``)."""
-    results = []
-    for proc in procs:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            stderr += f"\n[test: killed after {timeout} s]"
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    return results
+    return [communicate_or_kill(proc, timeout) for proc in procs]
 
 
 def detail(result: subprocess.CompletedProcess) -> str:
@@ -111,7 +95,7 @@ def test_two_machines_train_as_one_machine_with_as_many_processes(nodes, tmp_pat
     (tmp_path / "one").mkdir()
     reference = subprocess.run(
         fit_argv(strategy, tmp_path / "one-runs", tmp_path / "one", devices=2, num_nodes=1),
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
+        cwd=REPO, env=launcher_free_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
     assert reference.returncode == 0, detail(reference)
 
     two, one = read(tmp_path / "two"), read(tmp_path / "one")
@@ -154,6 +138,29 @@ def test_a_node_that_never_comes_is_named_after_the_timeout(nodes, tmp_path):
     assert "not all 2 machines joined" in message and "within 10 s" in message, message
     assert nodes[0].name in message, message  # the one that came
     assert "Traceback" not in result.stderr, detail(result)
+
+
+def test_a_late_node_is_waited_for_within_the_timeout(nodes, tmp_path):
+    """The second machine starts only once the first hosts the rendezvous and waits in it, and
+    a few seconds later still: the first waits (within ``--ddp-timeout``) and the job trains."""
+    (tmp_path / "rec").mkdir()
+    endpoint = f"{nodes[0].address}:{PORT}"
+    first = start(nodes[0], fit_argv("ddp", tmp_path / "runs", tmp_path / "rec",
+                                     endpoint=endpoint))
+    deadline = time.monotonic() + TIMEOUT_S
+    while not nodes[0].listens_on(PORT):
+        assert first.poll() is None, detail(finish([first])[0])
+        assert time.monotonic() < deadline, "the first machine never hosted the rendezvous"
+        time.sleep(0.1)
+    time.sleep(3)  # the lateness itself: nothing below depends on it being exactly this
+    assert first.poll() is None, detail(finish([first])[0])
+    second = start(nodes[1], fit_argv("ddp", tmp_path / "runs", tmp_path / "rec",
+                                      endpoint=endpoint))
+    for result in finish([first, second]):
+        assert result.returncode == 0, detail(result)
+    ranks = read(tmp_path / "rec")
+    assert [ranks[r]["node"] for r in (0, 1)] == [n.name for n in nodes]
+    assert all(len(ranks[r]["losses"]) == 4 for r in (0, 1)), ranks
 
 
 @pytest.mark.parametrize("fault", ["killed", "link-down"])
@@ -263,7 +270,8 @@ def test_torchrun_restarts_the_job_after_a_lost_process_and_it_resumes_exactly(n
     """torchrun ``--max-restarts 1`` on both machines, ``--ckpt-path auto``: the second
     machine's training process is SIGKILLed after a checkpoint; the agents meet again, and the
     job resumes from that checkpoint and trains, step for step, what an uninterrupted job
-    trains."""
+    trains. The second machine's restarted process starts 3 s late, so the first machine's
+    reaches the store first and finds there what the first try left (torch issue 135712)."""
     def job(root: Path, record: Path, restarts: int) -> list[subprocess.Popen]:
         record.mkdir()
         procs = []
@@ -276,6 +284,8 @@ def test_torchrun_restarts_the_job_after_a_lost_process_and_it_resumes_exactly(n
             argv = fit_argv("ddp", root, record, "--model.step_s", "0.3", "--model.n", "96",
                             "--checkpoint-every-n-train-steps", "3", "--ckpt-path", "auto",
                             "--ddp-stall-timeout", "8")
+            if node is nodes[1]:
+                argv += ["--model.restart_delay_s", "3"]
             procs.append(start(node, launcher + argv[argv.index("fit"):]))
         return procs
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 import struct
 import threading
@@ -113,11 +114,6 @@ def interfaces() -> dict[str, list[str]]:
     return found
 
 
-def interface_of(address: str) -> str | None:
-    """The name of the interface that holds ``address``, or ``None``."""
-    return next((name for name, held in interfaces().items() if address in held), None)
-
-
 def gloo_interface(master_addr: str, across_machines: bool) -> str | None:
     """The interface gloo should use to reach the other processes, when it must be chosen;
     checks a ``GLOO_SOCKET_IFNAME`` the user set.
@@ -129,8 +125,6 @@ def gloo_interface(master_addr: str, across_machines: bool) -> str | None:
     keep gloo's choice (one machine, or ``MASTER_ADDR`` is loopback here: no interface faces
     the others then). A set interface that doesn't exist, or a loopback one across machines,
     raises :class:`ConfigError` naming the interfaces there are."""
-    import os
-
     table = interfaces()
     listing = ", ".join(f"{name} ({', '.join(held) or 'no address'})"
                         for name, held in table.items())
@@ -154,7 +148,8 @@ def gloo_interface(master_addr: str, across_machines: bool) -> str | None:
     if not across_machines or is_loopback(master_addr):
         return None
     address = route_address(master_addr)
-    return interface_of(address) if address else None
+    return next((name for name, held in table.items() if address in held), None) \
+        if address else None
 
 
 def port_is_free(port: int) -> bool:
@@ -255,6 +250,6 @@ def _first_line(error: object) -> str:
     return text.rstrip(".")
 
 
-__all__ = ["busy_port_error", "gloo_interface", "interface_of", "interfaces", "is_loopback", "is_this_machine",
+__all__ = ["busy_port_error", "gloo_interface", "interfaces", "is_loopback", "is_this_machine",
            "parse_endpoint", "port_is_free", "probe_store", "resolve", "route_address",
            "translate"]

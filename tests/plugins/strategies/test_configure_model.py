@@ -12,7 +12,6 @@ restored).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ import torch
 from ptrain.errors import ModelError
 from tests.conftest import REPO
 from tests._campaigns import JOB_MODULES
+from tests._subprocess_jobs import launcher_free_env
 
 SCRIPT = REPO / "tests" / "_configure_model_script.py"
 pytestmark = [pytest.mark.slow, JOB_MODULES]
@@ -36,11 +36,7 @@ def sub_env() -> dict[str, str]:
     """This environment without a launcher's variables, and with glibc's mmap threshold fixed:
     by default malloc raises it as large blocks are freed, after which freed tensors stay in
     the heap and resident memory measures the allocator's history rather than what is held."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "PTRAIN_GLOBAL_SEED", "PTRAIN_LAUNCHER_PID",
-                        "PTRAIN_ERROR_DIR")}
-    return {**env, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    return launcher_free_env(MALLOC_MMAP_THRESHOLD_="65536")
 
 
 def job(root: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:

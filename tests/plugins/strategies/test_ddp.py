@@ -32,6 +32,7 @@ from ptrain.distributed import Environment, detect_environment, first_host
 from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
 from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
+from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests._dist_models import (FailingRegressor, NaNOnOneRank, OwnSamplerRegressor, RankRecorder,
                                 StopOnOneRank, read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
@@ -47,14 +48,6 @@ TINY = "tests.conftest:TinyRegressor"
 
 
 
-def sub_env() -> dict[str, str]:
-    """The environment of a subprocess job: this one, without ranks a launcher may have set."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    return env
-
-
 def detail(proc: subprocess.CompletedProcess | Any) -> str:
     return (f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
 
@@ -62,20 +55,9 @@ def detail(proc: subprocess.CompletedProcess | Any) -> str:
 def run_in_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run ``argv`` from the repository root in a new session (its own process group); whatever
     is left of that group afterwards (a run killed half-way, a timeout) is SIGKILLed."""
-    proc = subprocess.Popen(argv, cwd=REPO, env=sub_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=REPO, env=launcher_free_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        stderr += f"\n[test] timed out after {timeout} s and was killed"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group of the run started above, if left
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    return communicate_or_kill(proc, timeout)
 
 
 def version_dirs(root: Path) -> list[Path]:
@@ -135,7 +117,7 @@ def two_node_job(root: Path) -> list[subprocess.CompletedProcess]:
         argv = [sys.executable, "-m", "ptrain", "fit", "--model", TINY,
                 *ddp_cli(root / f"node{node}", "--devices", "1", "--num-nodes", "2",
                          "--ddp-rdzv-endpoint", f"127.0.0.1:{port}", "--ddp-rdzv-id", "two")]
-        procs.append(subprocess.Popen(argv, cwd=REPO, env=sub_env(), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(argv, cwd=REPO, env=launcher_free_env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
     results = []

@@ -24,22 +24,14 @@ from ptrain.errors import ConfigError
 from ptrain.script_launch import relaunch_command
 from tests.conftest import REPO
 from tests._campaigns import JOB_MODULES
+from tests._subprocess_jobs import launcher_free_env
 
 SCRIPT = REPO / "tests" / "_launcher_script.py"
 pytestmark = [pytest.mark.slow, JOB_MODULES]
 
 
-def sub_env() -> dict[str, str]:
-    """This environment without the variables of a launcher (ranks, rendezvous, seed)."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                         "MASTER_PORT", "PTRAIN_GLOBAL_SEED", "PTRAIN_LAUNCHER_PID",
-                         "PTRAIN_ERROR_DIR")
-            and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-
-
 def run(argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=REPO, env=sub_env(), capture_output=True, text=True,
+    return subprocess.run(argv, cwd=REPO, env=launcher_free_env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -146,7 +138,7 @@ def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "__main__.py").write_text(probe.read_text())
-    env = {**sub_env(), "PYTHONPATH": str(tmp_path)}
+    env = {**launcher_free_env(), "PYTHONPATH": str(tmp_path)}
     as_module = subprocess.run([sys.executable, "-m", "probepkg", "a"], cwd=tmp_path, env=env,
                                capture_output=True, text=True)
     assert json.loads(as_module.stdout) == [sys.executable, "-m", "probepkg", "a"], \
