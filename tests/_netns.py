@@ -19,12 +19,13 @@ Nothing here fakes the network: the processes are ordinary ones started under
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,15 +47,22 @@ class Node:
     address: str
     device: str
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside this node, under its host name."""
+    def command(self, argv: Sequence[str], disks: Mapping[Path, Path] | None = None
+                ) -> list[str]:
+        """``argv`` run inside this node, under its host name; ``disks`` maps a path to the
+        folder this node sees there (bind-mounted in the node's own mount namespace, which
+        ``ip netns exec`` makes): a node-local disk at a path every node uses."""
+        mounts = "".join(f"mount --bind {shlex.quote(str(own))} {shlex.quote(str(path))} && "
+                         for path, own in (disks or {}).items())
         return ["ip", "netns", "exec", self.name, "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', self.name, *argv]
+                mounts + 'hostname "$0" && exec "$@"', self.name, *argv]
 
-    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
-        """Start ``argv`` inside this node, in its own session (for killing its whole group)."""
+    def popen(self, argv: Sequence[str], disks: Mapping[Path, Path] | None = None,
+              **kwargs) -> subprocess.Popen:
+        """Start ``argv`` inside this node (see :meth:`command`), in its own session (for
+        killing its whole group)."""
         kwargs.setdefault("start_new_session", True)
-        return subprocess.Popen(self.command(argv), **kwargs)
+        return subprocess.Popen(self.command(argv, disks), **kwargs)
 
     def listens_on(self, port: int) -> bool:
         """Whether a process inside this node listens on TCP ``port``."""

@@ -53,9 +53,9 @@ def fit_argv(strategy: str, root: Path, record: Path, *extra: str, devices: int 
     return argv
 
 
-def start(node: _netns.Node, argv: list[str], env: dict[str, str] | None = None
-          ) -> subprocess.Popen:
-    return node.popen(argv, cwd=REPO, env=launcher_free_env(**(env or {})),
+def start(node: _netns.Node, argv: list[str], env: dict[str, str] | None = None,
+          disks: dict[Path, Path] | None = None) -> subprocess.Popen:
+    return node.popen(argv, disks, cwd=REPO, env=launcher_free_env(**(env or {})),
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -161,6 +161,35 @@ def test_a_late_node_is_waited_for_within_the_timeout(nodes, tmp_path):
     ranks = read(tmp_path / "rec")
     assert [ranks[r]["node"] for r in (0, 1)] == [n.name for n in nodes]
     assert all(len(ranks[r]["losses"]) == 4 for r in (0, 1)), ranks
+
+
+def test_machines_that_would_resume_from_different_checkpoints_are_stopped(nodes, tmp_path):
+    """The run root is on each machine's own disk (the same path, another folder behind it on
+    the second machine): the first machine's has the job's checkpoint, the second's none. With
+    ``--ckpt-path auto`` the first would resume and the second start from scratch; the job
+    ends at start-up (exit 2) naming what each machine found."""
+    runs, own = tmp_path / "runs", tmp_path / "second-machine-disk"
+    runs.mkdir()
+    own.mkdir()
+    endpoint = f"{nodes[0].address}:{PORT}"
+
+    def job(record: Path, *extra: str) -> list[subprocess.CompletedProcess]:
+        record.mkdir()
+        return finish([start(node, fit_argv("ddp", runs, record, *extra, endpoint=endpoint),
+                             disks={runs: own} if node is nodes[1] else None)
+                       for node in nodes])
+
+    for result in job(tmp_path / "first"):
+        assert result.returncode == 0, detail(result)
+    assert list(runs.rglob("last.ckpt")) and not list(own.rglob("*.ckpt"))
+    results = job(tmp_path / "second", "--ckpt-path", "auto")
+    for result in results:
+        assert result.returncode == 2, detail(result)
+    message = one_paragraph(results[0])
+    assert "would not start from one checkpoint" in message, message
+    assert f"rank 1 ({nodes[1].name}): no checkpoint (from the start)" in message, message
+    assert f"rank 0 ({nodes[0].name}): {runs}" in message, message
+    assert "Traceback" not in results[0].stderr, detail(results[0])
 
 
 @pytest.mark.parametrize("fault", ["killed", "link-down"])

@@ -535,6 +535,7 @@ class ProcessGroupStrategy:
         chosen = [str(trainer.run_dir) if trainer.run_dir is not None else None]
         dist.broadcast_object_list(chosen, src=0)
         trainer.run_dir = Path(chosen[0]) if chosen[0] is not None else None
+        _check_one_checkpoint(trainer)
         return device
 
     def _init_process_group(self, backend: str, environment: Environment,
@@ -686,6 +687,30 @@ def held_bytes(model: torch.nn.Module,
 
 _SET_BY = {"torchelastic": "torchrun", "slurm": "ptrain from SLURM's variables",
            "environment": "the environment"}
+
+
+def _check_one_checkpoint(trainer: Trainer) -> None:
+    """Raise :class:`ConfigError` unless every rank starts from the same checkpoint, one it can
+    read. Each rank resolves ``ckpt_path`` (``last``, ``auto``) in the run root as its own
+    machine sees it: where that is not one shared filesystem, one machine would resume while
+    another starts from scratch, and the job would go on with ranks at different steps."""
+    path = trainer.ckpt_path
+    if path is not None:  # one file named two ways (relative, absolute) is one checkpoint
+        path = os.path.normpath(os.path.abspath(path))
+    mine = (path, path is None or Path(path).exists(), socket.gethostname())
+    seen: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(seen, mine)
+    if all(found == seen[0][0] and readable for found, readable, _ in seen):
+        return
+    lines = "; ".join(
+        f"rank {rank} ({host}): {found if found else 'no checkpoint (from the start)'}"
+        + ("" if readable else ", which it can't read") for rank, (found, readable, host)
+        in enumerate(seen))
+    raise ConfigError(
+        f"the processes of this job would not start from one checkpoint: {lines}. Each machine "
+        f"reads the run root ({trainer.run_root}) from its own filesystem; give every machine "
+        f"the same --default-root-dir on a filesystem they share, or a checkpoint path that "
+        f"each of them can read.")
 
 
 def _doing(trainer: Trainer) -> str:

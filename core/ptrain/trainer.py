@@ -1185,6 +1185,7 @@ def _rebuild_stage_function(recipe: tuple, stage: str, checkpoint_file: Path | N
     trainer.config, trainer.fit_progress = config, progress
     trainer.module, trainer.datamodule, trainer.run_dir = module, datamodule, log_dir
     trainer.given_dataloaders = dataloaders
+    trainer.ckpt_path = None if checkpoint_file is None else str(checkpoint_file)
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True, launcher_rng=rng)
 
 
