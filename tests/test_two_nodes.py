@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests import _netns
 from tests._node_models import read
@@ -41,11 +42,11 @@ def nodes():
 
 
 def fit_argv(strategy: str, root: Path, record: Path, *extra: str, devices: int = 1,
-             num_nodes: int = 2, endpoint: str | None = None, timeout: int = TIMEOUT_S
-             ) -> list[str]:
+             num_nodes: int = 2, endpoint: str | None = None, timeout: int = TIMEOUT_S,
+             epochs: int = 1) -> list[str]:
     argv = [sys.executable, "-m", "ptrain", "fit", "--model", MODEL,
             "--model.record_dir", str(record), "--strategy", strategy, "--devices", str(devices),
-            "--num-nodes", str(num_nodes), "--accelerator", "cpu", "--max-epochs", "1",
+            "--num-nodes", str(num_nodes), "--accelerator", "cpu", "--max-epochs", str(epochs),
             "--seed", "0", "--no-progress-bar", "--default-root-dir", str(root),
             f"--{strategy}-timeout", str(timeout), *extra]
     if endpoint:
@@ -192,6 +193,58 @@ def test_machines_that_would_resume_from_different_checkpoints_are_stopped(nodes
     assert "Traceback" not in results[0].stderr, detail(results[0])
 
 
+def test_with_save_on_each_node_each_machine_resumes_from_its_own_disk(nodes, tmp_path):
+    """The run root on each machine's own disk, ``--save-on-each-node``: both machines write
+    the checkpoints, and the job run again with ``--ckpt-path auto`` resumes on each from its
+    own copy and trains, step for step, what an uninterrupted job trains."""
+    runs, own = tmp_path / "runs", tmp_path / "second-machine-disk"
+    runs.mkdir()
+    own.mkdir()
+    endpoint = f"{nodes[0].address}:{PORT}"
+
+    def job(record: Path, epochs: int, *extra: str) -> list[subprocess.CompletedProcess]:
+        record.mkdir()
+        results = finish([start(node, fit_argv("ddp", runs, record, "--save-on-each-node",
+                                               *extra, endpoint=endpoint, epochs=epochs),
+                                disks={runs: own} if node is nodes[1] else None)
+                          for node in nodes])
+        for result in results:
+            assert result.returncode == 0, detail(result)
+        return results
+
+    job(tmp_path / "first", 1)
+    copies = [runs / "version_0" / "checkpoints" / "last.ckpt",
+              own / "version_0" / "checkpoints" / "last.ckpt"]
+    first, second = (torch.load(c, map_location="cpu", weights_only=False) for c in copies)
+    assert first["loop"]["global_step"] == second["loop"]["global_step"] == 4
+    for name, tensor in first["model"].items():
+        assert torch.equal(tensor, second["model"][name]), name
+    resumed = job(tmp_path / "second", 2, "--ckpt-path", "auto")
+    assert "Resuming from checkpoint" in resumed[0].stdout, detail(resumed[0])
+    (tmp_path / "one").mkdir()
+    reference = subprocess.run(
+        fit_argv("ddp", tmp_path / "one-runs", tmp_path / "one", devices=2, num_nodes=1,
+                 epochs=2),
+        cwd=REPO, env=launcher_free_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
+    assert reference.returncode == 0, detail(reference)
+    got, want = read(tmp_path / "second"), read(tmp_path / "one")
+    for rank in (0, 1):
+        assert got[rank]["steps"] == [4, 5, 6, 7], got
+        assert got[rank]["losses"] == pytest.approx(want[rank]["losses"][4:], rel=1e-6,
+                                                    abs=1e-9)
+
+
+def test_save_on_each_node_is_refused_where_checkpoints_are_sharded(nodes, tmp_path):
+    runs = two_node_fit(nodes, "fsdp", tmp_path / "runs", tmp_path / "rec",
+                        "--save-on-each-node")
+    for result in runs:
+        assert result.returncode == 2, detail(result)
+    message = one_paragraph(runs[0])
+    assert "save_on_each_node: fsdp can't write a whole checkpoint on each machine: its " \
+           "checkpoints are sharded" in message, message
+    assert "Traceback" not in runs[0].stderr, detail(runs[0])
+
+
 @pytest.mark.parametrize("fault", ["killed", "link-down"])
 def test_a_lost_node_ends_the_job_within_the_stall_timeout_naming_it(nodes, tmp_path, fault):
     """Mid-training, the second machine is lost: every process in it SIGKILLed, or its link
@@ -293,6 +346,26 @@ def test_torchrun_on_each_machine_trains_the_job(nodes, tmp_path, local_addr):
     ranks = read(record)
     assert sorted(ranks) == [0, 1] and all(len(r["losses"]) == 4 for r in ranks.values()), ranks
     assert {r["node"] for r in ranks.values()} == {n.name for n in nodes}
+
+
+def test_srun_variables_on_each_machine_train_the_job(nodes, tmp_path):
+    """docs/strategies.md's SLURM recipe without SLURM: each machine's process gets the
+    variables ``srun --nodes 2 --ntasks-per-node 1`` sets (no endpoint given): the rendezvous
+    is the first host of the node list, by a name that resolves to 127.0.1.1 on that host and
+    to its address on the other, on a port derived from the job id."""
+    record = tmp_path / "rec"
+    record.mkdir()
+    nodelist = ",".join(node.name for node in nodes)
+    procs = [start(node, fit_argv("ddp", tmp_path / "runs", record), env={
+        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": nodelist, "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": "0"}) for rank, node in enumerate(nodes)]
+    for result in finish(procs):
+        assert result.returncode == 0, detail(result)
+        assert "Traceback" not in result.stderr, detail(result)
+    ranks = read(record)
+    assert [ranks[r]["node"] for r in (0, 1)] == [n.name for n in nodes]
+    assert all(len(ranks[r]["losses"]) == 4 for r in (0, 1)), ranks
 
 
 def test_torchrun_restarts_the_job_after_a_lost_process_and_it_resumes_exactly(nodes, tmp_path):

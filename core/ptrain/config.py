@@ -278,6 +278,11 @@ def core_options() -> OptionGroup:
           help="write step metrics (and check the loss is finite) every n optimizer steps")
     g.add("default_root_dir", _folder, default="runs",
           help="directory for run folders (version_N: logs and checkpoints)")
+    g.add("save_on_each_node", to_bool, default=False,
+          help="a job across machines whose run root is on each machine's own disk: the first "
+               "process of every machine writes the checkpoints there, so each machine "
+               "resumes from its own copy (default: global rank 0 only, into a shared "
+               "filesystem)")
     g.add("seed", to_seed, help="seed Python, NumPy and torch once, when the trainer is made "
                                "(before the model is built), for a reproducible run")
     g.add("detect_anomaly", to_bool, default=False,

@@ -356,6 +356,13 @@ class ProcessGroupStrategy:
     calls :meth:`add_process_group_options` there.
     """
 
+    #: Why this strategy can't write a whole checkpoint on the first process of every machine
+    #: (``save_on_each_node``); ``None`` where it can. Sharded checkpoints can't: each process
+    #: writes its part, and each reads every part when it resumes.
+    no_checkpoint_on_each_node: str | None = (
+        "its checkpoints are sharded: each process writes its part, and every process reads "
+        "all the parts when it resumes")
+
     def __init__(self, timeout: float = 1800.0, process_group_backend: str = "auto",
                  rdzv_endpoint: str | None = None, rdzv_id: str = "ptrain",
                  distributed_sampler: bool = True, train_shuffle: str = "loader",
@@ -512,6 +519,13 @@ class ProcessGroupStrategy:
         trainer.global_rank = environment.global_rank
         trainer.local_rank = environment.local_rank
         trainer.world_size = environment.world_size
+        if trainer.save_on_each_node and trainer.num_nodes > 1 \
+                and self.no_checkpoint_on_each_node is not None:
+            raise ConfigError(
+                f"save_on_each_node: {trainer.options['strategy']} can't write a whole "
+                f"checkpoint on each machine: {self.no_checkpoint_on_each_node}. Put the run "
+                f"root on a filesystem every machine shares and leave save_on_each_node out, "
+                f"or use ddp.")
         if environment.source == "script" and script_launch.is_started_copy() \
                 and not dist.is_initialized():
             script_launch.watch_launcher()
@@ -710,7 +724,8 @@ def _check_one_checkpoint(trainer: Trainer) -> None:
         f"the processes of this job would not start from one checkpoint: {lines}. Each machine "
         f"reads the run root ({trainer.run_root}) from its own filesystem; give every machine "
         f"the same --default-root-dir on a filesystem they share, or a checkpoint path that "
-        f"each of them can read.")
+        f"each of them can read (with a run root on each machine's own disk, "
+        f"--save-on-each-node writes each machine's checkpoints there).")
 
 
 def _doing(trainer: Trainer) -> str:

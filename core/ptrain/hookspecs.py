@@ -766,9 +766,11 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any],
 def save_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool | None:
     """Write ``checkpoint`` to ``path``; called on every process.
 
-    Fires: each time ``trainer.save_checkpoint(path)`` is called. The default writes on global
-    rank 0 only, atomically (temporary file, fsync, rename). A sharding strategy writes its shards
-    instead; a multi-process strategy adds a barrier after the write (as a wrapper).
+    Fires: each time ``trainer.save_checkpoint(path)`` is called. The default writes on each
+    process whose ``trainer.writes_run_files`` is true (global rank 0; with
+    ``save_on_each_node`` the first process of every machine), atomically (temporary file,
+    fsync, rename). A sharding strategy writes its shards instead; a multi-process strategy adds
+    a barrier after the write (as a wrapper).
 
     Result: firstresult; return ``True`` once written. Implemented by: strategies.
     """

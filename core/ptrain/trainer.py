@@ -56,7 +56,9 @@ class Trainer:
 
     State any plugin may read: ``current_epoch``, ``global_step``, ``callback_metrics``,
     ``should_stop`` (a plugin may set it), ``device``, ``world_size``, ``global_rank``,
-    ``local_rank``, ``is_global_zero``, ``device_mesh`` (the strategy's
+    ``local_rank``, ``is_global_zero``, ``writes_run_files`` (whether this process writes
+    the run's checkpoints: global rank 0, or with ``save_on_each_node`` the first of every
+    machine), ``device_mesh`` (the strategy's
     ``torch.distributed.DeviceMesh`` of the job's processes, with named dimensions, laid out
     before the module's ``configure_model``; ``None`` under a strategy that lays out none),
     ``model`` (as wrapped), ``module`` (the user's),
@@ -115,6 +117,7 @@ class Trainer:
         gradient_clip_algorithm: str = "norm",
         log_every_n_steps: int = 50,
         default_root_dir: str = "runs",
+        save_on_each_node: bool = False,
         seed: int | None = None,
         detect_anomaly: bool = False,
         inference_mode: bool = True,
@@ -284,6 +287,13 @@ class Trainer:
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def writes_run_files(self) -> bool:
+        """Whether this process writes the run's checkpoints: global rank 0, and with
+        ``save_on_each_node`` the first process of every machine (into its own disk's run
+        root). Messages and logs stay with global rank 0."""
+        return self.global_rank == 0 or (self.save_on_each_node and self.local_rank == 0)
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:

@@ -548,7 +548,7 @@ class ModelCheckpoint:
                 and self._last_checkpoint_saved != str(path))
 
     def _link_last(self, trainer, path: Path) -> None:
-        if trainer.is_global_zero:
+        if trainer.writes_run_files:
             if not link_or_copy(self._last_checkpoint_saved, path):
                 self._say_once("copy", f"checkpoint save_last='link': the filesystem of "
                                        f"{path.parent} allows no links, so {path.name} is a copy "
@@ -628,7 +628,7 @@ class ModelCheckpoint:
                             f"{k if k != -1 else len(self.best_k_models)} (best "
                             f"{float(self.best_model_score):.5g}); saved {path}")
         record = self._record_folder(trainer)
-        if trainer.is_global_zero and record is not None:
+        if trainer.writes_run_files and record is not None:
             self._write_record(record)
         self._after_topk_write(trainer)
         if dropped is not None and dropped != path and self._own_file(trainer, dropped):
@@ -788,7 +788,7 @@ class ModelCheckpoint:
                 f"file stays whole until the new one is complete)."))
 
     def _remove(self, trainer, path: str) -> None:
-        if not trainer.is_global_zero:
+        if not trainer.writes_run_files:
             return
         target = Path(path)
         if target.is_dir() and not target.is_symlink():  # a sharded checkpoint is a folder

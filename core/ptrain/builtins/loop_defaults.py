@@ -112,7 +112,7 @@ class LoopDefaults:
 
     @hookimpl(trylast=True)
     def save_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any], path: str) -> bool:
-        if trainer.is_global_zero:
+        if trainer.writes_run_files:
             checkpoint_io.atomic_save(checkpoint, path)
         return True
 

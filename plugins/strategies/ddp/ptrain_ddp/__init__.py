@@ -27,6 +27,8 @@ from ptrain.options import to_bool
 class DDPStrategy(ProcessGroupStrategy):
     """``--strategy ddp``."""
 
+    no_checkpoint_on_each_node = None  # every process holds the whole state
+
     def __init__(self, find_unused_parameters: bool | None = None,
                  gradient_as_bucket_view: bool = True, **process_group_options):
         super().__init__(**process_group_options)

@@ -43,6 +43,8 @@ class _GatheringZeroRedundancyOptimizer(ZeroRedundancyOptimizer):
 class ZeRO1Strategy(DDPStrategy):
     """``--strategy zero1``: DDP with the optimizer state sharded across ranks."""
 
+    no_checkpoint_on_each_node = "it gathers the whole optimizer state on global rank 0 only"
+
     @hookimpl
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         groups = [dict(group) for group in optimizer.param_groups]
