@@ -83,6 +83,28 @@ def two_node_fit(nodes, strategy: str, root: Path, record: Path, *extra: str,
                                         endpoint=endpoint)) for node in nodes])
 
 
+def one_machine_fit(strategy: str, root: Path, record: Path, epochs: int = 1
+                    ) -> subprocess.CompletedProcess:
+    """The reference: the same job on this machine alone, with as many processes (2)."""
+    record.mkdir()
+    result = subprocess.run(
+        fit_argv(strategy, root, record, devices=2, num_nodes=1, epochs=epochs),
+        cwd=REPO, env=launcher_free_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
+    assert result.returncode == 0, detail(result)
+    return result
+
+
+def own_disk_fit(nodes, runs: Path, own: Path, record: Path, *extra: str, epochs: int = 1
+                 ) -> list[subprocess.CompletedProcess]:
+    """A ddp job whose run root ``runs`` is, on the second machine, its own disk ``own``
+    (bind-mounted at the same path)."""
+    record.mkdir()
+    endpoint = f"{nodes[0].address}:{PORT}"
+    return finish([start(node, fit_argv("ddp", runs, record, *extra, endpoint=endpoint,
+                                        epochs=epochs),
+                         disks={runs: own} if node is nodes[1] else None) for node in nodes])
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_machines_train_as_one_machine_with_as_many_processes(nodes, tmp_path, strategy):
     """Each machine's host name resolves to 127.0.1.1 there (as Debian installs it), so torch
@@ -93,11 +115,7 @@ def test_two_machines_train_as_one_machine_with_as_many_processes(nodes, tmp_pat
     for result in runs:
         assert result.returncode == 0, detail(result)
         assert "Traceback" not in result.stderr and "[W" not in result.stderr, detail(result)
-    (tmp_path / "one").mkdir()
-    reference = subprocess.run(
-        fit_argv(strategy, tmp_path / "one-runs", tmp_path / "one", devices=2, num_nodes=1),
-        cwd=REPO, env=launcher_free_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
-    assert reference.returncode == 0, detail(reference)
+    one_machine_fit(strategy, tmp_path / "one-runs", tmp_path / "one")
 
     two, one = read(tmp_path / "two"), read(tmp_path / "one")
     assert [two[r]["node"] for r in (0, 1)] == [n.name for n in nodes]
@@ -172,18 +190,10 @@ def test_machines_that_would_resume_from_different_checkpoints_are_stopped(nodes
     runs, own = tmp_path / "runs", tmp_path / "second-machine-disk"
     runs.mkdir()
     own.mkdir()
-    endpoint = f"{nodes[0].address}:{PORT}"
-
-    def job(record: Path, *extra: str) -> list[subprocess.CompletedProcess]:
-        record.mkdir()
-        return finish([start(node, fit_argv("ddp", runs, record, *extra, endpoint=endpoint),
-                             disks={runs: own} if node is nodes[1] else None)
-                       for node in nodes])
-
-    for result in job(tmp_path / "first"):
+    for result in own_disk_fit(nodes, runs, own, tmp_path / "first"):
         assert result.returncode == 0, detail(result)
     assert list(runs.rglob("last.ckpt")) and not list(own.rglob("*.ckpt"))
-    results = job(tmp_path / "second", "--ckpt-path", "auto")
+    results = own_disk_fit(nodes, runs, own, tmp_path / "second", "--ckpt-path", "auto")
     for result in results:
         assert result.returncode == 2, detail(result)
     message = one_paragraph(results[0])
@@ -200,14 +210,10 @@ def test_with_save_on_each_node_each_machine_resumes_from_its_own_disk(nodes, tm
     runs, own = tmp_path / "runs", tmp_path / "second-machine-disk"
     runs.mkdir()
     own.mkdir()
-    endpoint = f"{nodes[0].address}:{PORT}"
 
     def job(record: Path, epochs: int, *extra: str) -> list[subprocess.CompletedProcess]:
-        record.mkdir()
-        results = finish([start(node, fit_argv("ddp", runs, record, "--save-on-each-node",
-                                               *extra, endpoint=endpoint, epochs=epochs),
-                                disks={runs: own} if node is nodes[1] else None)
-                          for node in nodes])
+        results = own_disk_fit(nodes, runs, own, record, "--save-on-each-node", *extra,
+                               epochs=epochs)
         for result in results:
             assert result.returncode == 0, detail(result)
         return results
@@ -221,12 +227,7 @@ def test_with_save_on_each_node_each_machine_resumes_from_its_own_disk(nodes, tm
         assert torch.equal(tensor, second["model"][name]), name
     resumed = job(tmp_path / "second", 2, "--ckpt-path", "auto")
     assert "Resuming from checkpoint" in resumed[0].stdout, detail(resumed[0])
-    (tmp_path / "one").mkdir()
-    reference = subprocess.run(
-        fit_argv("ddp", tmp_path / "one-runs", tmp_path / "one", devices=2, num_nodes=1,
-                 epochs=2),
-        cwd=REPO, env=launcher_free_env(), capture_output=True, text=True, timeout=4 * TIMEOUT_S)
-    assert reference.returncode == 0, detail(reference)
+    one_machine_fit("ddp", tmp_path / "one-runs", tmp_path / "one", epochs=2)
     got, want = read(tmp_path / "second"), read(tmp_path / "one")
     for rank in (0, 1):
         assert got[rank]["steps"] == [4, 5, 6, 7], got
