@@ -4,7 +4,8 @@ name (tests/_netns.py), so that nothing meets on 127.0.0.1. Each node runs its o
 two hosts; the filesystem is shared, as with NFS.
 
 Skipped with the reason where namespaces can't be made (not Linux, not root, a container that
-refuses); CI runs as root. The whole file takes about 2.5 minutes on an idle 2-core machine.
+refuses); CI runs as root. The whole file takes about 4 minutes on an idle 2-core machine, so
+its tests are a campaign family: the default run draws five (naming the file runs it whole).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests._node_models import read
 from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.campaign(family="two-machine jobs", sample=5)]
 
 PORT = 29400  # each node has its own ports: any port is free there
 #: bounds every wait, so a job that should have ended can't hang the suite
