@@ -34,7 +34,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
                  "zero1": "ptrain-zero", "zero2": "ptrain-zero", "zero3": "ptrain-zero"},
     "precision": {"16-mixed": "ptrain-mixed-precision", "bf16-mixed": "ptrain-mixed-precision",
                   "16-true": "ptrain-true-precision", "bf16-true": "ptrain-true-precision",
-                  "64-true": "ptrain-true-precision"},
+                  "64-true": "ptrain-true-precision", "fp8-mixed": "ptrain-fp8-precision"},
     "callback": {"activation-checkpointing": "ptrain-activation-checkpointing",
                  "batch-size-finder": "ptrain-finders", "channels-last": "ptrain-channels-last",
                  "compile": "ptrain-compile",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptrain.lightning._common import refuse
+from ptrain.lightning.plugins.precision import TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_INSTEAD
 
 #: Lightning's strategy names that are ptrain's under another name, without options
 _RENAMED_STRATEGIES = {"single_device": "single-device"}
@@ -61,6 +62,8 @@ def select(given: dict[str, Any]) -> Selection:
                        None, given["devices"],
                        callbacks=[CombinedTrainingData(), LightningCheckpointKeys(),
                                   ReseedEachStage(), *default_checkpoint(given)])
+    if given["precision"] in TRANSFORMER_ENGINE:
+        raise refuse("Trainer", "precision", given["precision"], TRANSFORMER_ENGINE_INSTEAD)
     precisions: list[Precision] = []
     ios: list[CheckpointIO] = []
 

@@ -183,14 +183,23 @@ class BitsandbytesPrecision(Precision):
                      "precision='bf16-mixed' or '32-true'")
 
 
+#: Lightning's precision names for FP8 through NVIDIA's Transformer Engine
+TRANSFORMER_ENGINE = ("transformer-engine", "transformer-engine-float16")
+#: why they are refused, and ptrain's FP8 precision
+TRANSFORMER_ENGINE_INSTEAD = (
+    "Lightning's Transformer Engine precisions replace layers with NVIDIA's and keep the weights "
+    "in bfloat16 or float16, which ptrain does not do; ptrain's FP8 precision is fp8-mixed "
+    "(torchao's float8 matmuls for the Linear layers, float32 weights, bfloat16 autocast for the "
+    "rest, on GPUs of compute capability 8.9 and newer): Trainer(precision='fp8-mixed'), with "
+    "ptrain-fp8-precision installed")
+
+
 class TransformerEnginePrecision(Precision):
-    """Lightning's FP8 training through NVIDIA's Transformer Engine. ptrain has no FP8 precision
-    plugin: made, it is refused."""
+    """Lightning's FP8 training through NVIDIA's Transformer Engine: refused when made (see
+    :data:`TRANSFORMER_ENGINE_INSTEAD`; ptrain's FP8 is the ``fp8-mixed`` precision)."""
 
     def __init__(self, *, weights_dtype: Any, recipe: Any = None, replace_layers: Any = None,
                  fallback_compute_dtype: Any = None) -> None:
         super().__init__()
         raise refuse("TransformerEnginePrecision", "weights_dtype", weights_dtype,
-                     "ptrain has no FP8 precision plugin; train with precision='bf16-mixed', "
-                     "or convert the layers to FP8 yourself in configure_model (torchao's "
-                     "float8 training)")
+                     TRANSFORMER_ENGINE_INSTEAD)

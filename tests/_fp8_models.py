@@ -1,0 +1,55 @@
+"""Models for tests/plugins/precision/test_fp8_mixed.py: the worked decoder of
+``examples/decoder.py``, recording what each process computed.
+
+Every training step appends ``{"loss", "float8_layers"}`` (a JSON line) to
+``<record_dir>/rank<R>.jsonl``: the step's loss and how many of the module's layers are torchao
+float8 layers, so that a test sees both the numbers and that the conversion reached the
+process that trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from examples.decoder import Decoder
+
+
+class RecordedDecoder(Decoder):
+    def __init__(self, record_dir: str = "", **kwargs):
+        kwargs.setdefault("build", "init")
+        super().__init__(**kwargs)
+        self.record_dir = record_dir
+
+    def configure_model(self):
+        """No plan on a mesh whose tensor dimension is one process (fp8-mixed refuses layers
+        a plan made DTensors)."""
+        mesh = self.device_mesh
+        if mesh is not None and "tp" in (mesh.mesh_dim_names or ()) and mesh["tp"].size() == 1:
+            if self.layers is None:
+                self._make_layers()
+            return
+        super().configure_model()
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.record_dir:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            float8 = sum(type(m).__name__ == "Float8Linear" for m in self.modules())
+            with open(Path(self.record_dir) / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"loss": loss.item(), "float8_layers": float8}) + "\n")
+        return loss
+
+
+    def validation_step(self, batch, batch_idx):
+        tokens, targets = batch
+        loss = F.cross_entropy(self(tokens).flatten(0, 1), targets.flatten())
+        self.log("val_loss", loss)
+
+
+def read(record_dir: Path, rank: int = 0) -> list[dict]:
+    """The lines rank ``rank`` recorded, in order."""
+    path = Path(record_dir) / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
