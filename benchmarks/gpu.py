@@ -38,6 +38,16 @@ What runs (each arm in a fresh process, so memory, compile caches and TF32 setti
 - ``--sections ac``: with and without ``-p activation-checkpointing`` on the decoder in
   bf16-mixed, the largest batch that fits, found by ptrain's ``batch-size-finder`` (a real CUDA
   out-of-memory ends its doubling).
+- ``--sections fp8``: ``decoder-wide`` (the decoder at d_model 2048, 16 heads, 8 layers,
+  sequence 1024, batch 16: matmuls large enough for float8 to pay) in bf16-mixed and
+  ``fp8-mixed`` (torchao's float8 matmuls for the Linear layers; ptrain's ``ptrain-fp8-precision``,
+  the hand loop converting the same layers with torchao as a user writes it), eager and
+  compiled, hand and ptrain (Lightning has no torchao float8 precision: its bf16-mixed arms
+  run as the reference). The table gives each fp8 arm's speed against bf16-mixed of the same
+  runner and compile, its MFU against the dense bf16 peak and the dense float8 peak
+  (``--peak-fp8-tflops``, default 1979: the H100 SXM's), and its loss against bf16-mixed's. Off
+  a GPU with float8 tensor cores the fp8 arms run in torchao's emulation with ``--reduced`` (the
+  plumbing check) and are skipped with the reason otherwise.
 - ``--sections data``: the convnet in bf16-mixed on images made per item (about 2 ms of one core
   each: :class:`MadeImages`), each runner with the loader a user writes first (no workers) and
   with its faster one: tuned by hand for the hand loop and Lightning (a worker per core but one,
@@ -70,8 +80,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RUNNERS = ("hand", "ptrain", "lightning")
 PRECISIONS = ("32-true", "32-tf32", "16-mixed", "bf16-mixed", "bf16-true")
-#: NVIDIA H100 SXM5, dense bf16 tensor-core peak (no sparsity), in TFLOP/s
+#: NVIDIA H100 SXM5, dense bf16 and float8 tensor-core peaks (no sparsity), in TFLOP/s
 H100_BF16_DENSE_TFLOPS = 989.4
+H100_FP8_DENSE_TFLOPS = 1978.9
+#: the fp8 section's precisions: float8 and its reference
+FP8_PRECISIONS = ("bf16-mixed", "fp8-mixed")
+#: the first compute capability with float8 tensor cores (Ada; Hopper is 9.0)
+FLOAT8_CAPABILITY = (8, 9)
 LAST_STEPS = 5
 #: what --reduced runs unless --precisions says otherwise: one plain and one mixed precision
 #: (every precision and compile run here too, given by name, in about 10 minutes)
@@ -132,6 +147,13 @@ def conv_sizes(reduced: bool) -> dict[str, int]:
     return {"width": 64, "image": 128, "batch": 128, "classes": 8}
 
 
+def wide_decoder_sizes(reduced: bool) -> dict[str, int]:
+    """The fp8 section's decoder: every matmul at least 2048 wide."""
+    if reduced:
+        return {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "batch": 4}
+    return {"layers": 8, "d_model": 2048, "heads": 16, "seq": 1024, "batch": 16}
+
+
 def mlp_sizes(reduced: bool) -> dict[str, int]:
     return {"hidden": 64 if reduced else 256, "batch": 64}
 
@@ -156,8 +178,8 @@ def build_workload(arm: Arm):
         features = torch.tensor(digits.data, dtype=torch.float32)[rows] / 16
         labels = torch.tensor(digits.target)[rows]
         return MLP(size["hidden"]), TensorDataset(features, labels), batch, 1
-    if arm.workload == "decoder":
-        size = decoder_sizes(arm.reduced)
+    if arm.workload in ("decoder", "decoder-wide"):
+        size = (decoder_sizes if arm.workload == "decoder" else wide_decoder_sizes)(arm.reduced)
         batch = arm.batch or size["batch"]
         model = Decoder(size["layers"], size["d_model"], size["heads"], size["seq"])
         text = stdlib_bytes(batch * n_items * (size["seq"] + 1))
@@ -398,7 +420,8 @@ def autocast(device, precision: str):
 
     import torch
 
-    dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+             "fp8-mixed": torch.bfloat16}.get(precision)
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
@@ -423,12 +446,31 @@ def module_of(base: type, model, loss_fn, loader, device) -> Any:
     return Module()
 
 
+def float8_by_hand(model, emulate: bool) -> None:
+    """What a user writes for float8 training with torchao: every Linear layer but the first and
+    the last, of sizes float8 matmuls take, converted (the layers ptrain's fp8-mixed converts
+    by default; its tensorwise recipe)."""
+    import dataclasses
+
+    from torch import nn
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    kept = {linears[0], linears[-1]}
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"),
+                                 emulate=emulate)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: (
+        name not in kept and m.in_features % 16 == 0 and m.out_features % 16 == 0))
+
+
 def run_hand(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
     import torch
 
     model.to(device)
     if arm.precision == "bf16-true":
         model.to(torch.bfloat16)
+    if arm.precision == "fp8-mixed":
+        float8_by_hand(model, emulate=device.type != "cuda")
     # forward and loss compiled together, as ptrain's compile plugin and Lightning compile the
     # whole training step
     step_loss = functools.partial(loss_fn, model)
@@ -473,6 +515,8 @@ def run_ptrain(arm: Arm, model, loss_fn, loader, device, clock: Clock) -> None:
         plugin_options["cuda"] = {
             "float32_matmul_precision": "high" if arm.precision == "32-tf32" else "highest",
             "cudnn_benchmark": arm.cudnn_benchmark}
+    if arm.precision == "fp8-mixed":
+        plugin_options["fp8-mixed"] = {"emulate": device.type != "cuda"}
     precision = "32-true" if arm.precision == "32-tf32" else arm.precision
     trainer = ptrain.Trainer(accelerator=device.type, devices=1, precision=precision,
                              max_steps=arm.steps, max_epochs=1, callbacks=callbacks,
@@ -605,6 +649,19 @@ def why_not(arm: Arm) -> str | None:
             return "TF32 and cuDNN exist only on CUDA"
         if arm.precision == "16-mixed":
             return "16-mixed needs a GPU (its GradScaler has nothing to guard on the CPU)"
+    if arm.precision == "fp8-mixed":
+        if arm.runner == "lightning":
+            return ("Lightning has no torchao float8 precision (its transformer-engine "
+                    "precision needs NVIDIA's Transformer Engine)")
+        if arm.device != "cuda" and not arm.reduced:
+            return ("float8 matmuls need a CUDA GPU of compute capability 8.9 or newer (the "
+                    "CPU emulates them only in the --reduced plumbing check)")
+        if arm.device == "cuda":
+            import torch
+
+            if torch.cuda.get_device_capability() < FLOAT8_CAPABILITY:
+                return (f"{torch.cuda.get_device_name()} has no float8 tensor cores (compute "
+                        f"capability {torch.cuda.get_device_capability()})")
     if arm.runner == "lightning":
         import importlib.util
 
@@ -632,6 +689,15 @@ def matrix_arms(args: argparse.Namespace) -> list[Arm]:
                 arms.append(Arm(workload, runner, precision, compiled, benchmark, channels_last,
                                 args.device, args.reduced, args.steps, args.warmup, args.batch))
     return arms
+
+
+def fp8_arms(args: argparse.Namespace) -> list[Arm]:
+    """The fp8 section: the wide decoder in bf16-mixed and fp8-mixed, eager and compiled (as
+    ``--compile`` allows), for each runner."""
+    compiled = {"both": (False, True), "off": (False,), "only": (True,)}[args.compile]
+    return [Arm("decoder-wide", runner, precision, c, device=args.device, reduced=args.reduced,
+                steps=args.steps, warmup=args.warmup, batch=args.batch)
+            for c in compiled for precision in FP8_PRECISIONS for runner in args.runners]
 
 
 def data_arms(args: argparse.Namespace) -> list[Arm]:
@@ -744,8 +810,37 @@ def data_table(data: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def fp8_table(fp8: list[dict[str, Any]], peak_tflops: float,
+              peak_fp8_tflops: float) -> list[str]:
+    """The fp8 section's table: each arm against bf16-mixed of its runner and compile."""
+    bf16 = {(r["arm"]["runner"], r["arm"]["compile"]): r for r in fp8
+            if r["arm"]["precision"] == "bf16-mixed"}
+    lines = ["### fp8 (decoder-wide: float8 matmuls against bf16-mixed)", "",
+             "| configuration | runner | tokens/s | vs bf16-mixed | MFU (bf16 peak) | "
+             "MFU (fp8 peak) | peak memory | final loss | vs bf16-mixed |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in fp8:
+        a = r["arm"]
+        label = Arm(**a).label
+        if "skipped" in r or "error" in r:
+            why = r.get("skipped") or f"FAILED: {r['error']}"
+            lines.append(f"| {label} | {a['runner']} | {why} | | | | | | |")
+            continue
+        base = bf16.get((a["runner"], a["compile"]), {})
+        against = a["precision"] != "bf16-mixed" and "units_per_s" in base
+        speed = f"{r['units_per_s'] / base['units_per_s']:.2f}x" if against else ""
+        dloss = f"{r['final_loss'] - base['final_loss']:+.3f}" if against else ""
+        fp8_mfu = (f"{r['achieved_tflops'] / peak_fp8_tflops:.1%}"
+                   if a["precision"] == "fp8-mixed" else "")
+        lines.append(f"| {label} | {a['runner']} | {r['units_per_s']:,.0f} | {speed} | "
+                     f"{r['achieved_tflops'] / peak_tflops:.1%} | {fp8_mfu} | "
+                     f"{r['peak_bytes'] / 2**30:.2f} GiB | {r['final_loss']:.4f} | {dloss} |")
+    return lines + [""]
+
+
 def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops: float,
-           data: list[dict[str, Any]] = ()) -> str:
+           data: list[dict[str, Any]] = (), fp8: list[dict[str, Any]] = (),
+           peak_fp8_tflops: float = H100_FP8_DENSE_TFLOPS) -> str:
     lines = []
     by_key = {}
     for r in results:
@@ -785,6 +880,8 @@ def tables(results: list[dict[str, Any]], ac: list[dict[str, Any]], peak_tflops:
             lines.append(f"| {'on' if r.get('checkpointed') else 'off'} | "
                          f"{r.get('found', 'FAILED: ' + str(r.get('error')))} |")
         lines.append("")
+    if fp8:
+        lines += fp8_table(list(fp8), peak_tflops, peak_fp8_tflops)
     if data:
         lines += data_table(list(data))
     return "\n".join(lines)
@@ -797,8 +894,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny models and few steps: the CPU plumbing check")
     parser.add_argument("--device", default=None, help="cuda (default where torch sees one) "
                                                        "or cpu")
-    parser.add_argument("--sections", default="matrix,ac,data",
-                        help="matrix, ac, data (comma-separated)")
+    parser.add_argument("--sections", default="matrix,ac,fp8,data",
+                        help="matrix, ac, fp8, data (comma-separated)")
     parser.add_argument("--workloads", default="decoder,conv,mlp",
                         help="decoder, conv, mlp (comma-separated)")
     parser.add_argument("--runners", default=",".join(RUNNERS))
@@ -817,7 +914,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="only these configurations, comma-separated, as the tables name "
                              "them without spaces (e.g. 32-true,bf16-mixed+compile,"
                              "32-true+cudnn-benchmark); default: every one of the selection")
-    parser.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS)
+    parser.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS,
+                        help="the device's dense bf16 peak, for MFU (default: the H100 SXM's)")
+    parser.add_argument("--peak-fp8-tflops", type=float, default=H100_FP8_DENSE_TFLOPS,
+                        help="its dense float8 peak, for the fp8 section's MFU")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--ac-child", help=argparse.SUPPRESS)
@@ -831,7 +931,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, chosen, valid in (("--workloads", args.workloads, ("decoder", "conv", "mlp")),
                                 ("--runners", args.runners, RUNNERS),
                                 ("--precisions", args.precisions, PRECISIONS),
-                                ("--sections", args.sections, ("matrix", "ac", "data")),
+                                ("--sections", args.sections, ("matrix", "ac", "fp8", "data")),
                                 ("--configs", args.configs, CONFIGS)):
         bad = [c for c in chosen if c not in valid]
         if bad:
@@ -880,18 +980,22 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.warmup} warm-up){' [reduced]' if args.reduced else ''}", flush=True)
     results = run_matrix(args, out) if "matrix" in args.sections else []
     ac = ac_section(args, out) if "ac" in args.sections else []
+    fp8 = run_matrix(args, out, fp8_arms(args)) if "fp8" in args.sections else []
     data = run_matrix(args, out, data_arms(args)) if "data" in args.sections else []
-    report = tables(results, ac, args.peak_tflops, data)
+    report = tables(results, ac, args.peak_tflops, data, fp8, args.peak_fp8_tflops)
     header = (f"Device: {name}; torch {torch.__version__}; Python {platform.python_version()}; "
-              f"MFU against {args.peak_tflops:g} TFLOP/s (dense bf16 peak); command: "
+              f"MFU against {args.peak_tflops:g} TFLOP/s (dense bf16 peak)"
+              f"{f' and {args.peak_fp8_tflops:g} (dense float8 peak)' if fp8 else ''}; command: "
               f"`python benchmarks/gpu.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     (out / "gpu.md").write_text(header + "\n\n" + report + "\n")
     (out / "gpu.json").write_text(json.dumps({"device": name, "torch": torch.__version__,
                                               "peak_tflops": args.peak_tflops,
-                                              "matrix": results, "ac": ac, "data": data},
+                                              "peak_fp8_tflops": args.peak_fp8_tflops,
+                                              "matrix": results, "ac": ac, "fp8": fp8,
+                                              "data": data},
                                              indent=1))
     print("\n" + header + "\n\n" + report)
-    failed = [r for r in results + ac + data if "error" in r]
+    failed = [r for r in results + ac + fp8 + data if "error" in r]
     return 1 if failed else 0
 
 

@@ -7,7 +7,10 @@
 #   bash scripts/gpu-check.sh --reduced                      # here, on the CPU: the plumbing only
 #
 # Parts: tests (the CUDA test modules), conformance (every plugin's suite on cuda), decoder, conv,
-# mlp, ac, data, tune (the benchmarks); `all` is every part in that order.
+# mlp, fp8, ac, data, tune (the benchmarks); `all` is every part in that order. fp8 needs torchao
+# (ptrain-fp8-precision's requirement): --install and --wheels install no dependency, so put its
+# wheel into the wheelhouse on a machine without the index (pip download --no-deps -d DIR
+# torchao==0.18.0).
 #
 # --install puts the repository's distributions into the Python at hand without touching its torch
 # (pip install --no-deps --no-build-isolation -e, one per distribution: the machine's own torch,
@@ -27,7 +30,7 @@ py=${PYTHON:-$(command -v python3)}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && py=.venv/bin/python
 out=${OUT:-gpu-check-out}
 reduced=0 install=0 wheels='' parts=all bench_args='' step_timeout=0 pack=''
-PARTS=(tests conformance decoder conv mlp ac data tune)
+PARTS=(tests conformance decoder conv mlp fp8 ac data tune)
 usage() { echo "gpu-check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -109,6 +112,7 @@ for part in "${selected[@]}"; do
       step bench-decoder "${bench[@]}" --sections matrix --workloads decoder --out "$out/decoder" ;;
     conv) step bench-conv "${bench[@]}" --sections matrix --workloads conv --out "$out/conv" ;;
     mlp) step bench-mlp "${bench[@]}" --sections matrix --workloads mlp --out "$out/mlp" ;;
+    fp8) step bench-fp8 "${bench[@]}" --sections fp8 --out "$out/fp8" ;;
     ac) step bench-ac "${bench[@]}" --sections ac --out "$out/ac" ;;
     data) step bench-data "${bench[@]}" --sections data --out "$out/data" ;;
     tune)  # ptrain tune on the digits example and the small transformer (issue 17's benchmark)

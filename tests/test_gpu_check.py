@@ -43,7 +43,7 @@ def test_every_step_runs_and_passes(reduced):
     rows = (out / "summary.md").read_text().splitlines()
     assert [row.split("|")[1].strip() for row in rows] == [
         "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
-        "bench-mlp", "bench-ac", "bench-data", "bench-tune"]
+        "bench-mlp", "bench-fp8", "bench-ac", "bench-data", "bench-tune"]
     assert all("| passed |" in row for row in rows), rows
 
 
@@ -75,6 +75,27 @@ def test_ptrain_and_the_hand_loop_end_at_the_same_loss(reduced):
             assert all("only on CUDA" in r["skipped"] for r in skipped)
         assert not [r for r in results if "error" in r]
         assert "| configuration | runner |" in (out / workload / "gpu.md").read_text()
+
+
+def test_the_fp8_section_trains_ptrain_and_the_hand_loop_alike_in_emulation(reduced):
+    """On the CPU the fp8 arms run in torchao's emulation: ptrain's fp8-mixed and the hand
+    loop's own conversion of the same layers end at the same loss, which is not bf16-mixed's
+    (float8 rounding ran); Lightning's fp8 arm is skipped with the reason."""
+    _, out = reduced
+    fp8 = json.loads((out / "fp8" / "gpu.json").read_text())["fp8"]
+    ran = {(r["arm"]["precision"], r["arm"]["runner"]): r for r in fp8 if "final_loss" in r}
+    assert set(ran) == {("bf16-mixed", "hand"), ("bf16-mixed", "ptrain"),
+                        ("bf16-mixed", "lightning"), ("fp8-mixed", "hand"),
+                        ("fp8-mixed", "ptrain")}
+    for (precision, runner), result in ran.items():
+        assert result["final_loss"] == pytest.approx(ran[(precision, "hand")]["final_loss"],
+                                                     rel=1e-4), (precision, runner)
+        assert result["final_loss"] < result["first_loss"]
+    assert ran[("fp8-mixed", "hand")]["final_loss"] != ran[("bf16-mixed", "hand")]["final_loss"]
+    (lightning,) = [r for r in fp8 if "skipped" in r]
+    assert "Lightning has no torchao float8 precision" in lightning["skipped"]
+    table = (out / "fp8" / "gpu.md").read_text()
+    assert "| fp8-mixed | ptrain |" in table and "MFU (fp8 peak)" in table
 
 
 def test_the_activation_checkpointing_section_finds_a_batch_size(reduced):
@@ -110,5 +131,5 @@ def test_a_bad_argument_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert ("--part 'bogus' is not one of tests conformance decoder conv mlp ac data tune, all"
+    assert ("--part 'bogus' is not one of tests conformance decoder conv mlp fp8 ac data tune, all"
             in proc.stderr)
