@@ -450,15 +450,12 @@ def float8_by_hand(model, emulate: bool) -> None:
     """What a user writes for float8 training with torchao: every Linear layer but the first and
     the last, of sizes float8 matmuls take, converted (the layers ptrain's fp8-mixed converts
     by default; its tensorwise recipe)."""
-    import dataclasses
-
     from torch import nn
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     kept = {linears[0], linears[-1]}
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"),
-                                 emulate=emulate)
+    config = replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=emulate)
     convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: (
         name not in kept and m.in_features % 16 == 0 and m.out_features % 16 == 0))
 
