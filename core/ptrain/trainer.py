@@ -8,12 +8,13 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pluggy
 import torch
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io, run_folder
 from ptrain._version import __version__
+from ptrain.background_write import BackgroundWrite, host_copy
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -177,6 +179,7 @@ class Trainer:
         self._own_log_dir: Path | None = None  # the run folder this trainer's stages write to
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
+        self._background_write: BackgroundWrite | None = None  # see save_checkpoint
         self.ckpt_path: str | None = None
         self.current_epoch = 0
         self.global_step = 0
@@ -418,7 +421,8 @@ class Trainer:
             return value
         return self.hook.all_gather_object(trainer=self, obj=value)[0]
 
-    def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> None:
+    def save_checkpoint(self, path: str | Path, weights_only: bool = False,
+                        asynchronous: bool = False) -> bool:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
         loss went non-finite, and with :class:`NonFiniteStateError` when a parameter or
@@ -428,13 +432,23 @@ class Trainer:
         ``weights_only``: the module's weights, class, hyperparameters and counters only (no
         optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
         ``True``): it loads into ``validate``/``test``/``predict``, ``load_from_checkpoint`` and
-        ``ptrain export``, but ``fit`` can't resume from it."""
+        ``ptrain export``, but ``fit`` can't resume from it.
+
+        ``asynchronous``: where :meth:`why_not_asynchronous` finds nothing against it, the
+        checkpoint is copied to host memory and written on a background thread
+        (:mod:`ptrain.background_write`); returns ``True`` then, ``False`` once a synchronous
+        write is done. Every save first waits for a background write of an earlier step (one
+        in flight at most); :meth:`finish_checkpoint_write` waits for it, and
+        :meth:`after_checkpoint_write` runs what needs the file complete."""
         from ptrain.finite_state import check_state_finite
         from ptrain.fit_loop import check_losses_finite
 
+        pending = self._background_write
+        if pending is not None and (not asynchronous or pending.step != self.global_step):
+            self.finish_checkpoint_write()
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
-            return
+            return False
         check_state_finite(self)
         checkpoint = {
             "format": checkpoint_io.FORMAT,
@@ -474,7 +488,53 @@ class Trainer:
             self._check_saved_state(checkpoint)
             # a weights-only file leaves the plugins' and the datamodule's state unchecked
             self._saved_state_checked = not weights_only
+        if asynchronous and self.why_not_asynchronous() is None:
+            write = self._background_write
+            if write is None:
+                write = self._background_write = BackgroundWrite(self.global_step)
+            snapshot = host_copy(checkpoint, write.memo)  # the stall: what the next step changes
+            if self.writes_run_files:
+                write.add(lambda: checkpoint_io.atomic_save(snapshot, path))
+            return True
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
+        return False
+
+    def why_not_asynchronous(self) -> str | None:
+        """Why a checkpoint can't be written in the background in this run, or ``None``: the
+        background writer writes single files of one process; a strategy that writes its own
+        checkpoints (sharded folders, or collectives around the write) writes them itself."""
+        if self.world_size > 1:
+            return (f"this run has {self.world_size} processes, and asynchronous checkpoints "
+                    f"are written by a single process only so far")
+        writers = [impl.plugin_name for impl in self.hook.save_checkpoint.get_hookimpls()
+                   if impl.plugin_name != "loop-defaults"]
+        if writers:
+            return f"plugin {writers[-1]!r} writes this run's checkpoints itself"
+        return None
+
+    def after_checkpoint_write(self, continuation: Callable[[BaseException | None], None]
+                               ) -> None:
+        """Run ``continuation`` with the write's error (``None``: written) once the checkpoint
+        write in flight is finished, on this thread; at once when none is in flight."""
+        if self._background_write is None:
+            continuation(None)
+        else:
+            self._background_write.then(continuation)
+
+    def finish_checkpoint_write(self, before_step: int | None = None) -> BaseException | None:
+        """Wait for the checkpoint write in flight, if any (with ``before_step``: only one of
+        an earlier step), and run what waited on it (:meth:`after_checkpoint_write`); its
+        error, or ``None``."""
+        write = self._background_write
+        if write is None or (before_step is not None and write.step >= before_step):
+            return None
+        self._background_write = None
+        return write.finish()
+
+    def checkpoint_write_done(self) -> bool:
+        """Whether no checkpoint write is in flight, or the one in flight has ended (never
+        blocks; :meth:`finish_checkpoint_write` then runs what waited on it)."""
+        return self._background_write is None or self._background_write.done()
 
     def _check_saved_state(self, checkpoint: dict[str, Any]) -> None:
         """At the first save of a stage: every part of ``checkpoint`` that a plugin or the user
@@ -680,6 +740,7 @@ class Trainer:
                     deterministic_algorithms(self.deterministic):
                 if stage == "fit":
                     FitLoop(self, checkpoint).run()
+                    self.finish_checkpoint_write()  # fit returns with its files complete
                 elif stage == "predict":
                     self.predictions = run_prediction(self)
                     return self.predictions
@@ -688,6 +749,7 @@ class Trainer:
             return {k: float(v) for k, v in self.callback_metrics.items()}
         except BaseException as exc:
             self.exception = exc
+            self._finish_write_after_error()
             reported = self.hook.report_error(trainer=self, exception=exc)
             if reported is not None and reported is not exc:
                 self.exception = reported
@@ -702,6 +764,19 @@ class Trainer:
                 for loader in (self.train_dataloader, self.val_dataloader, self.test_dataloader,
                                self.predict_dataloader):
                     stop_workers(loader)
+
+    def _finish_write_after_error(self) -> None:
+        """A stage that fails still waits for its checkpoint write in flight, so the last
+        complete checkpoint is on disk; the write's own failure is said, not raised (the
+        stage's error is the one to raise), and nothing that waited on the write runs."""
+        write, self._background_write = self._background_write, None
+        if write is None:
+            return
+        write.discard_continuations()
+        error = write.finish()
+        if error is not None and self.is_global_zero:
+            print(f"ptrain: warning: the checkpoint being written when the run failed was not "
+                  f"completed: {error}", file=sys.stderr, flush=True)
 
     def _teardown(self, stage: str, module: TrainModule) -> None:
         """Every plugin's ``teardown`` (in hook order), then the module's and the datamodule's,

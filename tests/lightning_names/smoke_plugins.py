@@ -15,7 +15,7 @@ from ptrain.lightning import plugins as p
 
 
 def _async_checkpoint_io():
-    refuses(lambda: p.AsyncCheckpointIO(), "AsyncCheckpointIO", "synchronous")
+    refuses(lambda: p.AsyncCheckpointIO(), "AsyncCheckpointIO", "--checkpoint-async-save")
 
 
 def _bitsandbytes():

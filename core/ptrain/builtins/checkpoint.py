@@ -38,6 +38,15 @@ difference):
   (written by global rank 0 whenever the top-k changes) records one; with a ``dirpath``,
   ``--ckpt-path last`` finds this callback's newest ``last*.ckpt`` there.
 
+``async_save``: each checkpoint point's files are copied to host memory and written on a
+background thread while training goes on (:mod:`ptrain.background_write`; where the run can't,
+it is said once and the files are written as before). Every promise above holds: what replaces
+or records a file (deleting the one it replaces, ``best_k_models.json``, the link of
+``last.ckpt``) happens only once the file is complete; a refused write is found at the next
+optimizer step at the latest, and then stops the run or, with ``on_write_error="warn"``, puts
+the top-k back as it was; the next checkpoint point, the end of fit and a signal's save wait for
+the write in flight.
+
 A write the system refuses (disk full, permission, quota) leaves the previous files intact and
 either ends the run with :class:`ptrain.CheckpointWriteError` or, with ``on_write_error="warn"``,
 says so in one line and trains on, the top-k as it was.
@@ -60,7 +69,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -160,7 +169,7 @@ class ModelCheckpoint:
                  auto_insert_metric_name: bool = True, on_write_error: str = "stop",
                  dirpath: str | os.PathLike | None = None, save_weights_only: bool = False,
                  save_on_exception: bool = False, enable_version_counter: bool = True,
-                 verbose: bool = False):
+                 verbose: bool = False, async_save: bool = False):
         if mode not in ("min", "max"):
             raise ConfigError(f"checkpoint mode {mode!r} is not valid; valid choices: min, max "
                               f"(whether a lower or a higher monitored value is better).")
@@ -224,6 +233,7 @@ class ModelCheckpoint:
         self.save_on_exception = bool(save_on_exception)
         self.enable_version_counter = bool(enable_version_counter)
         self.verbose = bool(verbose)
+        self.async_save = bool(async_save)
 
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -288,6 +298,10 @@ class ModelCheckpoint:
                          "replacing the file there (said)")
         options.add("verbose", to_bool, default=False,
                     help="print a line for each top-k decision")
+        options.add("async_save", to_bool, default=False,
+                    help="copy each checkpoint to host memory and write it in the background "
+                         "while training goes on (one write in flight; single-file checkpoints "
+                         "of one process so far)")
         options.add("on_write_error", str, default="stop", choices=WRITE_ERROR_CHOICES,
                     help="when a checkpoint can't be written (disk full, permission, quota): "
                          "stop the run with the error, or warn and train on; either way the "
@@ -313,6 +327,11 @@ class ModelCheckpoint:
                     f"(ckpt_path='last' resumes from it)"
                     + (", written as a file, not a link" if self.save_last == "link" else "")
                     + ".", stacklevel=2)
+        if self.async_save and self._writes and trainer.is_global_zero:
+            why = trainer.why_not_asynchronous()
+            if why is not None:
+                self._say_once("sync", f"checkpoint async_save=True: this run's checkpoints are "
+                                       f"written synchronously, because {why}.")
         if self.save_on_exception and trainer.world_size > 1 and trainer.is_global_zero:
             self._say_once("several", f"checkpoint save_on_exception=True writes nothing under "
                                       f"several processes ({trainer.world_size} here): after an "
@@ -346,12 +365,16 @@ class ModelCheckpoint:
     @hookimpl
     def unused_step_hooks(self) -> list[str] | None:
         # without step or time triggers nothing is saved mid-epoch: no call per step
-        if not self.every_n_train_steps and self.train_time_interval is None:
+        if not self.every_n_train_steps and self.train_time_interval is None \
+                and not self.async_save:  # async: each step looks for a finished write
             return ["on_train_batch_end"]
         return None
 
     @hookimpl
     def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:  # all: see hook_calls
+        if self.async_save and trainer.checkpoint_write_done():
+            # a write that ended is settled now: a refusal is said (or stops the run) at once
+            trainer.finish_checkpoint_write()
         # only where an optimizer step just happened: mid-window gradients are not saved
         if not trainer.sync_gradients:
             return
@@ -527,18 +550,23 @@ class ModelCheckpoint:
     def _write_last(self, trainer) -> None:
         if not self._writes:
             return
+        self._settle(trainer)
         candidates = self._candidates(trainer)
         path = self._full_state_path(trainer, candidates)
         previous, self.last_model_path = self.last_model_path, str(path)  # part of the state
-        if self._links_last(path):
-            self._link_last(trainer, path)
-        elif not self._save(trainer, path):
+
+        def undo() -> None:
             self.last_model_path = previous
+
+        if self._links_last(path):
+            target = self._last_checkpoint_saved
+            self._when_written(trainer, lambda: self._link_last(trainer, path, target))
+        elif not self._save(trainer, path, undo=undo):
             return
         self._last_written_step = trainer.global_step
         # a templated name ("last-{epoch}") leaves the previous one behind: one last file
         if previous and previous != str(path) and self._own_file(trainer, previous):
-            self._remove(trainer, previous)
+            self._when_written(trainer, lambda: self._remove(trainer, previous))
 
     def _links_last(self, path: Path) -> bool:
         """Whether ``last.ckpt`` is a link to the newest top-k file: ``save_last="link"``, a
@@ -547,9 +575,9 @@ class ModelCheckpoint:
                 and bool(self._last_checkpoint_saved)
                 and self._last_checkpoint_saved != str(path))
 
-    def _link_last(self, trainer, path: Path) -> None:
+    def _link_last(self, trainer, path: Path, target: str) -> None:
         if trainer.writes_run_files:
-            if not link_or_copy(self._last_checkpoint_saved, path):
+            if not link_or_copy(target, path):
                 self._say_once("copy", f"checkpoint save_last='link': the filesystem of "
                                        f"{path.parent} allows no links, so {path.name} is a copy "
                                        f"of the newest top-k file instead.")
@@ -569,6 +597,7 @@ class ModelCheckpoint:
         first validation or epoch end may still come: this trigger then writes only last.ckpt."""
         if self.save_top_k == 0 or not self._writes:
             return
+        self._settle(trainer)
         candidates = self._candidates(trainer)
         if self.monitor is None:
             if self._newest_is_last():
@@ -581,13 +610,16 @@ class ModelCheckpoint:
             path = self._unique(trainer, self._format(trainer, candidates),
                                 reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
-            if not self._save(trainer, path, self.save_weights_only):
+
+            def undo_newest() -> None:
                 self.best_model_path = previous
+
+            if not self._save(trainer, path, self.save_weights_only, undo=undo_newest):
                 return
             self._after_topk_write(trainer)
             if self.save_top_k == 1 and previous and previous != path \
                     and self._own_file(trainer, previous):
-                self._remove(trainer, previous)
+                self._when_written(trainer, lambda: self._remove(trainer, previous))
             return
         if self.monitor not in candidates:
             message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
@@ -620,19 +652,23 @@ class ModelCheckpoint:
         path = self._unique(trainer, self._format(trainer, candidates), reuse=dropped)
         self.current_score = self.best_k_models[path] = self._kept_score(raw, score)
         self._rank()
-        if not self._save(trainer, path, self.save_weights_only):  # the top-k is as before
+
+        def undo_ranking() -> None:  # the top-k as before
             (self.best_k_models, self.best_model_path, self.best_model_score,
              self.kth_best_model_path, self.kth_value, self.current_score) = ranking
+
+        if not self._save(trainer, path, self.save_weights_only, undo=undo_ranking):
             return
         self._tell(trainer, f"{self.monitor} = {score:.5g} is among the best "
                             f"{k if k != -1 else len(self.best_k_models)} (best "
                             f"{float(self.best_model_score):.5g}); saved {path}")
-        record = self._record_folder(trainer)
-        if trainer.writes_run_files and record is not None:
-            self._write_record(record)
+        folder = self._record_folder(trainer)
+        if trainer.writes_run_files and folder is not None:
+            record = self._record(folder)  # the ranking with this file: it is written first
+            self._when_written(trainer, lambda: self._write_record(folder, record))
         self._after_topk_write(trainer)
         if dropped is not None and dropped != path and self._own_file(trainer, dropped):
-            self._remove(trainer, dropped)
+            self._when_written(trainer, lambda: self._remove(trainer, dropped))
 
     def _newest_is_last(self) -> bool:
         """Whether the one top-k file kept without a monitor would be a copy of ``last.ckpt``
@@ -646,23 +682,56 @@ class ModelCheckpoint:
         if self._keeps_last:
             self._write_last(trainer)
 
-    def _save(self, trainer, path: str | Path, weights_only: bool = False) -> bool:
-        """Write a checkpoint to ``path``; ``False`` when the system refused the write and
-        ``on_write_error`` is ``warn`` (said on stderr), else the refusal is raised. Under
-        several processes every rank learns of a refusal on any (a barrier after the write)."""
+    def _save(self, trainer, path: str | Path, weights_only: bool = False,
+              undo: Callable[[], None] | None = None) -> bool:
+        """Write a checkpoint to ``path`` (in the background with ``async_save``); ``False``
+        when the system refused the write and ``on_write_error`` is ``warn`` (said on stderr,
+        and ``undo`` puts back what the caller changed for it), else the refusal is raised.
+        Under several processes every rank learns of a refusal on any (a barrier after the
+        write). A background write refused later is handled alike once it ends
+        (:meth:`_written`)."""
         try:
-            trainer.save_checkpoint(path, weights_only=weights_only)
+            background = trainer.save_checkpoint(path, weights_only=weights_only,
+                                                 asynchronous=self.async_save)
         except CheckpointWriteError as exc:
-            if self.on_write_error == "stop":
-                raise CheckpointWriteError(
-                    f"{exc} To warn and train on instead when a checkpoint can't be written, "
-                    f"pass --checkpoint-on-write-error warn.") from None
-            if trainer.is_global_zero:
-                print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
-                      f"warn).", file=sys.stderr, flush=True)
+            self._refused(trainer, exc, undo)
             return False
+        if background:
+            trainer.after_checkpoint_write(lambda error: self._written(trainer, error, undo))
         self._saved(trainer, path, weights_only)
         return True
+
+    def _refused(self, trainer, exc: CheckpointWriteError,
+                 undo: Callable[[], None] | None) -> None:
+        if self.on_write_error == "stop":
+            raise CheckpointWriteError(
+                f"{exc} To warn and train on instead when a checkpoint can't be written, "
+                f"pass --checkpoint-on-write-error warn.") from None
+        if trainer.is_global_zero:
+            print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
+                  f"warn).", file=sys.stderr, flush=True)
+        if undo is not None:
+            undo()
+
+    def _written(self, trainer, error: BaseException | None,
+                 undo: Callable[[], None] | None) -> None:
+        """A background write ended: a refusal is handled as a synchronous one is; any other
+        error is raised (a bug)."""
+        if error is None:
+            return
+        if not isinstance(error, CheckpointWriteError):
+            raise error
+        self._refused(trainer, error, undo)
+
+    def _settle(self, trainer) -> None:
+        """Before a checkpoint point changes the top-k: the write of an earlier point is
+        finished and settled (a refusal undone), so that undoing it can't touch this one."""
+        trainer.finish_checkpoint_write(before_step=trainer.global_step)
+
+    def _when_written(self, trainer, effect: Callable[[], None]) -> None:
+        """Run ``effect`` (it replaces or records a file) once the files being written are
+        complete, and only if they were: at once after a synchronous write."""
+        trainer.after_checkpoint_write(lambda error: effect() if error is None else None)
 
     def _saved(self, trainer, path: str | Path, weights_only: bool = False) -> None:
         self._last_global_step_saved = trainer.global_step
@@ -796,12 +865,15 @@ class ModelCheckpoint:
         else:
             target.unlink(missing_ok=True)
 
-    def _write_record(self, folder: Path) -> None:
-        record = {"monitor": self.monitor, "mode": self.mode,
-                  "best_model_path": os.path.relpath(self.best_model_path, folder),
-                  "best_model_score": float(self.best_model_score),
-                  "best_k_models": {os.path.relpath(p, folder): float(s)
-                                    for p, s in self.best_k_models.items()}}
+    def _record(self, folder: Path) -> dict[str, Any]:
+        """The top-k as ``best_k_models.json`` records it, relative to ``folder``."""
+        return {"monitor": self.monitor, "mode": self.mode,
+                "best_model_path": os.path.relpath(self.best_model_path, folder),
+                "best_model_score": float(self.best_model_score),
+                "best_k_models": {os.path.relpath(p, folder): float(s)
+                                  for p, s in self.best_k_models.items()}}
+
+    def _write_record(self, folder: Path, record: dict[str, Any]) -> None:
         tmp = None
         try:
             folder.mkdir(parents=True, exist_ok=True)

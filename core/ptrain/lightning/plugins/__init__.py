@@ -9,8 +9,8 @@
   FP8 training (``BitsandbytesPrecision``, ``TransformerEnginePrecision``), are refused.
 - Checkpoint IO (:mod:`.io`): ``TorchCheckpointIO`` is what ptrain does anyway (``torch.save``,
   atomically). A program's own ``CheckpointIO`` subclass writes and reads the checkpoints of
-  the run. ``AsyncCheckpointIO`` is refused: ptrain's checkpoint callback relies on a finished
-  file.
+  the run. ``AsyncCheckpointIO`` is refused, naming ptrain's own background writes (the checkpoint
+  callback's ``async_save``).
 - Layer sync (:mod:`.layer_sync`): ``TorchSyncBatchNorm`` (and a program's own ``LayerSync``)
   converts the model's layers before the strategy wraps it, when several processes train.
 - Cluster environments (:mod:`.environments`): what ptrain reads anyway, or refused.

@@ -66,18 +66,19 @@ class TorchCheckpointIO(CheckpointIO):
 
 
 class AsyncCheckpointIO(CheckpointIO):
-    """Lightning's background-thread checkpoint writer. Refused when made: ptrain's checkpoint
-    callback ranks, links and prunes checkpoint files right after each save, and a resume
-    relies on a finished file."""
+    """Lightning's background-thread checkpoint writer. Refused when made: ptrain writes in the
+    background through its checkpoint callback (``async_save``), which also defers ranking,
+    pruning and the ``last`` link until each file is complete; a checkpoint IO plugin can't."""
 
     def __init__(self, checkpoint_io: Any = None) -> None:
         raise ConfigError(
-            "AsyncCheckpointIO() is not supported by ptrain: its checkpoint callback ranks, "
-            "prunes and points 'last' at each file right after saving it, and exact resume "
-            "relies on a finished file, so writes are synchronous (and atomic: a crash never "
-            "leaves half a file). Leave it out; to save less often, use ModelCheckpoint's "
-            "every_n_train_steps or train_time_interval. See \"Coming from Lightning\" in "
-            "ptrain's documentation.")
+            "AsyncCheckpointIO() is not supported by ptrain: a checkpoint IO plugin writes "
+            "files, while ptrain's checkpoint callback ranks, prunes and points 'last' at each "
+            "file, which must wait until the file is complete. ptrain's background writes are "
+            "that callback's option: leave AsyncCheckpointIO out and pass "
+            "--checkpoint-async-save (a ptrain.builtins.checkpoint.ModelCheckpoint with "
+            "async_save=True in callbacks=[...]). See \"Coming from Lightning\" in ptrain's "
+            "documentation.")
 
 
 class XLACheckpointIO(CheckpointIO):

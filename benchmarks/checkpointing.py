@@ -1,0 +1,301 @@
+"""How long training stalls for a checkpoint, written synchronously and in the background
+(issue 38), on a model of 201 M parameters on the CPU: ptrain against a hand-written loop and
+Lightning 2.6.6, in one run.
+
+    .venv/bin/python benchmarks/checkpointing.py            # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/checkpointing.py --quick    # a 17 M-parameter model: plumbing
+
+The model: 12 ``Linear(4096, 4096)`` layers with ReLU between (201 M parameters, 805 MB in
+float32), plain SGD (no optimizer state, so a checkpoint is the weights: 805 MB), batches of 8
+made-up samples. Each arm is a fresh process that trains ``--steps`` steps and takes a
+checkpoint every ``--every`` steps, into a folder under ``--workdir``:
+
+- ``hand``: ``torch.save`` to a temporary file, ``fsync``, rename (what ptrain's writer does);
+  ``hand, async``: the same after a copy of the state dict, on a ``threading.Thread``, the next
+  save joining the previous one (what a careful user writes);
+- ``ptrain``: the default checkpoint callback (``last.ckpt`` every ``--every`` steps);
+  ``ptrain, async``: the same with ``--checkpoint-async-save``;
+- ``lightning``: ``ModelCheckpoint(every_n_train_steps=...)``; ``lightning, async``: with
+  Lightning's ``AsyncCheckpointIO`` plugin;
+- each runner once more without checkpoints: the baseline.
+
+Figures, per save: **stall at the save** is the step that saves and the one after it, less two
+median steps away from a save (what the loop waited for before training on, wherever a runner
+counts it); **extra time per save** is the arm's whole
+training time less its runner's baseline, over the number of saves (the stall plus whatever the
+background write took from the steps around it: on 2 cores, the writing thread competes with
+training). Step times are taken on the host after each step (the CPU has no asynchronous
+device). ``fsdp`` on 2 processes is left out: ptrain's asynchronous saves write the single files
+of one process so far (sharded folders are written synchronously, and said); the row comes with
+``torch.distributed.checkpoint.async_save``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = [("hand", False), ("hand", True), ("ptrain", False), ("ptrain", True),
+        ("lightning", False), ("lightning", True)]
+
+
+def build(quick: bool):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    width, depth = (1024, 16) if quick else (4096, 12)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    data = torch.utils.data.TensorDataset(torch.randn(64, width), torch.randn(64, width))
+    return model, data
+
+
+def loss_of(model, batch):
+    from torch.nn import functional as F
+
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def hand_save(state: dict[str, Any], path: Path) -> None:
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    writer: threading.Thread | None = None
+    step = 0
+    while step < args.steps:
+        for batch in loader:
+            loss_of(model, batch).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if args.every and step % args.every == 0:
+                if writer is not None:
+                    writer.join()
+                state = {"model": model.state_dict(), "step": step}
+                if background:
+                    copy = {"model": {k: v.detach().clone() for k, v in state["model"].items()},
+                            "step": step}
+                    writer = threading.Thread(target=hand_save,
+                                              args=(copy, folder / "last.ckpt"))
+                    writer.start()
+                else:
+                    hand_save(state, folder / "last.ckpt")
+            marks.append(time.perf_counter())
+            if step == args.steps:
+                break
+    if writer is not None:
+        writer.join()
+
+
+def run_ptrain(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+    import torch
+
+    import ptrain
+
+    class Module(ptrain.TrainModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            return loss_of(self.net, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return loader
+
+    class Marks:
+        name = "benchmark-marks"
+
+        @ptrain.hookimpl(trylast=True)  # after the checkpoint callback's save at this step
+        def on_train_batch_end(self):
+            marks.append(time.perf_counter())
+
+    callbacks: list[Any] = ["no:progress-bar", "no:tensorboard", "no:model-summary",
+                            "no:dataloading", Marks()]
+    options = {"checkpoint": {"every_n_train_steps": args.every, "every_n_epochs": 0,
+                              "async_save": background}}
+    if not args.every:
+        callbacks.append("no:checkpoint")
+        options = {}
+    trainer = ptrain.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1,
+                             callbacks=callbacks, plugin_options=options,
+                             default_root_dir=str(folder), num_sanity_val_steps=0)
+    trainer.fit(Module())
+
+
+def run_lightning(args, model, loader, marks: list[float], folder: Path,
+                  background: bool) -> None:
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            return loss_of(self.net, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return loader
+
+    class Marks(L.Callback):
+        def on_train_batch_end(self, *_):
+            marks.append(time.perf_counter())
+
+    callbacks: list[Any] = [Marks()]
+    if args.every:  # Marks first: Lightning saves in ModelCheckpoint's own batch end, after it
+        callbacks.append(ModelCheckpoint(dirpath=folder, every_n_train_steps=args.every,
+                                         save_last=False, save_top_k=1))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=bool(args.every), callbacks=callbacks,
+                        plugins=[AsyncCheckpointIO()] if background else None,
+                        default_root_dir=str(folder), num_sanity_val_steps=0)
+    trainer.fit(Module())
+
+
+RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning}
+
+
+def child(request: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(request["threads"])
+    args = argparse.Namespace(**request)
+    model, data = build(args.quick)
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.workdir))
+    marks: list[float] = []
+    start = time.perf_counter()
+    try:
+        RUN[args.runner](args, model, loader, marks, folder, args.background)
+        end = time.perf_counter()
+        size = sum(p.stat().st_size for p in folder.rglob("*.ckpt") if p.is_file())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    steps = [b - a for a, b in zip([start, *marks], marks)]
+    return {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:
+    request = {"runner": runner, "background": background, "every": every, "steps": args.steps,
+               "quick": args.quick, "workdir": str(args.workdir), "threads": args.threads}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)],
+                          capture_output=True, text=True, cwd=REPO, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-600:]}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def figures(result: dict[str, Any], baseline: dict[str, Any], every: int) -> dict[str, float]:
+    """Step ``i`` (from 1) saves when ``i % every == 0``; a runner that saves after its step's
+    mark (Lightning's callback order) shows the cost in step ``i + 1``: both count."""
+    steps = result["steps"]
+    plain = [t for i, t in enumerate(steps, start=1)
+             if i > 1 and i % every != 0 and (i - 1) % every != 0]
+    pairs = [steps[i - 1] + steps[i] for i in range(every, len(steps), every)]
+    typical = statistics.median(plain)
+    return {"stall": statistics.mean(pairs) - 2 * typical,
+            "extra": (sum(steps[1:]) - sum(baseline["steps"][1:])) / len(pairs),
+            "step": typical, "saves": len(pairs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 17 M-parameter model")
+    parser.add_argument("--steps", type=int, default=13, help="steps per arm (default 13)")
+    parser.add_argument("--every", type=int, default=4, help="a checkpoint every N steps")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's intra-op threads per arm (default 1: the other core is "
+                             "the background writer's)")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        return 0
+    if args.every < 2 or args.steps < 2 * args.every:
+        parser.error("--every must be at least 2 and --steps at least twice --every")
+    import importlib.util
+
+    runners = ["hand", "ptrain"] + (["lightning"] if importlib.util.find_spec("lightning")
+                                    else [])
+    baselines = {r: measure(args, r, False, 0) for r in runners}
+    rows = []
+    for runner, background in ARMS:
+        if runner not in runners:
+            continue
+        result = measure(args, runner, background, args.every)
+        base = baselines[runner]
+        row = {"runner": runner, "async": background, **result}
+        if "error" not in result and "error" not in base:
+            row.update(figures(result, base, args.every))
+        rows.append(row)
+        print(f"  {runner:9} {'async' if background else 'sync ':5} "
+              f"{row.get('stall', float('nan')):7.3f} s stall  "
+              f"{row.get('extra', float('nan')):7.3f} s extra per save "
+              f"{row.get('error', '')}", flush=True)
+    first = next((r for r in rows if "parameters" in r), {})
+    print(f"\ncheckpointing.py: {first.get('parameters', 0) / 1e6:.0f} M parameters, "
+          f"checkpoints of {first.get('checkpoint_bytes', 0) / 1e6:.0f} MB, a save every "
+          f"{args.every} steps over {args.steps}, {args.threads} intra-op thread(s), "
+          f"under {args.workdir}\n")
+    print("| runner | writes | step (median, no save) | stall at the save | extra time per save "
+          "| vs synchronous |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    sync = {r["runner"]: r for r in rows if not r["async"]}
+    for r in rows:
+        if "stall" not in r:
+            print(f"| {r['runner']} | {'background' if r['async'] else 'synchronous'} | "
+                  f"failed: {r.get('error', '')[:120]} | | | |")
+            continue
+        ratio = (f"{r['stall'] / sync[r['runner']]['stall']:.2f}x stall"
+                 if r["async"] and "stall" in sync.get(r["runner"], {}) else "")
+        print(f"| {r['runner']} | {'background' if r['async'] else 'synchronous'} | "
+              f"{r['step'] * 1e3:.0f} ms | {r['stall']:.3f} s | {r['extra']:.3f} s | {ratio} |")
+    if args.out:
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                        "baselines": baselines, "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Asynchronous checkpoints (``--checkpoint-async-save``, issue 38): the files equal synchronous
+ones, and a run that is killed, signalled or finds its disk full while a write is in flight
+resumes exactly from the last complete checkpoint.
+
+The faults run in their own processes (tests/_async_checkpoint_script.py: a model whose
+checkpoint is about 140 MB, so its write is seen in flight); each acts at the first epoch end
+after the first where the write just started is still running."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptrain
+
+from ptrain.checkpoint_io import safe_load
+from tests._campaigns import JOB_MODULES
+from tests.conftest import REPO, TinyRegressor
+
+pytestmark = [pytest.mark.slow, JOB_MODULES]
+
+SCRIPT = "tests._async_checkpoint_script"
+STEPS_PER_EPOCH = 4
+
+
+@dataclass
+class Run:
+    root: Path
+    code: int
+    record: dict
+    output: str
+
+
+def run(action: str, root: Path, resume: bool = False) -> Run:
+    argv = [sys.executable, "-m", SCRIPT, action, str(root), *(["--resume"] if resume else [])]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    record = root / "saboteur.json"
+    return Run(root, proc.returncode, json.loads(record.read_text()) if record.exists() else {},
+               proc.stdout + proc.stderr)
+
+
+def last(root: Path) -> Path:
+    return root / "version_0" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """action -> (its run, the step of last.ckpt right after it, the run resumed from there);
+    ``none``: the run nothing happened to."""
+    base = tmp_path_factory.mktemp("async-checkpoints")
+    done = {"none": (run("none", base / "none"), None, None)}
+    for action in ("kill", "sigterm", "fill"):
+        first = run(action, base / action)
+        after = safe_load(last(first.root))["loop"]["global_step"]
+        done[action] = (first, after, run("none", base / action, resume=True))
+    return done
+
+
+def assert_resumed_exactly(runs, action: str) -> None:
+    resumed, reference = runs[action][2], runs["none"][0]
+    assert resumed.code == 0 and resumed.record["ended"] == "complete", resumed.output
+    expected = torch.load(reference.root / "final.pt", weights_only=True)
+    for name, tensor in torch.load(resumed.root / "final.pt", weights_only=True).items():
+        assert torch.equal(tensor, expected[name]), (name, (tensor - expected[name]).abs().max())
+
+
+def test_a_run_killed_during_a_write_resumes_from_the_last_complete_checkpoint(runs):
+    killed, after, _ = runs["kill"]
+    assert killed.code == -signal.SIGKILL, killed.output
+    # the checkpoint being written never took last.ckpt's place: the one before is whole
+    assert after == killed.record["acted_at"] - STEPS_PER_EPOCH
+    assert_resumed_exactly(runs, "kill")
+
+
+def test_a_signal_during_a_write_waits_for_it_then_saves(runs):
+    stopped, after, _ = runs["sigterm"]
+    assert stopped.code == 3 and stopped.record["ended"] == "Interrupted", stopped.output
+    # the signal's save, at the next step, came after the write in flight had ended
+    assert after == stopped.record["acted_at"] + 1 == stopped.record["step"]
+    assert_resumed_exactly(runs, "sigterm")
+
+
+def test_a_full_disk_during_a_write_is_reported_at_the_next_step_and_nothing_is_lost(runs):
+    full, after, _ = runs["fill"]
+    assert full.code == 3 and full.record["ended"] == "CheckpointWriteError", full.output
+    assert full.record["step"] <= full.record["acted_at"] + 1  # said at the next step boundary
+    assert "File too large (EFBIG)" in full.record["message"]
+    assert "the previous last.ckpt there is intact" in full.record["message"]
+    assert after == full.record["acted_at"] - STEPS_PER_EPOCH
+    assert not [p for p in last(full.root).parent.iterdir() if p.name.endswith(".tmp")]
+    assert_resumed_exactly(runs, "fill")
+
+
+# -- in this process: what async_save writes, and where it can't ------------------------------
+
+def fit_digits(root: Path, **checkpoint) -> ptrain.Trainer:
+    from ptrain.examples.digits import DigitsClassifier
+
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=4, seed=0, default_root_dir=str(root),
+                             callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary"],
+                             plugin_options={"checkpoint": checkpoint})
+    trainer.fit(DigitsClassifier())
+    return trainer
+
+
+def test_background_writes_leave_the_files_and_top_k_of_synchronous_ones(tmp_path):
+    """Top 2 by validation loss and last.ckpt: the same files, the same record of the top-k,
+    and the same tensors in every file (the host copy is the state at the checkpoint point,
+    not a later one)."""
+    topk = {"monitor": "val_loss", "save_top_k": 2}
+    sync = fit_digits(tmp_path / "sync", **topk)
+    background = fit_digits(tmp_path / "async", **topk, async_save=True)
+    folders = [Path(t.plugins["checkpoint"].dirpath) for t in (sync, background)]
+    names = [sorted(p.name for p in folder.iterdir()) for folder in folders]
+    assert names[0] == names[1] == ["best_k_models.json", "epoch=2-step=135.ckpt",
+                                    "epoch=3-step=180.ckpt", "last.ckpt"]
+    records = [json.loads((folder / "best_k_models.json").read_text()) for folder in folders]
+    assert records[0] == records[1]
+    for name in names[0][1:]:
+        written = [safe_load(folder / name) for folder in folders]
+        for part in ("model", "optimizers", "rng"):
+            assert_same_tensors(written[0][part], written[1][part], f"{name}: {part}")
+        assert written[0]["loop"]["global_step"] == written[1]["loop"]["global_step"]
+
+
+def assert_same_tensors(a, b, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, f"{where}[{i}]")
+
+
+class OwnWriter:
+    """A plugin that writes the run's checkpoints itself, as a sharding strategy does."""
+
+    name = "own-writer"
+
+    @ptrain.hookimpl
+    def save_checkpoint(self, checkpoint, path) -> bool:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(checkpoint, path)
+        return True
+
+
+def test_where_checkpoints_are_not_the_cores_to_write_async_save_says_so_and_writes_them(
+        tmp_path):
+    with pytest.warns(UserWarning, match=r"checkpoint async_save=True: this run's checkpoints "
+                                         r"are written synchronously, because plugin "
+                                         r"'own-writer' writes this run's checkpoints itself"):
+        torch.manual_seed(0)
+        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, seed=0,
+                                 default_root_dir=str(tmp_path),
+                                 callbacks=["no:progress-bar", OwnWriter()],
+                                 plugin_options={"checkpoint": {"async_save": True}})
+        trainer.fit(TinyRegressor())
+    assert Path(trainer.plugins["checkpoint"].last_model_path).is_file()
