@@ -6,7 +6,8 @@ for tests/test_async_checkpoints.py:
 ACTION is what happens at the first epoch end after the first (so a complete checkpoint exists)
 where the checkpoint write just started is still in flight: ``kill`` (SIGKILL), ``sigterm``,
 ``fill`` (a file-size limit of 1 MiB for this process: the write in flight is refused with
-EFBIG), or ``none``. ``ROOT/saboteur.json`` says at which step it acted and what the run ended
+EFBIG), ``fill-warn`` (the same under ``on_write_error="warn"``, with the top 2 by validation
+loss kept), or ``none``. ``ROOT/saboteur.json`` says at which step it acted and what the run ended
 with; ``ROOT/final.pt`` holds the final weights of a run that completed. ``--resume`` resumes
 from ``last``."""
 
@@ -61,7 +62,7 @@ class Saboteur:
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.action == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
-        elif self.action == "fill":
+        elif self.action in ("fill", "fill-warn"):
             hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
             resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
 
@@ -74,18 +75,25 @@ def main(action: str, root: Path, resume: bool) -> int:
     torch.manual_seed(0)
     module = WideRegressor()
     saboteur = Saboteur(action, root / "saboteur.json")
+    checkpoint = {"async_save": True}
+    if action == "fill-warn":
+        checkpoint.update(on_write_error="warn", monitor="val_loss", save_top_k=2)
     trainer = ptrain.Trainer(accelerator="cpu", max_epochs=EPOCHS, seed=0,
                              default_root_dir=str(root),
                              callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",
                                         saboteur],
-                             plugin_options={"checkpoint": {"async_save": True}})
+                             plugin_options={"checkpoint": checkpoint})
     try:
         trainer.fit(module, ckpt_path="last" if resume else None)
     except (CheckpointWriteError, Interrupted) as exc:
         saboteur.write(ended=type(exc).__name__, message=str(exc), step=trainer.global_step)
         return 3
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # a fill's limit is lifted
     torch.save(module.state_dict(), root / "final.pt")
-    saboteur.write(ended="complete", step=trainer.global_step)
+    callback = trainer.plugins["checkpoint"]
+    saboteur.write(ended="complete", step=trainer.global_step,
+                   best_k_models=sorted(Path(p).name for p in callback.best_k_models))
     return 0
 
 

@@ -56,10 +56,11 @@ def runs(tmp_path_factory):
     ``none``: the run nothing happened to."""
     base = tmp_path_factory.mktemp("async-checkpoints")
     done = {"none": (run("none", base / "none"), None, None)}
-    for action in ("kill", "sigterm", "fill"):
+    for action in ("kill", "sigterm", "fill", "fill-warn"):
         first = run(action, base / action)
         after = safe_load(last(first.root))["loop"]["global_step"]
-        done[action] = (first, after, run("none", base / action, resume=True))
+        resumed = None if action == "fill-warn" else run("none", base / action, resume=True)
+        done[action] = (first, after, resumed)
     return done
 
 
@@ -96,6 +97,23 @@ def test_a_full_disk_during_a_write_is_reported_at_the_next_step_and_nothing_is_
     assert after == full.record["acted_at"] - STEPS_PER_EPOCH
     assert not [p for p in last(full.root).parent.iterdir() if p.name.endswith(".tmp")]
     assert_resumed_exactly(runs, "fill")
+
+
+def test_with_warn_a_full_disk_during_a_write_is_said_and_the_top_k_put_back(runs):
+    """Every save after the fill is refused: each is said, training goes on to the end, and
+    the top-k, its record and last.ckpt are those of the last file written."""
+    full, after, _ = runs["fill-warn"]
+    assert full.code == 0 and full.record["ended"] == "complete", full.output
+    warnings = [line for line in full.output.splitlines() if "could not write checkpoint" in line]
+    assert warnings and all(w.startswith("ptrain: warning:") and "Training goes on" in w
+                            for w in warnings), full.output
+    folder = last(full.root).parent
+    kept = sorted(p.name for p in folder.iterdir())
+    assert kept == ["best_k_models.json", "epoch=0-step=4.ckpt", "last.ckpt"]
+    assert full.record["best_k_models"] == ["epoch=0-step=4.ckpt"]
+    record = json.loads((folder / "best_k_models.json").read_text())
+    assert list(record["best_k_models"]) == ["epoch=0-step=4.ckpt"]
+    assert after == STEPS_PER_EPOCH
 
 
 # -- in this process: what async_save writes, and where it can't ------------------------------
