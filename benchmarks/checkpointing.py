@@ -82,6 +82,28 @@ def hand_save(state: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def module_of(base: type, model, loader) -> Any:
+    """``model`` as a ``base`` (``ptrain.TrainModule`` or ``lightning.LightningModule``): the
+    same step, optimizer and loader under either trainer."""
+    import torch
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            return loss_of(self.net, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return loader
+
+    return Module()
+
+
 def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
     import torch
 
@@ -114,23 +136,7 @@ def run_hand(args, model, loader, marks: list[float], folder: Path, background: 
 
 
 def run_ptrain(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
-    import torch
-
     import ptrain
-
-    class Module(ptrain.TrainModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_of(self.net, batch)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-        def train_dataloader(self):
-            return loader
 
     class Marks:
         name = "benchmark-marks"
@@ -149,29 +155,14 @@ def run_ptrain(args, model, loader, marks: list[float], folder: Path, background
     trainer = ptrain.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1,
                              callbacks=callbacks, plugin_options=options,
                              default_root_dir=str(folder), num_sanity_val_steps=0)
-    trainer.fit(Module())
+    trainer.fit(module_of(ptrain.TrainModule, model, loader))
 
 
 def run_lightning(args, model, loader, marks: list[float], folder: Path,
                   background: bool) -> None:
     import lightning as L
-    import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
-
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_of(self.net, batch)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-        def train_dataloader(self):
-            return loader
 
     class Marks(L.Callback):
         def on_train_batch_end(self, *_):
@@ -186,7 +177,7 @@ def run_lightning(args, model, loader, marks: list[float], folder: Path,
                         enable_checkpointing=bool(args.every), callbacks=callbacks,
                         plugins=[AsyncCheckpointIO()] if background else None,
                         default_root_dir=str(folder), num_sanity_val_steps=0)
-    trainer.fit(Module())
+    trainer.fit(module_of(L.LightningModule, model, loader))
 
 
 RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning}
@@ -252,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
         return 0
-    if args.every < 2 or args.steps < 2 * args.every:
-        parser.error("--every must be at least 2 and --steps at least twice --every")
+    if args.every < 3 or args.steps < 2 * args.every:
+        parser.error("--every must be at least 3 (steps away from a save are the reference) "
+                     "and --steps at least twice --every")
     import importlib.util
 
     runners = ["hand", "ptrain"] + (["lightning"] if importlib.util.find_spec("lightning")

@@ -1,0 +1,33 @@
+"""``benchmarks/checkpointing.py --quick`` runs every arm (the hand loop, ptrain and Lightning,
+each writing synchronously and in the background) and reports each one's stall, on checkpoints
+of the same size: the plumbing of the issue-38 figures in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests._campaigns import WHOLE_TOOL_RUNS
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS]
+
+
+def test_every_arm_saves_and_reports_its_stall(tmp_path):
+    out = tmp_path / "checkpointing.json"
+    proc = subprocess.run([sys.executable, "benchmarks/checkpointing.py", "--quick", "--steps",
+                           "9", "--every", "3", "--workdir", str(tmp_path), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["runner"], r["async"]) for r in rows] == [
+        (runner, background) for runner in ("hand", "ptrain", "lightning")
+        for background in (False, True)]
+    assert all(r["saves"] == 2 and r["step"] > 0 for r in rows), rows
+    # the same 17 M float32 weights (67 MB) in every file, with each runner's own metadata
+    assert all(67.1e6 < r["checkpoint_bytes"] < 67.3e6 for r in rows), rows
+    assert "| ptrain | background |" in proc.stdout
+    assert not list(tmp_path.glob("ckpt-bench-*"))  # every arm's folder removed
