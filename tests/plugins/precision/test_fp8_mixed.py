@@ -93,6 +93,16 @@ def test_trains_the_decoder_to_bf16_mixed_losses(tmp_path, bf16_losses, recipe, 
     assert {t.dtype for t in state.values()} == {torch.float32}
 
 
+def test_a_later_stage_evaluates_the_layers_fit_converted(tmp_path, capsys):
+    _, trainer, module = fit(tmp_path, "fp8-mixed", EMULATED, max_epochs=1)
+    layers = [m for m in module.modules() if type(m).__name__ == "Float8Linear"]
+    tokens = torch.arange(8).view(1, 8)
+    metrics = trainer.validate(module, dataloaders=DataLoader(TensorDataset(tokens, tokens)))
+    assert metrics[0]["val_loss"] > 0
+    assert [m for m in module.modules() if type(m).__name__ == "Float8Linear"] == layers
+    assert capsys.readouterr().out.count("13 of 15 Linear layers compute in float8") == 2
+
+
 def test_the_layer_choice_keeps_what_it_must_and_says_why():
     model = RecordedDecoder(**{**SIZE, "vocab": 60})  # output: 64 x 60
     choice = choose_layers(model, keep_ends=False, skip=["*.feed_forward.w2"])

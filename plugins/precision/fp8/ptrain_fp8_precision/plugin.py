@@ -15,6 +15,9 @@ from ptrain_fp8_precision.layers import choose_layers
 from ptrain_mixed_precision import BF16MixedPrecision
 
 RECIPES = ("tensorwise", "rowwise")
+#: the attribute of a module whose layers this plugin converted: their LayerChoice (a later
+#: stage, e.g. validate after fit, trains or evaluates them as they are)
+CONVERTED = "_ptrain_fp8_mixed_layers"
 #: the first NVIDIA architecture with float8 tensor cores (Ada; Hopper is 9.0)
 FLOAT8_CAPABILITY = (8, 9)
 
@@ -96,14 +99,17 @@ class FP8MixedPrecision(BF16MixedPrecision):
         # the user's module (``model`` holds it as ``model.module``): layer names as the user
         # sees them; its layers are swapped in place, so ``model`` holds the converted ones
         module = trainer.module
-        _refuse_converted_or_parallel(module, torchao.Float8Linear)
-        self.layers = choose_layers(module, self.keep_ends, self.skip)
-        chosen = set(self.layers.convert)
-        config = dataclasses.replace(torchao.Float8LinearConfig.from_recipe_name(self.recipe),
-                                     emulate=self.emulate,
-                                     enable_fsdp_float8_all_gather=self.all_gather)
-        torchao.convert_to_float8_training(module, config=config,
-                                           module_filter_fn=lambda _, name: name in chosen)
+        self.layers = module.__dict__.get(CONVERTED)
+        if self.layers is None:  # not converted by an earlier stage
+            _refuse_converted_or_parallel(module, torchao.Float8Linear)
+            self.layers = choose_layers(module, self.keep_ends, self.skip)
+            chosen = set(self.layers.convert)
+            config = dataclasses.replace(
+                torchao.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
+                enable_fsdp_float8_all_gather=self.all_gather)
+            torchao.convert_to_float8_training(module, config=config,
+                                               module_filter_fn=lambda _, name: name in chosen)
+            module.__dict__[CONVERTED] = self.layers  # a plain attribute: not a submodule
         # torchao's float8 tensors can't take the dtype cast autocast makes under
         # inference_mode ("aten.to.dtype ... not supported"): evaluation runs under no_grad,
         # as the inference_mode option documents for such plugins
