@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from examples.decoder import Decoder
+from ptrain.testing import TinyModule
 
 
 class RecordedDecoder(Decoder):
@@ -53,3 +54,13 @@ def read(record_dir: Path, rank: int = 0) -> list[dict]:
     """The lines rank ``rank`` recorded, in order."""
     path = Path(record_dir) / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+class Float8SizedTinyModule(TinyModule):
+    """The conformance suite's TinyModule with 16 features and 16 hidden units: its first
+    layer is one float8 matmuls take (its output layer, 16 x 1, is not)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("features", 16)
+        kwargs.setdefault("hidden", 16)
+        super().__init__(**kwargs)

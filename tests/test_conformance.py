@@ -23,6 +23,7 @@ from ptrain.catalog import GROUPS
 from ptrain.testing import (AcceleratorSuite, CallbackSuite, PrecisionSuite, StrategySuite,
                             TinyConvModule, TinyManualModule)
 from ptrain.testing.suites import is_multi_process
+from tests._fp8_models import Float8SizedTinyModule
 
 REPO = Path(__file__).resolve().parent.parent
 #: Where scripts/install.sh finds the repository's distributions.
@@ -38,11 +39,17 @@ OPTIONS = {
     ("callback", "activation-checkpointing"): {"classes": ["Linear"]},
     ("callback", "compile"): {"backend": "aot_eager"},
     ("callback", "wandb"): {"mode": "offline"},  # no network in tests
+    # float8 matmuls need a GPU: emulated elsewhere; TinyModule's two layers are its first
+    # and last, which fp8-mixed keeps in high precision by default
+    ("precision", "fp8-mixed"): {
+        "emulate": os.environ.get("PTRAIN_CONFORMANCE_ACCELERATOR") != "cuda",
+        "keep_ends": False},
 }
 #: Plugins made for another kind of module than TinyModule.
 MODULES = {
     ("callback", "toggling"): TinyManualModule,  # for modules that optimize manually
     ("callback", "channels-last"): TinyConvModule,  # for models with convolutions
+    ("precision", "fp8-mixed"): Float8SizedTinyModule,  # Linear sizes float8 matmuls take
 }
 #: The accelerator every suite but the accelerators' own trains on, when set (scripts/gpu-check.sh
 #: sets ``cuda``); unset, each suite's own default (the CPU).
