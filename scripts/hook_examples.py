@@ -573,6 +573,34 @@ class BarrierAfterSave:
         if trainer.world_size > 1:
             dist.barrier()  # no process reads the checkpoint before it is complete
         return written
+# == save_checkpoint_in_background
+import torch
+
+from ptrain import hookimpl
+
+
+class HalfPrecisionFiles:
+    """Checkpoints whose floating-point weights are stored in bfloat16, written synchronously
+    (``save_checkpoint``) or in the background (``async_save``)."""
+
+    @staticmethod
+    def halved(checkpoint):
+        model = {k: v.bfloat16() if v.is_floating_point() else v
+                 for k, v in checkpoint["model"].items()}
+        return {**checkpoint, "model": model}
+
+    @hookimpl
+    def save_checkpoint(self, trainer, checkpoint, path):
+        if trainer.is_global_zero:
+            torch.save(self.halved(checkpoint), path)
+        return True
+
+    @hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint, path):
+        if not trainer.is_global_zero:
+            return []
+        copy = trainer.copy_for_background(self.halved(checkpoint))  # the stall, on this thread
+        return [lambda: torch.save(copy, path)]  # on the writer's thread
 # == resolve_ckpt_path
 from pathlib import Path
 

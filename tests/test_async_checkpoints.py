@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import ptrain
-
+from ptrain import CheckpointWriteError
 from ptrain.checkpoint_io import safe_load
 from tests._campaigns import JOB_MODULES
 from tests.conftest import REPO, TinyRegressor
@@ -38,9 +39,11 @@ class Run:
     output: str
 
 
-def run(action: str, root: Path, resume: bool = False) -> Run:
-    argv = [sys.executable, "-m", SCRIPT, action, str(root), *(["--resume"] if resume else [])]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+def run(action: str, root: Path, resume: bool = False, strategy: str | None = None) -> Run:
+    argv = [sys.executable, "-m", SCRIPT, action, str(root), *(["--resume"] if resume else []),
+            *(["--strategy", strategy] if strategy else [])]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          start_new_session=True)  # a kill is of the script's process group
     record = root / "saboteur.json"
     return Run(root, proc.returncode, json.loads(record.read_text()) if record.exists() else {},
                proc.stdout + proc.stderr)
@@ -89,6 +92,8 @@ def test_a_signal_during_a_write_waits_for_it_then_saves(runs):
 
 
 def test_a_full_disk_during_a_write_is_reported_at_the_next_step_and_nothing_is_lost(runs):
+    """The fill comes as the checkpoint point begins: the write refused is the background
+    one."""
     full, after, _ = runs["fill"]
     assert full.code == 3 and full.record["ended"] == "CheckpointWriteError", full.output
     assert full.record["step"] <= full.record["acted_at"] + 1  # said at the next step boundary
@@ -101,7 +106,7 @@ def test_a_full_disk_during_a_write_is_reported_at_the_next_step_and_nothing_is_
 
 def test_with_warn_a_full_disk_during_a_write_is_said_and_the_top_k_put_back(runs):
     """Every save after the fill is refused: each is said, training goes on to the end, and
-    the top-k, its record and last.ckpt are those of the last file written."""
+    the top-k, its record and last.ckpt are those of the last files written."""
     full, after, _ = runs["fill-warn"]
     assert full.code == 0 and full.record["ended"] == "complete", full.output
     warnings = [line for line in full.output.splitlines() if "could not write checkpoint" in line]
@@ -186,3 +191,70 @@ def test_where_checkpoints_are_not_the_cores_to_write_async_save_says_so_and_wri
                                  plugin_options={"checkpoint": {"async_save": True}})
         trainer.fit(TinyRegressor())
     assert Path(trainer.plugins["checkpoint"].last_model_path).is_file()
+
+
+class BackgroundWriter(OwnWriter):
+    """A plugin that writes the run's checkpoints itself, in the background too; it refuses
+    the writes of the steps in ``refuse`` as a full disk would."""
+
+    name = "background-writer"
+
+    def __init__(self, refuse: tuple[int, ...] = ()):
+        self.refuse, self.threads = refuse, set()
+
+    @ptrain.hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint, path):
+        copy = trainer.copy_for_background(checkpoint)
+        step = trainer.global_step
+
+        def write() -> None:
+            self.threads.add(threading.current_thread().name)
+            if step in self.refuse:
+                raise CheckpointWriteError(f"could not write checkpoint {path!r}: refused")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            torch.save(copy, path)
+
+        return [write]
+
+
+class ScriptedScore(TinyRegressor):
+    """Logs ``score`` = ``SCORES[epoch]`` at each validation."""
+
+    SCORES = [3.0, 1.0, 5.0]
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", self.SCORES[self.current_epoch])
+
+
+def test_a_plugin_that_writes_checkpoints_writes_them_in_the_background_through_its_hook(
+        tmp_path, recwarn):
+    writer = BackgroundWriter()
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=2, seed=0,
+                             default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard", writer],
+                             plugin_options={"checkpoint": {"async_save": True}})
+    trainer.fit(TinyRegressor())
+    assert writer.threads == {"ptrain-checkpoint-write"}
+    assert not [w for w in recwarn if "written synchronously" in str(w.message)]
+    written = torch.load(trainer.plugins["checkpoint"].last_model_path, weights_only=True)
+    assert written["loop"]["global_step"] == trainer.global_step
+
+
+def test_after_a_refused_background_write_last_links_to_the_newest_complete_file(tmp_path):
+    """Epoch 1's score is the best, and its write is refused (warn): the top-k goes back to
+    epoch 0's file, and epoch 2's last.ckpt (its score enters no top-k) links to that file,
+    not to the one never written."""
+    writer = BackgroundWriter(refuse=(16,))  # epoch 1 ends at step 16 (8 batches an epoch)
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(
+        accelerator="cpu", max_epochs=3, seed=0, default_root_dir=str(tmp_path),
+        callbacks=["no:progress-bar", "no:tensorboard", writer],
+        plugin_options={"checkpoint": {"async_save": True, "monitor": "score", "save_top_k": 1,
+                                       "save_last": "link", "on_write_error": "warn"}})
+    trainer.fit(ScriptedScore())
+    callback = trainer.plugins["checkpoint"]
+    assert [Path(p).name for p in callback.best_k_models] == ["epoch=0-step=8.ckpt"]
+    last_file = Path(callback.dirpath) / "last.ckpt"
+    assert last_file.resolve() == (Path(callback.dirpath) / "epoch=0-step=8.ckpt").resolve()
+    assert safe_load(last_file)["loop"]["global_step"] == 8

@@ -9,17 +9,28 @@ flight per process: a save at a later step first waits for it (:meth:`Trainer.fi
 
 What depends on a file being complete (deleting the file it replaces, the top-k record, a link to
 it) is registered with :meth:`BackgroundWrite.then` and runs on the training thread once the
-write has finished, with the write's error (``None`` when every file was written). A file that
-failed stops the files after it in the same write.
+write has finished, with the error of its save (``None`` when that save's files were written): as
+a synchronous save would have it, a top-k file written before a refused ``last.ckpt`` stays
+written. A file that failed stops the files after it in the same write, whose saves fail with
+its error.
+
+Under several processes the write is one write of the job: the ranks learn together that it has
+ended (:meth:`WriteAgreement.all_ended`, at each step boundary) and run what waited on it with the
+same errors (:meth:`WriteAgreement.first_errors`), so that every rank makes the same decisions
+(stop, or undo a refused save) at the same step.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
+
+from ptrain.errors import CheckpointWriteError
 
 #: a function run on the training thread when the write is finished: given its error or None
 Continuation = Callable[[BaseException | None], None]
@@ -32,6 +43,10 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]]) ->
     strides and dtype: the weights of two state dicts of one step) is not copied twice; the memo
     keeps each original alive, so no other tensor can take its address. A state dict's
     ``_metadata`` (module versions, which ``load_state_dict`` reads) is kept."""
+    if _is_dtensor(obj):  # this rank's shard is copied; the layout stays the same
+        return type(obj).from_local(host_copy(obj.to_local(), memo), obj.device_mesh,
+                                  obj.placements, run_check=False, shape=obj.shape,
+                                  stride=obj.stride())
     if isinstance(obj, torch.Tensor):
         key = (obj.device, obj.untyped_storage().data_ptr(), obj.storage_offset(),
                tuple(obj.shape), obj.stride(), obj.dtype)
@@ -49,32 +64,51 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]]) ->
     return obj
 
 
+def _is_dtensor(obj: Any) -> bool:
+    # torch.distributed.tensor is not imported for it: without that module no DTensor exists
+    tensors = sys.modules.get("torch.distributed.tensor")
+    return tensors is not None and isinstance(obj, tensors.DTensor)
+
+
 class BackgroundWrite:
-    """The files of one checkpoint point, written in order on one background thread."""
+    """The files of one checkpoint point, written in order on one background thread.
+
+    They come in parts, one per save (:meth:`begin_part`: a top-k file, then ``last.ckpt``),
+    each part the files one process writes for it (none, on a rank that writes nothing). A part
+    fails with the first error of its files; a failed part stops the files after it, and the
+    later parts fail with its error. What waits on the write (:meth:`then`) waits on the part
+    begun last, as it would have waited on that save had it been synchronous."""
 
     def __init__(self, step: int) -> None:
         self.step = step  # the global step the files hold
         self.memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see host_copy
-        self._queue: list[Callable[[], None]] = []
+        self._queue: list[tuple[int, Callable[[], None]]] = []
         self._unwritten = 0  # queued or being written
         self._closed = False
-        self._error: BaseException | None = None
-        self._continuations: list[Continuation] = []
+        self._errors: list[BaseException | None] = []  # each part's own
+        self._continuations: list[tuple[int, Continuation]] = []
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="ptrain-checkpoint-write",
                                         daemon=True)
         self._thread.start()
 
+    def begin_part(self) -> None:
+        """Start the part of the next save: the files added and continuations registered from
+        now on are its."""
+        with self._lock:
+            self._errors.append(None)
+
     def add(self, write_file: Callable[[], None]) -> None:
         """Queue one file's write (a function of no arguments that writes it atomically)."""
         with self._lock:
-            self._queue.append(write_file)
+            self._queue.append((len(self._errors) - 1, write_file))
             self._unwritten += 1
             self._lock.notify()
 
     def then(self, continuation: Continuation) -> None:
-        """Run ``continuation`` on the training thread once the write is finished."""
-        self._continuations.append(continuation)
+        """Run ``continuation`` on the training thread once the write is finished, with the
+        error of the part begun last (``None``: its files, and those before, were written)."""
+        self._continuations.append((len(self._errors) - 1, continuation))
 
     def discard_continuations(self) -> None:
         """Drop what waited on the write (a failed stage runs none of it)."""
@@ -87,12 +121,14 @@ class BackgroundWrite:
                     self._lock.wait()
                 if not self._queue:
                     return
-                write_file = self._queue.pop(0)
+                part, write_file = self._queue.pop(0)
+                failed = any(error is not None for error in self._errors[:part + 1])
             try:
-                if self._error is None:  # a failed file stops the ones after it
+                if not failed:  # a failed file stops the ones after it
                     write_file()
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                self._error = exc
+                with self._lock:
+                    self._errors[part] = exc
             finally:
                 with self._lock:
                     self._unwritten -= 1
@@ -102,14 +138,70 @@ class BackgroundWrite:
         with self._lock:
             return self._unwritten == 0
 
-    def finish(self) -> BaseException | None:
-        """Wait for the queued files, then run the continuations in order (on this thread)
-        with the write's error; return that error."""
+    def finish(self, agree: Callable[[list[BaseException | None]],
+                                     list[BaseException | None]] | None = None
+               ) -> BaseException | None:
+        """Wait for the queued files, then run the continuations in order (on this thread),
+        each with its part's error; with ``agree``, the parts' errors are first replaced by
+        what it makes of them (the job's, under several processes). Return the write's error
+        (its first part's that failed), or ``None``."""
         with self._lock:
             self._closed = True
             self._lock.notify()
         self._thread.join()
+        errors = self._errors if agree is None else agree(self._errors)
+        effective, first = [], None  # a part after a failed one fails with its error
+        for error in errors:
+            first = first or error
+            effective.append(first)
         continuations, self._continuations = self._continuations, []
-        for continuation in continuations:
-            continuation(self._error)
-        return self._error
+        for part, continuation in continuations:
+            continuation(effective[part] if part >= 0 else None)
+        return first
+
+
+class WriteAgreement:
+    """The ranks' views of the write in flight, combined over a gloo group of its own (CPU
+    values: no host sync with the device). Every rank calls each method at the same point, on
+    the training thread; the group is made on the first call, so the first call too must be
+    one every rank makes."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+
+    def _ranks(self) -> Any:
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def all_ended(self, ended: bool) -> bool:
+        """Whether the write has ended on every rank (a 1-element all-reduce)."""
+        flag = torch.tensor([int(ended)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._ranks())
+        return bool(flag.item())
+
+    def first_errors(self, errors: list[BaseException | None]) -> list[BaseException | None]:
+        """Per part (every rank has as many: one per save), the error of the first rank whose
+        files of it failed, the same on every rank (``None``: every rank wrote its files): its
+        own error on that rank, the rank's message on the others, as a
+        :class:`CheckpointWriteError` where it was a refused write."""
+        group = self._ranks()
+        seen: list[list[tuple[bool, str] | None] | None] = [None] * dist.get_world_size(group)
+        mine = [None if error is None else (isinstance(error, CheckpointWriteError), str(error))
+                for error in errors]
+        dist.all_gather_object(seen, mine, group=group)
+        agreed: list[BaseException | None] = []
+        for part, error in enumerate(errors):
+            failed = [(rank, views[part]) for rank, views in enumerate(seen) if views[part]]
+            if not failed:
+                agreed.append(None)
+                continue
+            rank, (refused, message) = failed[0]
+            if rank == dist.get_rank():
+                agreed.append(error)
+            elif refused:
+                agreed.append(CheckpointWriteError(f"rank {rank}: {message}"))
+            else:
+                agreed.append(RuntimeError(f"rank {rank}'s part of the checkpoint write "
+                                           f"failed: {message}"))
+        return agreed

@@ -662,19 +662,38 @@ class ProcessGroupStrategy:
 
     @hookimpl(wrapper=True)
     def save_checkpoint(self, trainer: Trainer):
+        # a barrier (no rank goes on, and may read it, before the file is complete) that also
+        # tells every rank whether any could not write: all stop, or all train on
         refused: CheckpointWriteError | None = None
         try:
             written = yield
         except CheckpointWriteError as exc:  # e.g. rank 0's disk is full
             refused = exc
-        # a barrier (no rank goes on, and may read it, before the file is complete) that also
-        # tells every rank whether any could not write: all stop, or all train on
+        self._all_refuse_if_one_did(trainer, refused)
+        return written
+
+    @hookimpl(wrapper=True)
+    def save_checkpoint_in_background(self, trainer: Trainer):
+        # a write refused while it is being prepared (a sharded folder that can't be made) is
+        # every rank's refusal; one refused later is agreed on when it ends (WriteAgreement)
+        refused: CheckpointWriteError | None = None
+        writes = []
+        try:
+            writes = yield
+        except CheckpointWriteError as exc:
+            refused = exc
+        self._all_refuse_if_one_did(trainer, refused)
+        return writes
+
+    def _all_refuse_if_one_did(self, trainer: Trainer,
+                               refused: CheckpointWriteError | None) -> None:
+        """Every rank raises the first rank's refusal, so that whichever the launcher reports
+        reads alike; a collective."""
         reasons = self.all_gather_object(trainer, None if refused is None else str(refused))
         failed = [(rank, reason) for rank, reason in enumerate(reasons) if reason]
-        if failed:  # every rank raises the same error: whichever the launcher reports reads alike
+        if failed:
             rank, reason = failed[0]
             raise CheckpointWriteError(f"rank {rank}: {reason}") from refused
-        return written
 
 
 def held_bytes(model: torch.nn.Module,

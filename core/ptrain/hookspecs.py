@@ -99,6 +99,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
     trainer.save_checkpoint(path):                         # called by the checkpoint callback
         state_dict(trainer, checkpoint)                    # each plugin, stored under its name
         save_checkpoint(trainer, checkpoint, path)
+        # asynchronous=True: save_checkpoint_in_background(trainer, checkpoint, path) instead
 
 Result semantics, stated on every hook:
 
@@ -773,6 +774,33 @@ def save_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> 
     a barrier after the write (as a wrapper).
 
     Result: firstresult; return ``True`` once written. Implemented by: strategies.
+    """
+
+
+@hookspec(firstresult=True)
+def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
+                                  path: str) -> list[Callable[[], None]] | None:
+    """Copy what writing ``checkpoint`` to ``path`` needs, and return the functions that write it
+    from that copy on the background writer's thread; called on every process, instead of
+    ``save_checkpoint``, for an asynchronous save.
+
+    Fires: each time ``trainer.save_checkpoint(path, asynchronous=True)`` is called (the
+    checkpoint callback's ``async_save``) in a run where every plugin that implements
+    ``save_checkpoint`` implements this hook too (``Trainer.why_not_asynchronous``). What is
+    done here, on the training thread, is the training stall: copy what the next step changes
+    with ``trainer.copy_for_background(obj)`` (tensors to host memory; a tensor two files of
+    one checkpoint point share is copied once). The functions returned run in order on one
+    thread, after those of the same checkpoint point saved before and before those of any later
+    point. What they raise reaches the checkpoint callback at a step boundary, as a synchronous
+    write's error would; under several processes every process gets the same error (a refused
+    write: :class:`ptrain.CheckpointWriteError`). A collective in them goes over a process group
+    of the plugin's own, never one the training thread uses.
+
+    Result: firstresult; the functions this process runs, an empty list on a process that
+    writes nothing. Implemented by: strategies that implement ``save_checkpoint`` (a
+    multi-process strategy also wraps it, to agree on a refusal while copying). Default: on
+    each process whose ``trainer.writes_run_files`` is true, the single file, written
+    atomically.
     """
 
 

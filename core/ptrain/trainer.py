@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io, run_folder
 from ptrain._version import __version__
-from ptrain.background_write import BackgroundWrite, host_copy
+from ptrain.background_write import BackgroundWrite, WriteAgreement, host_copy
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -180,6 +180,7 @@ class Trainer:
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
+        self._write_agreement = WriteAgreement()  # its group is made when first needed
         self.ckpt_path: str | None = None
         self.current_epoch = 0
         self.global_step = 0
@@ -436,16 +437,16 @@ class Trainer:
 
         ``asynchronous``: where :meth:`why_not_asynchronous` finds nothing against it, the
         checkpoint is copied to host memory and written on a background thread
-        (:mod:`ptrain.background_write`); returns ``True`` then, ``False`` once a synchronous
-        write is done. Every save first waits for a background write of an earlier step (one
-        in flight at most); :meth:`finish_checkpoint_write` waits for it, and
-        :meth:`after_checkpoint_write` runs what needs the file complete."""
+        (``save_checkpoint_in_background``, :mod:`ptrain.background_write`); returns ``True``
+        then, ``False`` once a synchronous write is done. Every save first waits for a
+        background write of an earlier step (one in flight at most);
+        :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
+        it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
+        complete."""
         from ptrain.finite_state import check_state_finite
         from ptrain.fit_loop import check_losses_finite
 
-        pending = self._background_write
-        if pending is not None and (not asynchronous or pending.step != self.global_step):
-            self.finish_checkpoint_write()
+        self.finish_checkpoint_write(before_step=self.global_step if asynchronous else None)
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return False
@@ -489,27 +490,39 @@ class Trainer:
             # a weights-only file leaves the plugins' and the datamodule's state unchecked
             self._saved_state_checked = not weights_only
         if asynchronous and self.why_not_asynchronous() is None:
-            write = self._background_write
-            if write is None:
-                write = self._background_write = BackgroundWrite(self.global_step)
-            snapshot = host_copy(checkpoint, write.memo)  # the stall: what the next step changes
-            if self.writes_run_files:
-                write.add(lambda: checkpoint_io.atomic_save(snapshot, path))
+            if self._background_write is None:
+                self._background_write = BackgroundWrite(self.global_step)
+            self._background_write.begin_part()
+            for write_file in self.hook.save_checkpoint_in_background(
+                    trainer=self, checkpoint=checkpoint, path=str(path)):
+                self._background_write.add(write_file)
             return True
         self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
         return False
 
+    def copy_for_background(self, obj: Any) -> Any:
+        """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor
+        copied to host memory, for the background write of this checkpoint point: a tensor
+        already copied for it (the weights of a top-k file and of ``last.ckpt``) is not copied
+        again. For ``save_checkpoint_in_background`` implementations; see
+        :func:`ptrain.background_write.host_copy`."""
+        if self._background_write is None:
+            raise RuntimeError("copy_for_background is for save_checkpoint_in_background, "
+                               "while trainer.save_checkpoint(..., asynchronous=True) runs")
+        return host_copy(obj, self._background_write.memo)
+
     def why_not_asynchronous(self) -> str | None:
-        """Why a checkpoint can't be written in the background in this run, or ``None``: the
-        background writer writes single files of one process; a strategy that writes its own
-        checkpoints (sharded folders, or collectives around the write) writes them itself."""
-        if self.world_size > 1:
-            return (f"this run has {self.world_size} processes, and asynchronous checkpoints "
-                    f"are written by a single process only so far")
+        """Why a checkpoint can't be written in the background in this run, or ``None``: a
+        plugin that writes the run's checkpoints itself (``save_checkpoint``), or wraps their
+        writing, and does not also implement ``save_checkpoint_in_background``."""
+        background = {impl.plugin_name
+                      for impl in self.hook.save_checkpoint_in_background.get_hookimpls()}
         writers = [impl.plugin_name for impl in self.hook.save_checkpoint.get_hookimpls()
-                   if impl.plugin_name != "loop-defaults"]
+                   if impl.plugin_name not in background]
         if writers:
-            return f"plugin {writers[-1]!r} writes this run's checkpoints itself"
+            return (f"plugin {writers[-1]!r} writes this run's checkpoints itself "
+                    f"(save_checkpoint) and can't write them in the background "
+                    f"(no save_checkpoint_in_background)")
         return None
 
     def after_checkpoint_write(self, continuation: Callable[[BaseException | None], None]
@@ -529,11 +542,26 @@ class Trainer:
         if write is None or (before_step is not None and write.step >= before_step):
             return None
         self._background_write = None
-        return write.finish()
+        return write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
+
+    def settle_checkpoint_write(self) -> None:
+        """At a step boundary: a checkpoint write that has ended (under several processes, on
+        every process) is finished now (:meth:`finish_checkpoint_write`), so that its refusal is
+        said, or stops the run, at once. Every process calls it at the same boundaries: while a
+        write is in flight it is then a 1-element all-reduce on a CPU group (no host sync with
+        the device)."""
+        write = self._background_write
+        if write is None:
+            return
+        ended = write.done()
+        if self.world_size > 1:
+            ended = self._write_agreement.all_ended(ended)
+        if ended:
+            self.finish_checkpoint_write()
 
     def checkpoint_write_done(self) -> bool:
-        """Whether no checkpoint write is in flight, or the one in flight has ended (never
-        blocks; :meth:`finish_checkpoint_write` then runs what waited on it)."""
+        """Whether no checkpoint write is in flight in this process, or the one in flight has
+        ended here (never blocks, not a collective)."""
         return self._background_write is None or self._background_write.done()
 
     def _check_saved_state(self, checkpoint: dict[str, Any]) -> None:
@@ -768,7 +796,8 @@ class Trainer:
     def _finish_write_after_error(self) -> None:
         """A stage that fails still waits for its checkpoint write in flight, so the last
         complete checkpoint is on disk; the write's own failure is said, not raised (the
-        stage's error is the one to raise), and nothing that waited on the write runs."""
+        stage's error is the one to raise), and nothing that waited on the write runs. The
+        ranks don't agree here: the failure may be one rank's own."""
         write, self._background_write = self._background_write, None
         if write is None:
             return

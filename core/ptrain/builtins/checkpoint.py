@@ -372,9 +372,8 @@ class ModelCheckpoint:
 
     @hookimpl
     def on_train_batch_end(self, trainer, batch, batch_idx, loss) -> None:  # all: see hook_calls
-        if self.async_save and trainer.checkpoint_write_done():
-            # a write that ended is settled now: a refusal is said (or stops the run) at once
-            trainer.finish_checkpoint_write()
+        if self.async_save:  # a write that ended is settled: a refusal is said, or stops the run
+            trainer.settle_checkpoint_write()
         # only where an optimizer step just happened: mid-window gradients are not saved
         if not trainer.sync_gradients:
             return
@@ -696,8 +695,16 @@ class ModelCheckpoint:
         except CheckpointWriteError as exc:
             self._refused(trainer, exc, undo)
             return False
-        if background:
-            trainer.after_checkpoint_write(lambda error: self._written(trainer, error, undo))
+        if background:  # what _saved records below is put back too if the write fails
+            before = (self._last_checkpoint_saved, self._last_global_step_saved)
+
+            def undo_all() -> None:
+                self._last_checkpoint_saved, self._last_global_step_saved = before
+                if undo is not None:
+                    undo()
+
+            trainer.after_checkpoint_write(lambda error: self._written(trainer, error,
+                                                                       undo_all))
         self._saved(trainer, path, weights_only)
         return True
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -115,6 +115,14 @@ class LoopDefaults:
         if trainer.writes_run_files:
             checkpoint_io.atomic_save(checkpoint, path)
         return True
+
+    @hookimpl(trylast=True)
+    def save_checkpoint_in_background(self, trainer: Trainer, checkpoint: dict[str, Any],
+                                      path: str) -> list[Callable[[], None]]:
+        if not trainer.writes_run_files:
+            return []
+        snapshot = trainer.copy_for_background(checkpoint)
+        return [lambda: checkpoint_io.atomic_save(snapshot, path)]
 
     @hookimpl(trylast=True)
     def resolve_ckpt_path(self, trainer: Trainer, ckpt_path: str) -> str:

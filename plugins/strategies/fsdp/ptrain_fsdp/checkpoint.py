@@ -25,12 +25,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
@@ -54,8 +55,39 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
     A write the system refuses on any rank (no space, permission, quota) raises
     :class:`ptrain.CheckpointWriteError` on every rank, the partial folder removed and the
     previous checkpoint at ``path`` untouched."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    _write(Path(path), *_parts(trainer, checkpoint))
+
+
+def save_in_background(trainer, checkpoint: dict[str, Any], path: str | Path,
+                       group: dist.ProcessGroup) -> Callable[[], None]:
+    """As :func:`save`, in two parts: here the shards are copied to host memory
+    (``trainer.copy_for_background``); the function returned writes them, to run on the
+    background writer's thread, its collectives over ``group`` (every rank, a group the
+    training thread does not use). A refusal raises from that function as :func:`save`'s
+    does."""
+    shards, meta = trainer.copy_for_background(_parts(trainer, checkpoint))
+    return lambda: _write(Path(path), shards, meta, group)
+
+
+def _parts(trainer, checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shards (the module's and optimizers' state dicts) and ``meta.pt``'s content."""
+    meta = dict(checkpoint)
+    optimizers = [] if checkpoint.get("weights_only") else trainer.optimizers
+    with optimizer_state_ready(optimizers):
+        shards = {"model": meta.pop("model"),
+                  "optimizers": [get_optimizer_state_dict(trainer.module, opt)
+                                 for opt in optimizers]}
+    meta.pop("optimizers")
+    meta["num_optimizers"] = len(optimizers)
+    return shards, meta
+
+
+def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
+           group: dist.ProcessGroup | None = None) -> None:
+    """Write the shards and ``meta.pt`` into ``.PATH.tmp``, then swap it into place (see
+    :func:`_swap_into_place`); every rank, its collectives over ``group`` (``None``: the
+    default group)."""
+    tmp = _tmp(path)
     rank0 = dist.get_rank() == 0
     refused: list[str | None] = [None]
     if rank0:
@@ -65,47 +97,76 @@ def save(trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
             tmp.mkdir(parents=True)
         except OSError as exc:
             refused = [str(write_failed(path, exc))]
-    dist.broadcast_object_list(refused, src=0)  # also the barrier: the folder is there
+    dist.broadcast_object_list(refused, src=0, group=group)  # also: the folder is there
     if refused[0] is not None:
         raise CheckpointWriteError(refused[0])
-    meta = dict(checkpoint)
-    optimizers = [] if checkpoint.get("weights_only") else trainer.optimizers
-    with optimizer_state_ready(optimizers):
-        shards = {"model": meta.pop("model"),
-                  "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                                 for opt in optimizers]}
-    meta.pop("optimizers")
-    meta["num_optimizers"] = len(optimizers)
+    files = _RefusalKeepingFileSystem()
+    writer = FileSystemWriter(tmp)
+    writer.fs = files
     try:
-        dcp.save(shards, checkpoint_id=tmp)
+        dcp.save(shards, storage_writer=writer, process_group=group)
         # each rank sums the files it wrote; rank 0 keeps them all in meta.pt (itself checked)
         own = [p for p in tmp.iterdir() if p.name.startswith(f"__{dist.get_rank()}_")
                or rank0 and p.name == ".metadata"]
         sums: list[dict[str, int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(sums, {p.name: file_crc32(p) for p in own})
+        dist.all_gather_object(sums, {p.name: file_crc32(p) for p in own}, group=group)
         meta[CHECKSUMS] = {name: crc for part in sums for name, crc in (part or {}).items()}
         if rank0:
             atomic_save(meta, tmp / META)
-    except (CheckpointException, CheckpointWriteError) as exc:  # DCP's: raised on every rank
+    except CheckpointWriteError:  # meta.pt's, on rank 0 (the others learn of it after)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except CheckpointException:  # DCP's: raised on every rank
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)
-        refused = _refusal(exc)
-        if refused is None:
+        # DCP passes a rank's error on as text: each rank tells the others the OSError it kept
+        refusals: list[tuple[int, str] | None] = [None] * dist.get_world_size()
+        mine = files.refused
+        dist.all_gather_object(refusals, None if mine is None else (mine.errno, mine.strerror),
+                               group=group)
+        refusal = next((r for r in refusals if r is not None), None)
+        if refusal is None:
             raise
-        raise write_failed(path, refused) if not isinstance(refused, CheckpointWriteError) \
-            else refused from None
+        raise write_failed(path, OSError(*refusal)) from None
     if rank0:
         _swap_into_place(tmp, path)
 
 
-def _refusal(exc: BaseException) -> OSError | CheckpointWriteError | None:
-    """The system's refusal behind a failed sharded write, if that is what it was."""
-    if isinstance(exc, CheckpointWriteError):
-        return exc
-    for failure, _ in getattr(exc, "failures", {}).values():
-        if isinstance(failure, OSError):
-            return failure
-    return None
+class _RefusalKeepingFileSystem(FileSystem):
+    """DCP's local files, keeping the ``OSError`` of a write the system refused (``torch.save``
+    reports one as "unexpected pos", with the system's reason only in its context)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: OSError | None = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        try:  # opening, and closing (the last buffered bytes), can be refused too
+            with super().create_stream(path, mode) as stream:
+                yield _RefusalKeepingStream(stream, self)
+        except OSError as exc:
+            self.refused = exc
+            raise
+
+
+class _RefusalKeepingStream:
+    def __init__(self, stream: Any, files: _RefusalKeepingFileSystem) -> None:
+        self._stream, self._files = stream, files
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._stream.write(data)
+        except OSError as exc:
+            self._files.refused = exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, ...: the file's own
+        return getattr(self._stream, name)
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
 
 
 def _swap_into_place(tmp: Path, path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,7 @@ class FSDPStrategy(ProcessGroupStrategy):
                                       if self.fixed_reshard_after_forward is None
                                       else self.fixed_reshard_after_forward)
         self.cpu_offload = cpu_offload
+        self._writer_group: Any = None  # the background writer's collectives go over it
 
     @staticmethod
     def add_sharding_options(options) -> None:
@@ -181,6 +182,13 @@ class FSDPStrategy(ProcessGroupStrategy):
     def save_checkpoint(self, trainer, checkpoint: dict[str, Any], path: str) -> bool:
         sharded.save(trainer, checkpoint, path)
         return True
+
+    @hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint: dict[str, Any],
+                                      path: str) -> list[Callable[[], None]]:
+        if self._writer_group is None:  # once per job, at a save every rank makes
+            self._writer_group = dist.new_group(backend="gloo")
+        return [sharded.save_in_background(trainer, checkpoint, path, self._writer_group)]
 
     @hookimpl
     def load_checkpoint(self, trainer, path: str) -> dict[str, Any]:
