@@ -2,7 +2,8 @@
 (issue 38), on a model of 201 M parameters on the CPU: ptrain against a hand-written loop and
 Lightning 2.6.6, in one run.
 
-    .venv/bin/python benchmarks/checkpointing.py            # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/checkpointing.py            # about 13 minutes on 2 cores
+    .venv/bin/python benchmarks/checkpointing.py --no-fsdp  # one process only: 4 minutes
     .venv/bin/python benchmarks/checkpointing.py --quick    # a 17 M-parameter model: plumbing
 
 The model: 12 ``Linear(4096, 4096)`` layers with ReLU between (201 M parameters, 805 MB in
@@ -25,9 +26,18 @@ counts it); **extra time per save** is the arm's whole
 training time less its runner's baseline, over the number of saves (the stall plus whatever the
 background write took from the steps around it: on 2 cores, the writing thread competes with
 training). Step times are taken on the host after each step (the CPU has no asynchronous
-device). ``fsdp`` on 2 processes is left out: ptrain's asynchronous saves write the single files
-of one process so far (sharded folders are written synchronously, and said); the row comes with
-``torch.distributed.checkpoint.async_save``.
+device).
+
+The same model sharded over 2 processes (``fsdp``, gloo, one intra-op thread each: the two
+cores are the two ranks', and a background write competes with them), each checkpoint a sharded
+folder of torch.distributed.checkpoint, rank 0's steps timed:
+
+- ``hand fsdp``: ``fully_shard`` and ``dcp.save`` of the model's state dict; ``hand fsdp,
+  async``: ``dcp.async_save`` on a gloo group of its own, the next save waiting for its future;
+- ``ptrain fsdp``: ``--strategy fsdp --devices 2``, synchronous and with
+  ``--checkpoint-async-save``;
+- Lightning refuses ``FSDPStrategy`` on the CPU ("requires a GPU accelerator"): its rows say so.
+  ``--no-fsdp`` leaves these arms out.
 """
 
 from __future__ import annotations
@@ -45,9 +55,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ptrain
+
 REPO = Path(__file__).resolve().parents[1]
 ARMS = [("hand", False), ("hand", True), ("ptrain", False), ("ptrain", True),
         ("lightning", False), ("lightning", True)]
+FSDP_ARMS = [("hand fsdp", False), ("hand fsdp", True), ("ptrain fsdp", False),
+             ("ptrain fsdp", True), ("lightning fsdp", False)]
+PROCESSES = 2  # of an fsdp arm
 
 
 def build(quick: bool):
@@ -60,8 +75,16 @@ def build(quick: bool):
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers[:-1])
-    data = torch.utils.data.TensorDataset(torch.randn(64, width), torch.randn(64, width))
-    return model, data
+    return model, made_data(quick)
+
+
+def made_data(quick: bool):
+    import torch
+
+    width = 1024 if quick else 4096
+    made = torch.Generator().manual_seed(1)
+    return torch.utils.data.TensorDataset(torch.randn(64, width, generator=made),
+                                          torch.randn(64, width, generator=made))
 
 
 def loss_of(model, batch):
@@ -180,35 +203,186 @@ def run_lightning(args, model, loader, marks: list[float], folder: Path,
     trainer.fit(module_of(L.LightningModule, model, loader))
 
 
-RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning}
+def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=PROCESSES)
+    torch.set_num_threads(args.threads)
+    model, data = build(args.quick)
+    for layer in model:  # each layer a unit, then the root: FSDP2's usual recipe (and ptrain's)
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    group = dist.new_group(backend="gloo") if background else None
+    pending, marks, step = None, [], 0
+    while step < args.steps:
+        for batch in loader:
+            loss_of(model, batch).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if args.every and step % args.every == 0:
+                if pending is not None:
+                    pending.result()
+                state = {"model": get_model_state_dict(model)}
+                if background:
+                    pending = dcp.async_save(state, checkpoint_id=folder / "last.ckpt",
+                                             process_group=group)
+                else:
+                    dcp.save(state, checkpoint_id=folder / "last.ckpt")
+            marks.append(time.perf_counter())
+            if step == args.steps:
+                break
+    if pending is not None:
+        pending.result()
+    if rank == 0:
+        (folder / "marks.json").write_text(json.dumps(marks))
+    dist.destroy_process_group()
 
 
-def child(request: dict[str, Any]) -> dict[str, Any]:
+def run_hand_fsdp(args, model, loader, marks: list[float], folder: Path,
+                  background: bool) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(hand_fsdp_worker, args=(args, folder, port, background), nprocs=PROCESSES)
+    marks += json.loads((folder / "marks.json").read_text())
+
+
+class RankZeroMarks:
+    """ptrain's step marks on global rank 0, written to ``path`` when fit ends (the ranks are
+    other processes than the arm's)."""
+
+    name = "benchmark-marks"
+
+    def __init__(self, path: str):
+        self.path, self.marks = path, []
+
+    @ptrain.hookimpl(trylast=True)  # after the checkpoint callback's save at this step
+    def on_train_batch_end(self) -> None:
+        self.marks.append(time.perf_counter())
+
+    @ptrain.hookimpl
+    def teardown(self, trainer) -> None:
+        if trainer.is_global_zero:
+            Path(self.path).write_text(json.dumps(self.marks))
+
+
+class ShardedBenchModule(ptrain.TrainModule):
+    """The model of :func:`build` as a ptrain module that builds it on each rank (nothing of
+    800 MB is pickled to the workers)."""
+
+    def __init__(self, quick: bool, threads: int):
+        super().__init__()
+        self.quick, self.threads = quick, threads
+
+    def configure_model(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        self.net = build(self.quick)[0]
+
+    def training_step(self, batch, batch_idx):
+        return loss_of(self.net, batch)
+
+    def configure_optimizers(self):
+        import torch
+
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        import torch
+
+        return torch.utils.data.DataLoader(made_data(self.quick), batch_size=8)
+
+
+def run_ptrain_fsdp(args, model, loader, marks: list[float], folder: Path,
+                    background: bool) -> None:
+    callbacks: list[Any] = ["no:progress-bar", "no:tensorboard", "no:model-summary",
+                            "no:dataloading", RankZeroMarks(str(folder / "marks.json"))]
+    options: dict[str, Any] = {"checkpoint": {"every_n_train_steps": args.every,
+                                              "every_n_epochs": 0, "async_save": background},
+                               "fsdp": {"empty_init": False, "wrap_classes": ["Linear"]}}
+    if not args.every:
+        callbacks.append("no:checkpoint")
+        del options["checkpoint"]
+    trainer = ptrain.Trainer(accelerator="cpu", strategy="fsdp", devices=PROCESSES,
+                             max_steps=args.steps, max_epochs=-1, callbacks=callbacks,
+                             plugin_options=options, default_root_dir=str(folder),
+                             num_sanity_val_steps=0)
+    trainer.fit(ShardedBenchModule(args.quick, args.threads))
+    if trainer.is_global_zero:
+        marks += json.loads((folder / "marks.json").read_text())
+
+
+class Refused(Exception):
+    """A runner that does not run this arm, with its own words."""
+
+
+def run_lightning_fsdp(args, model, loader, marks: list[float], folder: Path,
+                       background: bool) -> None:
+    import lightning as L
+
+    try:
+        L.Trainer(accelerator="cpu", devices=PROCESSES, strategy="fsdp")
+    except ValueError as exc:  # Lightning's FSDP needs a GPU
+        raise Refused(str(exc).split(". ")[0]) from None
+    raise Refused("no FSDP arm for Lightning here")  # it would run: then it is to be written
+
+
+RUN = {"hand": run_hand, "ptrain": run_ptrain, "lightning": run_lightning,
+       "hand fsdp": run_hand_fsdp, "ptrain fsdp": run_ptrain_fsdp,
+       "lightning fsdp": run_lightning_fsdp}
+
+
+def child(request: dict[str, Any]) -> dict[str, Any] | None:
+    """One arm, in a process of its own, in the folder ``request["folder"]``; ``None`` in the
+    other ranks of a job that runs this script on every rank (ptrain's script launcher)."""
     import torch
 
     torch.set_num_threads(request["threads"])
     args = argparse.Namespace(**request)
     model, data = build(args.quick)
     loader = torch.utils.data.DataLoader(data, batch_size=8)
-    folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.workdir))
+    folder = Path(args.folder)
     marks: list[float] = []
     start = time.perf_counter()
     try:
         RUN[args.runner](args, model, loader, marks, folder, args.background)
-        end = time.perf_counter()
-        size = sum(p.stat().st_size for p in folder.rglob("*.ckpt") if p.is_file())
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    except Refused as exc:
+        return {"refused": str(exc)}
+    end = time.perf_counter()
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    # a file, or a sharded folder's files
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()
+               and any(part.endswith(".ckpt") for part in p.relative_to(folder).parts))
     steps = [b - a for a, b in zip([start, *marks], marks)]
     return {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
 def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:
+    folder = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.workdir)
     request = {"runner": runner, "background": background, "every": every, "steps": args.steps,
-               "quick": args.quick, "workdir": str(args.workdir), "threads": args.threads}
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)],
-                          capture_output=True, text=True, cwd=REPO, timeout=1800)
+               "quick": args.quick, "folder": folder, "threads": args.threads}
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)],
+                              capture_output=True, text=True, cwd=REPO, timeout=1800)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {proc.stderr[-600:]}"}
@@ -238,33 +412,36 @@ def main(argv: list[str] | None = None) -> int:
                              "the background writer's)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--no-fsdp", action="store_true",
+                        help="leave out the arms of 2 fsdp processes")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        result = child(json.loads(args.child))
+        if result is not None:
+            print("RESULT " + json.dumps(result), flush=True)
         return 0
     if args.every < 3 or args.steps < 2 * args.every:
         parser.error("--every must be at least 3 (steps away from a save are the reference) "
                      "and --steps at least twice --every")
     import importlib.util
 
-    runners = ["hand", "ptrain"] + (["lightning"] if importlib.util.find_spec("lightning")
-                                    else [])
-    baselines = {r: measure(args, r, False, 0) for r in runners}
+    lightning = importlib.util.find_spec("lightning") is not None
+    arms = [(r, b) for r, b in ARMS + ([] if args.no_fsdp else FSDP_ARMS)
+            if lightning or not r.startswith("lightning")]
+    baselines = {r: measure(args, r, False, 0) for r in dict(arms) if r != "lightning fsdp"}
     rows = []
-    for runner, background in ARMS:
-        if runner not in runners:
-            continue
+    for runner, background in arms:
         result = measure(args, runner, background, args.every)
-        base = baselines[runner]
+        base = baselines.get(runner, {})
         row = {"runner": runner, "async": background, **result}
-        if "error" not in result and "error" not in base:
+        if "steps" in result and "steps" in base:
             row.update(figures(result, base, args.every))
         rows.append(row)
-        print(f"  {runner:9} {'async' if background else 'sync ':5} "
+        print(f"  {runner:14} {'async' if background else 'sync ':5} "
               f"{row.get('stall', float('nan')):7.3f} s stall  "
               f"{row.get('extra', float('nan')):7.3f} s extra per save "
-              f"{row.get('error', '')}", flush=True)
+              f"{row.get('error', row.get('refused', ''))}", flush=True)
     first = next((r for r in rows if "parameters" in r), {})
     print(f"\ncheckpointing.py: {first.get('parameters', 0) / 1e6:.0f} M parameters, "
           f"checkpoints of {first.get('checkpoint_bytes', 0) / 1e6:.0f} MB, a save every "
@@ -275,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     sync = {r["runner"]: r for r in rows if not r["async"]}
     for r in rows:
+        if "refused" in r:
+            print(f"| {r['runner']} | | refused: {r['refused']} | | | |")
+            continue
         if "stall" not in r:
             print(f"| {r['runner']} | {'background' if r['async'] else 'synchronous'} | "
                   f"failed: {r.get('error', '')[:120]} | | | |")

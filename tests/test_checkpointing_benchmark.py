@@ -1,6 +1,7 @@
 """``benchmarks/checkpointing.py --quick`` runs every arm (the hand loop, ptrain and Lightning,
-each writing synchronously and in the background) and reports each one's stall, on checkpoints
-of the same size: the plumbing of the issue-38 figures in docs/benchmarks.md."""
+each writing synchronously and in the background, in one process and as 2 fsdp processes) and
+reports each one's stall, on checkpoints of the same size: the plumbing of the issue-38 figures
+in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ def test_every_arm_saves_and_reports_its_stall(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["runner"], r["async"]) for r in rows] == [
-        (runner, background) for runner in ("hand", "ptrain", "lightning")
-        for background in (False, True)]
-    assert all(r["saves"] == 2 and r["step"] > 0 for r in rows), rows
-    # the same 17 M float32 weights (67 MB) in every file, with each runner's own metadata
-    assert all(67.1e6 < r["checkpoint_bytes"] < 67.3e6 for r in rows), rows
+        (runner, background) for runner in ("hand", "ptrain", "lightning", "hand fsdp",
+                                            "ptrain fsdp")
+        for background in (False, True)] + [("lightning fsdp", False)]
+    *measured, lightning_fsdp = rows
+    assert lightning_fsdp["refused"].startswith("The strategy `fsdp` requires a GPU")
+    assert all(r["saves"] == 2 and r["step"] > 0 for r in measured), rows
+    # the same 17 M float32 weights (67 MB) in every file or sharded folder, with each
+    # runner's own metadata
+    assert all(67.1e6 < r["checkpoint_bytes"] < 67.5e6 for r in measured), rows
     assert "| ptrain | background |" in proc.stdout
     assert not list(tmp_path.glob("ckpt-bench-*"))  # every arm's folder removed
