@@ -5,6 +5,7 @@ Lightning 2.6.6, in one run.
     .venv/bin/python benchmarks/checkpointing.py            # about 13 minutes on 2 cores
     .venv/bin/python benchmarks/checkpointing.py --no-fsdp  # one process only: 4 minutes
     .venv/bin/python benchmarks/checkpointing.py --quick    # a 17 M-parameter model: plumbing
+    python benchmarks/checkpointing.py --device cuda --no-fsdp   # on a GPU (issue 39)
 
 The model: 12 ``Linear(4096, 4096)`` layers with ReLU between (201 M parameters, 805 MB in
 float32), plain SGD (no optimizer state, so a checkpoint is the weights: 805 MB), batches of 8
@@ -87,11 +88,24 @@ def made_data(quick: bool):
                                           torch.randn(64, width, generator=made))
 
 
+#: where the arm's model trains (``--device``); set in the arm's process
+DEVICE = "cpu"
+
+
 def loss_of(model, batch):
     from torch.nn import functional as F
 
-    x, y = batch
+    x, y = (t.to(DEVICE) for t in batch)
     return F.mse_loss(model(x), y)
+
+
+def mark(marks: list[float]) -> None:
+    """A step's end, on the host clock: on a GPU once the device has done the step's work."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    marks.append(time.perf_counter())
 
 
 def hand_save(state: dict[str, Any], path: Path) -> None:
@@ -127,11 +141,12 @@ def module_of(base: type, model, loader) -> Any:
     return Module()
 
 
-def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
+    """The training loop of the hand arms, written out: ``save(step)`` every ``--every`` steps,
+    a mark after each step."""
     import torch
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    writer: threading.Thread | None = None
     step = 0
     while step < args.steps:
         for batch in loader:
@@ -140,20 +155,29 @@ def run_hand(args, model, loader, marks: list[float], folder: Path, background: 
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if args.every and step % args.every == 0:
-                if writer is not None:
-                    writer.join()
-                state = {"model": model.state_dict(), "step": step}
-                if background:
-                    copy = {"model": {k: v.detach().clone() for k, v in state["model"].items()},
-                            "step": step}
-                    writer = threading.Thread(target=hand_save,
-                                              args=(copy, folder / "last.ckpt"))
-                    writer.start()
-                else:
-                    hand_save(state, folder / "last.ckpt")
-            marks.append(time.perf_counter())
+                save(step)
+            mark(marks)
             if step == args.steps:
                 break
+
+
+def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+    writer: threading.Thread | None = None
+
+    def save(step: int) -> None:
+        nonlocal writer
+        if writer is not None:
+            writer.join()
+        state = {"model": model.state_dict(), "step": step}
+        if background:
+            copy = {"model": {k: v.detach().to("cpu", copy=True)
+                              for k, v in state["model"].items()}, "step": step}
+            writer = threading.Thread(target=hand_save, args=(copy, folder / "last.ckpt"))
+            writer.start()
+        else:
+            hand_save(state, folder / "last.ckpt")
+
+    hand_loop(args, model, loader, marks, save)
     if writer is not None:
         writer.join()
 
@@ -166,7 +190,7 @@ def run_ptrain(args, model, loader, marks: list[float], folder: Path, background
 
         @ptrain.hookimpl(trylast=True)  # after the checkpoint callback's save at this step
         def on_train_batch_end(self):
-            marks.append(time.perf_counter())
+            mark(marks)
 
     callbacks: list[Any] = ["no:progress-bar", "no:tensorboard", "no:model-summary",
                             "no:dataloading", Marks()]
@@ -175,7 +199,7 @@ def run_ptrain(args, model, loader, marks: list[float], folder: Path, background
     if not args.every:
         callbacks.append("no:checkpoint")
         options = {}
-    trainer = ptrain.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1,
+    trainer = ptrain.Trainer(accelerator=DEVICE, max_steps=args.steps, max_epochs=-1,
                              callbacks=callbacks, plugin_options=options,
                              default_root_dir=str(folder), num_sanity_val_steps=0)
     trainer.fit(module_of(ptrain.TrainModule, model, loader))
@@ -189,13 +213,13 @@ def run_lightning(args, model, loader, marks: list[float], folder: Path,
 
     class Marks(L.Callback):
         def on_train_batch_end(self, *_):
-            marks.append(time.perf_counter())
+            mark(marks)
 
     callbacks: list[Any] = [Marks()]
     if args.every:  # Marks first: Lightning saves in ModelCheckpoint's own batch end, after it
         callbacks.append(ModelCheckpoint(dirpath=folder, every_n_train_steps=args.every,
                                          save_last=False, save_top_k=1))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False,
+    trainer = L.Trainer(accelerator=DEVICE, devices=1, max_steps=args.steps, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=bool(args.every), callbacks=callbacks,
                         plugins=[AsyncCheckpointIO()] if background else None,
@@ -214,33 +238,28 @@ def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool)
     dist.init_process_group("gloo", rank=rank, world_size=PROCESSES)
     torch.set_num_threads(args.threads)
     model, data = build(args.quick)
-    for layer in model:  # each layer a unit, then the root: FSDP2's usual recipe (and ptrain's)
+    for layer in model:  # each layer a unit, then the root (the ptrain arm: wrap_classes Linear)
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
     sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     group = dist.new_group(backend="gloo") if background else None
-    pending, marks, step = None, [], 0
-    while step < args.steps:
-        for batch in loader:
-            loss_of(model, batch).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if args.every and step % args.every == 0:
-                if pending is not None:
-                    pending.result()
-                state = {"model": get_model_state_dict(model)}
-                if background:
-                    pending = dcp.async_save(state, checkpoint_id=folder / "last.ckpt",
-                                             process_group=group)
-                else:
-                    dcp.save(state, checkpoint_id=folder / "last.ckpt")
-            marks.append(time.perf_counter())
-            if step == args.steps:
-                break
+    pending: Any = None
+    marks: list[float] = []
+
+    def save(step: int) -> None:
+        nonlocal pending
+        if pending is not None:
+            pending.result()
+        state = {"model": get_model_state_dict(model)}
+        if background:
+            pending = dcp.async_save(state, checkpoint_id=folder / "last.ckpt",
+                                     process_group=group)
+        else:
+            dcp.save(state, checkpoint_id=folder / "last.ckpt")
+
+    hand_loop(args, model, loader, marks, save)
     if pending is not None:
         pending.result()
     if rank == 0:
@@ -352,9 +371,13 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
     other ranks of a job that runs this script on every rank (ptrain's script launcher)."""
     import torch
 
+    global DEVICE
     torch.set_num_threads(request["threads"])
     args = argparse.Namespace(**request)
+    DEVICE = args.device
     model, data = build(args.quick)
+    if args.runner == "hand":
+        model.to(DEVICE)
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     folder = Path(args.folder)
     marks: list[float] = []
@@ -366,9 +389,10 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
     end = time.perf_counter()
     if os.environ.get("RANK", "0") != "0":
         return None
-    # a file, or a sharded folder's files
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()
-               and any(part.endswith(".ckpt") for part in p.relative_to(folder).parts))
+    # the largest checkpoint left: a file, or a sharded folder's files (a runner may leave
+    # more than one: Lightning's AsyncCheckpointIO sometimes keeps the file it replaced)
+    size = max((sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir()
+                else p.stat().st_size for p in folder.rglob("*.ckpt")), default=0)
     steps = [b - a for a, b in zip([start, *marks], marks)]
     return {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
             "parameters": sum(p.numel() for p in model.parameters())}
@@ -377,7 +401,8 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
 def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.workdir)
     request = {"runner": runner, "background": background, "every": every, "steps": args.steps,
-               "quick": args.quick, "folder": folder, "threads": args.threads}
+               "quick": args.quick, "folder": folder, "threads": args.threads,
+               "device": args.device}
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)],
                               capture_output=True, text=True, cwd=REPO, timeout=1800)
@@ -414,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--no-fsdp", action="store_true",
                         help="leave out the arms of 2 fsdp processes")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the arms of one process train (the fsdp arms: the CPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -421,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         if result is not None:
             print("RESULT " + json.dumps(result), flush=True)
         return 0
+    if args.device == "cuda" and not args.no_fsdp:
+        parser.error("--device cuda trains the arms of one process on a GPU; the fsdp arms "
+                     "run 2 CPU processes: add --no-fsdp")
     if args.every < 3 or args.steps < 2 * args.every:
         parser.error("--every must be at least 3 (steps away from a save are the reference) "
                      "and --steps at least twice --every")
@@ -446,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ncheckpointing.py: {first.get('parameters', 0) / 1e6:.0f} M parameters, "
           f"checkpoints of {first.get('checkpoint_bytes', 0) / 1e6:.0f} MB, a save every "
           f"{args.every} steps over {args.steps}, {args.threads} intra-op thread(s), "
-          f"under {args.workdir}\n")
+          f"on {args.device}, under {args.workdir}\n")
     print("| runner | writes | step (median, no save) | stall at the save | extra time per save "
           "| vs synchronous |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")

@@ -7,7 +7,8 @@
 #   bash scripts/gpu-check.sh --reduced                      # here, on the CPU: the plumbing only
 #
 # Parts: tests (the CUDA test modules), conformance (every plugin's suite on cuda), decoder, conv,
-# mlp, fp8, ac, data, tune (the benchmarks); `all` is every part in that order. fp8 needs torchao
+# mlp, fp8, ac, data, tune, ckpt (the benchmarks; ckpt: the stall of a checkpoint, issue 39's
+# item 6); `all` is every part in that order. fp8 needs torchao
 # (ptrain-fp8-precision's requirement): --install and --wheels install no dependency, so put its
 # wheel into the wheelhouse on a machine without the index (pip download --no-deps -d DIR
 # torchao==0.18.0).
@@ -30,7 +31,7 @@ py=${PYTHON:-$(command -v python3)}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && py=.venv/bin/python
 out=${OUT:-gpu-check-out}
 reduced=0 install=0 wheels='' parts=all bench_args='' step_timeout=0 pack=''
-PARTS=(tests conformance decoder conv mlp fp8 ac data tune)
+PARTS=(tests conformance decoder conv mlp fp8 ac data tune ckpt)
 usage() { echo "gpu-check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -121,6 +122,15 @@ for part in "${selected[@]}"; do
           --tune-args "--tune-only precision --tune-steps 10 --tune-repeats 2"
       else
         step bench-tune "$py" benchmarks/tune.py --accelerator cuda --budget 3m
+      fi ;;
+    ckpt)  # the stall of a checkpoint, written synchronously and in the background
+      mkdir -p "$out/ckpt"
+      if [ $reduced = 1 ]; then
+        step bench-ckpt "$py" benchmarks/checkpointing.py --quick --no-fsdp --steps 7 --every 3 \
+          --workdir "$out/ckpt" --out "$out/ckpt/checkpointing.json"
+      else
+        step bench-ckpt "$py" benchmarks/checkpointing.py --device cuda --no-fsdp --threads 4 \
+          --workdir "$out/ckpt" --out "$out/ckpt/checkpointing.json"
       fi ;;
   esac
 done

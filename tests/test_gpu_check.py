@@ -43,7 +43,7 @@ def test_every_step_runs_and_passes(reduced):
     rows = (out / "summary.md").read_text().splitlines()
     assert [row.split("|")[1].strip() for row in rows] == [
         "environment", "cuda-tests", "conformance-cuda", "bench-decoder", "bench-conv",
-        "bench-mlp", "bench-fp8", "bench-ac", "bench-data", "bench-tune"]
+        "bench-mlp", "bench-fp8", "bench-ac", "bench-data", "bench-tune", "bench-ckpt"]
     assert all("| passed |" in row for row in rows), rows
 
 
@@ -127,9 +127,18 @@ def test_ptrain_tune_runs_on_the_digits_example(reduced):
     assert "is your configuration as it is" in log or "Fastest: " in log, log[-3000:]
 
 
+def test_the_checkpoint_section_measures_each_runner_both_ways(reduced):
+    _, out = reduced
+    rows = json.loads((out / "ckpt" / "checkpointing.json").read_text())["rows"]
+    assert [(r["runner"], r["async"]) for r in rows] == [
+        (runner, background) for runner in ("hand", "ptrain", "lightning")
+        for background in (False, True)]
+    assert all(r["saves"] == 2 and "stall" in r for r in rows), rows
+
+
 def test_a_bad_argument_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu-check.sh", "--part", "bogus", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert ("--part 'bogus' is not one of tests conformance decoder conv mlp fp8 ac data tune, all"
-            in proc.stderr)
+    assert ("--part 'bogus' is not one of tests conformance decoder conv mlp fp8 ac data tune "
+            "ckpt, all" in proc.stderr)
