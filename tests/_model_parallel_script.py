@@ -5,7 +5,7 @@
     python tests/_model_parallel_script.py --root DIR --out DIR [--devices 4]
         [--strategy model-parallel|fsdp] [--replicate R] [--shard S] [--tensor T] [--loss-parallel] [--steps N]
         [--clip VALUE] [--build configure|init] [--hidden H] [--plan-typo] [--self-shard]
-        [--epochs E] [--save] [--resume] [--batch B] [--kill-step K]
+        [--epochs E] [--save] [--async-save] [--resume] [--batch B] [--kill-step K]
 
 ``--devices 1`` runs the same model on one process (``single-device``) with the global batch of
 the 4-rank run: the batch size times ``--dp``, the data-parallel size (``replicate x shard``)
@@ -124,6 +124,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="steps per epoch")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--save", action="store_true", help="write checkpoints (last.ckpt)")
+    p.add_argument("--async-save", action="store_true", help="write them in the background")
     p.add_argument("--resume", action="store_true", help="from the root's last.ckpt")
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--build", default="configure", choices=["configure", "init"])
@@ -148,6 +149,8 @@ def main() -> None:
                               "loss_parallel": args.loss_parallel}}
     elif strategy == "fsdp":
         options = {strategy: {"replicate": args.replicate, "timeout": 120}}
+    if args.async_save:
+        options["checkpoint"] = {"async_save": True}
     trainer = ptrain.Trainer(
         strategy=strategy, devices=args.devices,
         accelerator="cpu", max_epochs=args.epochs, gradient_clip_val=args.clip,

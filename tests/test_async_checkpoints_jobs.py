@@ -2,7 +2,8 @@
 folders in the background (torch.distributed.checkpoint over a gloo group of its own), ``ddp``
 its rank-0 file; the ranks agree when a write has ended and whether it failed, at the same step
 boundary. A job killed, signalled or refused its write (a file-size limit on rank 0) while a
-write is in flight resumes exactly from the last complete checkpoint.
+write is in flight resumes exactly from the last complete checkpoint; under ``model-parallel``
+with a tensor-parallel plan the folder written in the background equals the synchronous one.
 
 The runs are tests/_async_checkpoint_script.py's (see tests/test_async_checkpoints.py, the same
 faults in one process), with ``--strategy``."""
@@ -11,12 +12,16 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from ptrain.checkpoint_io import sharded_meta
+from ptrain_fsdp.checkpoint import consolidate
 from tests._campaigns import JOB_MODULES
+from tests.conftest import REPO
 from tests.test_async_checkpoints import STEPS_PER_EPOCH, last, run
 
 pytestmark = [pytest.mark.slow, JOB_MODULES]
@@ -86,3 +91,32 @@ def test_a_write_refused_on_one_rank_stops_every_rank_at_the_next_step(runs, str
     assert after == full.record["acted_at"] - STEPS_PER_EPOCH
     assert not [p for p in last(full.root).parent.iterdir() if p.name.endswith(".tmp")]
     assert_resumed_exactly(runs, strategy, "fill")
+
+
+def test_under_a_tensor_parallel_plan_the_background_checkpoint_equals_the_synchronous_one(
+        tmp_path):
+    """``model-parallel`` with tensor 2 (tests/_model_parallel_script.py's decoder and plan):
+    the shards copied to host memory keep their layout, and the folder written in the
+    background holds the weights and Adam state of the synchronous one."""
+    written = {}
+    for mode in ("sync", "async"):
+        argv = [sys.executable, "tests/_model_parallel_script.py", "--root", str(tmp_path / mode),
+                "--out", str(tmp_path / f"{mode}-out"), "--devices", "2", "--dp", "1",
+                "--shard", "1", "--tensor", "2", "--epochs", "2", "--save",
+                *(["--async-save"] if mode == "async" else [])]
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                              start_new_session=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert "written synchronously" not in proc.stderr
+        consolidate(last(tmp_path / mode), tmp_path / f"{mode}.pt")
+        written[mode] = torch.load(tmp_path / f"{mode}.pt", weights_only=True)
+    sync, background = written["sync"], written["async"]
+    assert sync["loop"]["global_step"] == background["loop"]["global_step"] == 8
+    assert sync["model"].keys() == background["model"].keys()
+    for name, tensor in sync["model"].items():
+        assert torch.equal(tensor, background["model"][name]), name
+    states = [w["optimizers"][0]["state"] for w in (sync, background)]
+    assert states[0].keys() == states[1].keys() and states[0]
+    for index, state in states[0].items():
+        for key, value in state.items():
+            assert torch.equal(value, states[1][index][key]), (index, key)
