@@ -300,8 +300,8 @@ class ModelCheckpoint:
                     help="print a line for each top-k decision")
         options.add("async_save", to_bool, default=False,
                     help="copy each checkpoint to host memory and write it in the background "
-                         "while training goes on (one write in flight; single-file checkpoints "
-                         "of one process so far)")
+                         "while training goes on (one write in flight; single files and "
+                         "sharded folders, on any number of processes)")
         options.add("on_write_error", str, default="stop", choices=WRITE_ERROR_CHOICES,
                     help="when a checkpoint can't be written (disk full, permission, quota): "
                          "stop the run with the error, or warn and train on; either way the "
