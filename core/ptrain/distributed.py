@@ -674,8 +674,9 @@ class ProcessGroupStrategy:
 
     @hookimpl(wrapper=True)
     def save_checkpoint_in_background(self, trainer: Trainer):
-        # a write refused while it is being prepared (a sharded folder that can't be made) is
-        # every rank's refusal; one refused later is agreed on when it ends (WriteAgreement)
+        # a write refused while a plugin copies it is every rank's refusal (fsdp's own folder
+        # is made in the background); one refused later is agreed on when it ends
+        # (WriteAgreement)
         refused: CheckpointWriteError | None = None
         writes = []
         try:
