@@ -124,12 +124,12 @@ class Decoder(ptrain.TrainModule):
             self._make_layers()
         if self.device_mesh is None or "tp" not in self.device_mesh.mesh_dim_names:
             return  # one process, or a mesh without tensor parallelism
-        from torch.distributed.tensor.parallel import parallelize_module
-
+        # self.parallelize is torch's parallelize_module with the run's plugins taking part
+        # (fp8-mixed converts the planned layers first)
         tp = self.device_mesh["tp"]
-        parallelize_module(self, tp, self.plan())
+        self.parallelize(self, tp, self.plan())
         for block in self.layers:
-            parallelize_module(block, tp, self.block_plan())
+            self.parallelize(block, tp, self.block_plan())
 
     def forward(self, tokens):
         h = self.tok_embeddings(tokens)

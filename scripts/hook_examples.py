@@ -103,6 +103,23 @@ class BF16Init:
                 torch.set_default_dtype(previous)
 
         return bf16_default()
+# == modify_parallel_plan
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+from ptrain import hookimpl
+
+
+class GatheredLogits:
+    """Whatever the module's plan does with its output layer, the logits come back whole on
+    every process (a loss that can't take sharded logits)."""
+
+    @hookimpl
+    def modify_parallel_plan(self, plan):
+        style = plan.get("output")
+        if isinstance(style, ColwiseParallel):
+            plan["output"] = ColwiseParallel(input_layouts=style.input_layouts[0],
+                                             output_layouts=Replicate())
 # == wrap_model
 import torch
 

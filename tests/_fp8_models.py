@@ -1,10 +1,11 @@
 """Models for tests/plugins/precision/test_fp8_mixed.py: the worked decoder of
 ``examples/decoder.py``, recording what each process computed.
 
-Every training step appends ``{"loss", "float8_layers"}`` (a JSON line) to
-``<record_dir>/rank<R>.jsonl``: the step's loss and how many of the module's layers are torchao
-float8 layers, so that a test sees both the numbers and that the conversion reached the
-process that trained."""
+Every training step appends ``{"loss", "float8_layers", "float8_tensor_parallel"}`` (a JSON
+line) to ``<record_dir>/rank<R>.jsonl``: the step's loss, how many of the module's layers are
+torchao float8 layers, and how many of those a tensor-parallel plan split (their weight is a
+DTensor over a ``tp`` mesh dimension), so that a test sees both the numbers and that the
+conversion reached the process that trained."""
 
 from __future__ import annotations
 
@@ -24,23 +25,16 @@ class RecordedDecoder(Decoder):
         super().__init__(**kwargs)
         self.record_dir = record_dir
 
-    def configure_model(self):
-        """No plan on a mesh whose tensor dimension is one process (fp8-mixed refuses layers
-        a plan made DTensors)."""
-        mesh = self.device_mesh
-        if mesh is not None and "tp" in (mesh.mesh_dim_names or ()) and mesh["tp"].size() == 1:
-            if self.layers is None:
-                self._make_layers()
-            return
-        super().configure_model()
-
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
         if self.record_dir:
             rank = dist.get_rank() if dist.is_initialized() else 0
-            float8 = sum(type(m).__name__ == "Float8Linear" for m in self.modules())
+            float8 = [m for m in self.modules() if type(m).__name__ == "Float8Linear"]
+            split = sum("tp" in (getattr(m.weight, "device_mesh", None) and
+                                 m.weight.device_mesh.mesh_dim_names or ()) for m in float8)
             with open(Path(self.record_dir) / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"loss": loss.item(), "float8_layers": float8}) + "\n")
+                f.write(json.dumps({"loss": loss.item(), "float8_layers": len(float8),
+                                    "float8_tensor_parallel": split}) + "\n")
         return loss
 
 
@@ -48,6 +42,29 @@ class RecordedDecoder(Decoder):
         tokens, targets = batch
         loss = F.cross_entropy(self(tokens).flatten(0, 1), targets.flatten())
         self.log("val_loss", loss)
+
+
+class PlannedDecoder(RecordedDecoder):
+    """The decoder whose ``configure_model`` applies a plan in a way fp8-mixed refuses:
+    ``how="torch"``, the worked plan with torch's ``parallelize_module`` itself (the layers
+    would be converted after their plan); ``how="lone-layer"``, ``self.parallelize`` given a
+    layer fp8-mixed converts, rather than its parent and a path."""
+
+    def __init__(self, how: str = "torch", **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+
+    def configure_model(self):
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        if self.layers is None:
+            self._make_layers()
+        tp = self.device_mesh["tp"]
+        if self.how == "torch":
+            for block in self.layers:
+                parallelize_module(block, tp, self.block_plan())
+        else:
+            self.parallelize(self.layers[1].attention.wk, tp, ColwiseParallel())
 
 
 def read(record_dir: Path, rank: int = 0) -> list[dict]:

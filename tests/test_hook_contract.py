@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -499,6 +500,45 @@ def test_configure_model_runs_once_inside_every_init_context(make_trainer):
     with trainer.init_module():
         extra = nn.Linear(2, 2)
     assert extra.weight.dtype == torch.float64 and plugin.entered == 2
+
+
+class PlanEditor:
+    """Takes the output layer out of every plan it sees. It writes what it was given, and which
+    of the model's weights a plan split, to ``<folder>/plans.json`` (under model-parallel the
+    stage runs in a process of its own, even for one device)."""
+
+    name = "plan-editor"
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.seen = []
+
+    @hookimpl
+    def modify_parallel_plan(self, module, mesh, plan):
+        self.seen.append([type(module).__name__, list(mesh.mesh_dim_names), sorted(plan)])
+        plan.pop("output", None)
+
+    @hookimpl
+    def setup(self, trainer):
+        module = trainer.module
+        split = {name: "tp" in getattr(parameter, "device_mesh", None).mesh_dim_names
+                 for name, parameter in module.named_parameters()
+                 if name in ("tok_embeddings.weight", "output.weight")}
+        (self.folder / "plans.json").write_text(json.dumps({"seen": self.seen, "split": split}))
+
+
+def test_modify_parallel_plan_changes_the_plan_torch_applies(make_trainer, tmp_path):
+    """The worked decoder applies its plan with self.parallelize on one process's mesh: the
+    plugin sees each call, and what it removes from the plan is left unsplit."""
+    from examples.decoder import Decoder
+
+    module = Decoder(samples=16, batch_size=8)
+    make_trainer(strategy="model-parallel", callbacks=["no:progress-bar", PlanEditor(tmp_path)],
+                 max_epochs=1).fit(module)
+    record = json.loads((tmp_path / "plans.json").read_text())
+    assert record["seen"] == [["Decoder", ["tp"], ["output", "tok_embeddings"]]] + \
+        [["Block", ["tp"], sorted(module.block_plan())]] * 2
+    assert record["split"] == {"tok_embeddings.weight": True, "output.weight": False}
 
 
 class Counter:

@@ -23,6 +23,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
         on_stage_start(trainer, stage="fit")       # then the module's own setup(stage)
         with module_init_context(trainer, empty_init=None):   # each plugin's context, entered
             trainer.module.configure_model()                  # once per module
+                modify_parallel_plan(trainer, module, mesh, plan)   # per self.parallelize(...)
         trainer.model = wrap_model(trainer, model=StepModule(trainer.module))   # on the CPU
         trainer.optimizers = [wrap_optimizer(trainer, optimizer) for each optimizer]
         val_loader = prepare_dataloader(trainer, dataloader, stage="validate")
@@ -266,6 +267,27 @@ def module_init_context(trainer: Trainer,
 
     Result: all; every context returned is entered, in hook order. Implemented by: sharding
     strategies (parameters on the meta device, so that no rank holds the whole model).
+    """
+
+
+@hookspec
+def modify_parallel_plan(trainer: Trainer, module: nn.Module, mesh: Any,
+                         plan: dict[str, Any]) -> None:
+    """Adapt a tensor-parallel plan, and the layers it names, before torch applies it.
+
+    Fires: at each ``TrainModule.parallelize(module, mesh, plan)`` (the module's
+    ``configure_model`` calls it where it would call torch's ``parallelize_module``, with the
+    same arguments), just before ``parallelize_module(module, mesh, plan)``. ``module`` is the
+    module the plan is relative to (the user's module or one of its submodules), ``mesh`` the
+    1-D tensor-parallel ``DeviceMesh``, and ``plan`` a mutable ``{module path: ParallelStyle}``
+    dict in torch's format (a lone style arrives as ``{"": style}``, which torch applies to
+    ``module`` itself). An implementation may replace submodules of ``module`` (a layer type
+    whose plan styles differ, e.g. float8 layers) and the plan's entries, in place; torch
+    applies what ``plan`` holds once every implementation returned.
+
+    Result: all; return ``None``. Implemented by: precision plugins whose layers need plan
+    styles of their own (``fp8-mixed`` converts the layers it chose and gives them torchao's
+    float8 styles).
     """
 
 

@@ -265,7 +265,28 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         ``fsdp``/``zero3`` the layers are then created on the meta device and each rank gets
         only its shards, initialised by each module's ``reset_parameters()`` to the values the
         model built whole would have had (see :mod:`ptrain.meta_init`). Calling it again
-        yourself must be harmless: return early when the layers exist."""
+        yourself must be harmless: return early when the layers exist.
+
+        A tensor-parallel plan goes here too, applied with :meth:`parallelize`."""
+
+    def parallelize(self, module: nn.Module, device_mesh: Any, parallelize_plan: Any,
+                    **kwargs: Any) -> nn.Module:
+        """torch's ``parallelize_module(module, device_mesh, parallelize_plan, **kwargs)``, with
+        the run's plugins taking part: call it from :meth:`configure_model` with the arguments
+        you would give torch's function (``device_mesh``: the 1-D tensor-parallel mesh, e.g.
+        ``self.device_mesh["tp"]``; ``parallelize_plan``: a ``ParallelStyle`` or a dict of
+        them by submodule path). First each plugin may adapt the plan and the layers it names
+        (the ``modify_parallel_plan`` hook: ``fp8-mixed`` converts the layers it chose to
+        float8 and gives them torchao's float8 styles); then torch applies it. Returns
+        ``module``, as torch does. Without a trainer it is torch's function alone."""
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        plan = (dict(parallelize_plan) if isinstance(parallelize_plan, dict)
+                else {"": parallelize_plan})
+        if self._trainer is not None:
+            self._trainer.hook.modify_parallel_plan(trainer=self._trainer, module=module,
+                                                    mesh=device_mesh, plan=plan)
+        return parallelize_module(module, device_mesh, plan, **kwargs)
 
     def configure_optimizers(self) -> Any:
         """Return an optimizer; or a dict ``{"optimizer": opt, "lr_scheduler": sched}`` where the

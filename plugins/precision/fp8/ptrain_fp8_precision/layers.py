@@ -20,10 +20,13 @@ MULTIPLE = 16
 @dataclass
 class LayerChoice:
     """``convert``: the names of the Linear layers to convert, in the model's order; ``kept``:
-    every other Linear layer's name with the reason it stays in high precision."""
+    every other Linear layer's name with the reason it stays in high precision; ``converted``:
+    the names of ``convert`` converted so far (before a tensor-parallel plan, or with the
+    model)."""
 
     convert: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
+    converted: set[str] = field(default_factory=set)
 
     def kept_reasons(self) -> str:
         """Each kept layer with its reason, in the model's order."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 import torch
 from torch import nn
@@ -11,7 +12,7 @@ from ptrain import ConfigError, hookimpl
 from ptrain.options import to_bool, to_str_list
 from ptrain.tuning import precision_candidate
 from ptrain_fp8_precision._torchao import float8_training
-from ptrain_fp8_precision.layers import choose_layers
+from ptrain_fp8_precision.layers import LayerChoice, choose_layers
 from ptrain_mixed_precision import BF16MixedPrecision
 
 RECIPES = ("tensorwise", "rowwise")
@@ -93,23 +94,40 @@ class FP8MixedPrecision(BF16MixedPrecision):
                 f"{torch.cuda.get_device_name(device)} has {_dotted(capability)}. Use "
                 f"--precision bf16-mixed on this GPU.")
 
+    @hookimpl
+    def modify_parallel_plan(self, trainer, module: nn.Module, plan: dict) -> None:
+        """Converts the chosen layers under ``module`` before the plan makes their weights
+        DTensors (converting after it fails in the forward), and, with the tensorwise recipe,
+        gives the plan's column- and row-wise entries for them torchao's float8 styles, which
+        cast a layer's input to float8 before it is redistributed (as torchtitan does; the
+        rowwise recipe keeps torch's styles, which torchao's float8 ones do not support)."""
+        prefix = _path_in(trainer.module, module)
+        if prefix is None:
+            return  # not a part of the model: nothing this plugin chose
+        torchao = float8_training()
+        choice = self._choice(trainer.module, torchao.Float8Linear)
+        if prefix in choice.convert and prefix not in choice.converted:
+            raise ConfigError(
+                f"self.parallelize was given the layer {prefix} itself, which fp8-mixed "
+                f"converts to a torchao Float8Linear: a new layer, which can't take the place "
+                f"of the one passed in. Give its parent module and the layer's path in the "
+                f"plan: self.parallelize(parent, mesh, {{'{prefix.rpartition('.')[2]}': "
+                f"style}}).")
+        inside = prefix + "." if prefix else ""
+        self._convert(trainer.module, [name for name in choice.convert
+                                       if name.startswith(inside) and name not in choice.converted])
+        if self.recipe == "tensorwise":
+            _give_float8_styles(module, plan, torchao)
+
     @hookimpl(wrapper=True)
     def wrap_model(self, trainer, model: nn.Module):
         torchao = float8_training()
         # the user's module (``model`` holds it as ``model.module``): layer names as the user
         # sees them; its layers are swapped in place, so ``model`` holds the converted ones
         module = trainer.module
-        self.layers = module.__dict__.get(CONVERTED)
-        if self.layers is None:  # not converted by an earlier stage
-            _refuse_converted_or_parallel(module, torchao.Float8Linear)
-            self.layers = choose_layers(module, self.keep_ends, self.skip)
-            chosen = set(self.layers.convert)
-            config = dataclasses.replace(
-                torchao.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
-                enable_fsdp_float8_all_gather=self.all_gather)
-            torchao.convert_to_float8_training(module, config=config,
-                                               module_filter_fn=lambda _, name: name in chosen)
-            module.__dict__[CONVERTED] = self.layers  # a plain attribute: not a submodule
+        choice = self._choice(module, torchao.Float8Linear)
+        self._convert(module, [name for name in choice.convert if name not in choice.converted])
+        self.layers = choice
         # torchao's float8 tensors can't take the dtype cast autocast makes under
         # inference_mode ("aten.to.dtype ... not supported"): evaluation runs under no_grad,
         # as the inference_mode option documents for such plugins
@@ -125,27 +143,101 @@ class FP8MixedPrecision(BF16MixedPrecision):
             print(f"fp8-mixed ({how}): {self.layers.summary()}", flush=True)
         return wrapped
 
+    def _choice(self, module: nn.Module, float8_linear: type) -> LayerChoice:
+        """The module's LayerChoice: made once, over the whole module (the first and last
+        layers are the model's), and kept on it, so that a later stage (validate after fit)
+        finds its layers converted; the model is checked for layers it can't convert."""
+        choice = module.__dict__.get(CONVERTED)
+        if choice is None:
+            choice = choose_layers(module, self.keep_ends, self.skip)
+            module.__dict__[CONVERTED] = choice  # a plain attribute: not a submodule
+        _refuse_converted_or_parallel(module, choice, float8_linear)
+        return choice
 
-def _refuse_converted_or_parallel(model: nn.Module, float8_linear: type) -> None:
-    """A model that converted layers itself, or applied a tensor-parallel plan to them, is
-    refused: converting again would nest torchao's layers, and a tensor-parallel plan needs
-    torchao's float8 plan styles, which this plugin does not apply yet."""
+    def _convert(self, module: nn.Module, names: list[str]) -> None:
+        """Swaps the Linear layers ``names`` of ``module`` for torchao's float8 layers."""
+        if not names:
+            return
+        torchao = float8_training()
+        config = dataclasses.replace(
+            torchao.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
+            enable_fsdp_float8_all_gather=self.all_gather)
+        wanted = set(names)
+        torchao.convert_to_float8_training(module, config=config,
+                                           module_filter_fn=lambda _, name: name in wanted)
+        module.__dict__[CONVERTED].converted.update(names)
+
+
+def _refuse_converted_or_parallel(model: nn.Module, choice: LayerChoice,
+                                  float8_linear: type) -> None:
+    """A model that converted layers itself, or applied a tensor-parallel plan with torch's
+    ``parallelize_module`` to layers this plugin converts, is refused: converting again would
+    nest torchao's layers, and a layer converted after its plan fails in the forward (mixed
+    Tensor and DTensor); ``TrainModule.parallelize`` converts before the plan is applied."""
     from torch.distributed.tensor import DTensor
 
     for name, module in model.named_modules():
-        if isinstance(module, float8_linear):
+        if isinstance(module, float8_linear) and name not in choice.converted:
             raise ConfigError(
                 f"{type(model).__name__}.{name} is already a torchao Float8Linear: convert "
                 f"the layers either in the model (then train with --precision bf16-mixed) or "
                 f"with --precision fp8-mixed, not both.")
-        if isinstance(module, nn.Linear) and isinstance(module.weight, DTensor):
+        if name in choice.convert and name not in choice.converted and \
+                isinstance(module.weight, DTensor):
             raise ConfigError(
-                f"{type(model).__name__}.{name} has a tensor-parallel plan applied (its weight "
-                f"is a DTensor), and fp8-mixed does not convert tensor-parallel layers yet: they "
-                f"need torchao's Float8ColwiseParallel and Float8RowwiseParallel plan styles. "
-                f"Use --precision bf16-mixed with tensor parallelism; with "
-                f"--model-parallel-tensor 1, apply no plan in configure_model and fp8-mixed "
-                f"converts the layers.")
+                f"{type(model).__name__}.{name} had a tensor-parallel plan applied by torch's "
+                f"parallelize_module (its weight is a DTensor), and fp8-mixed must convert a "
+                f"layer before its plan is applied. In configure_model, call "
+                f"self.parallelize(module, mesh, plan) instead of parallelize_module(module, "
+                f"mesh, plan): the same arguments, with fp8-mixed taking part.")
+
+
+def _path_in(model: nn.Module | None, module: nn.Module) -> str | None:
+    """``module``'s path in ``model`` ("" for ``model`` itself), ``None`` if not a part of it
+    (or no model is set: a module given a trainer by hand, outside a stage)."""
+    parts = model.named_modules() if model is not None else ()
+    return next((name for name, part in parts if part is module), None)
+
+
+def _give_float8_styles(module: nn.Module, plan: dict, torchao) -> None:
+    """Each plan entry in torch's ``ColwiseParallel`` or ``RowwiseParallel`` (those types
+    exactly: a subclass's behaviour is its own) whose layers are float8 layers gets torchao's
+    float8 style of the same layouts. An entry whose pattern reaches float8 layers and others
+    becomes one entry per layer, in its place."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    float8_styles = {ColwiseParallel: torchao.Float8ColwiseParallel,
+                     RowwiseParallel: torchao.Float8RowwiseParallel}
+    entries = list(plan.items())
+    plan.clear()
+    for key, style in entries:
+        float8_style = float8_styles.get(type(style))
+        layers = _planned(module, key) if float8_style else []
+        float8 = [isinstance(layer, torchao.Float8Linear) for _, layer in layers]
+        if not any(float8):
+            plan[key] = style
+        elif all(float8):
+            plan[key] = _restyled(style, float8_style)
+        else:
+            for (path, _), is_float8 in zip(layers, float8):
+                plan[path] = _restyled(style, float8_style) if is_float8 else style
+
+
+def _planned(module: nn.Module, key: str) -> list[tuple[str, nn.Module]]:
+    """The submodules of ``module`` a plan key names, with their paths, as torch's
+    ``parallelize_module`` matches it (each dot-separated part an ``fnmatch`` pattern)."""
+    found = [("", module)]
+    for token in key.split(".") if key else []:
+        found = [(f"{path}.{name}" if path else name, child) for path, parent in found
+                 for name, child in parent.named_children() if fnmatch.fnmatch(name, token)]
+    return found
+
+
+def _restyled(style, float8_style):
+    """``float8_style`` with ``style``'s layouts."""
+    return float8_style(input_layouts=style.input_layouts[0],
+                        output_layouts=style.output_layouts[0],
+                        use_local_output=style.use_local_output)
 
 
 def _sharded_by_fsdp(model: nn.Module) -> bool:
