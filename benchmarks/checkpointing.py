@@ -435,10 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch's intra-op threads per arm (default 1: the other core is "
                              "the background writer's)")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where the arms write their checkpoints (made if missing)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    parser.add_argument("--no-fsdp", action="store_true",
-                        help="leave out the arms of 2 fsdp processes")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--no-fsdp", action="store_true",
+                      help="leave out the arms of 2 fsdp processes")
+    only.add_argument("--only-fsdp", action="store_true",
+                      help="only the arms of 2 fsdp processes (on a host with cores to spare "
+                           "for the writer, e.g. a GPU machine's)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the arms of one process train (the fsdp arms: the CPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -448,17 +453,20 @@ def main(argv: list[str] | None = None) -> int:
         if result is not None:
             print("RESULT " + json.dumps(result), flush=True)
         return 0
+    if args.device == "cuda" and args.only_fsdp:
+        parser.error("--only-fsdp runs 2 CPU processes: leave out --device cuda")
     if args.device == "cuda" and not args.no_fsdp:
         parser.error("--device cuda trains the arms of one process on a GPU; the fsdp arms "
                      "run 2 CPU processes: add --no-fsdp")
     if args.every < 3 or args.steps < 2 * args.every:
         parser.error("--every must be at least 3 (steps away from a save are the reference) "
                      "and --steps at least twice --every")
+    args.workdir.mkdir(parents=True, exist_ok=True)
     import importlib.util
 
     lightning = importlib.util.find_spec("lightning") is not None
-    arms = [(r, b) for r, b in ARMS + ([] if args.no_fsdp else FSDP_ARMS)
-            if lightning or not r.startswith("lightning")]
+    arms = [(r, b) for r, b in ([] if args.only_fsdp else ARMS) +
+            ([] if args.no_fsdp else FSDP_ARMS) if lightning or not r.startswith("lightning")]
     baselines = {r: measure(args, r, False, 0) for r in dict(arms) if r != "lightning fsdp"}
     rows = []
     for runner, background in arms:

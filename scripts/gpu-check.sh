@@ -131,6 +131,10 @@ for part in "${selected[@]}"; do
       else
         step bench-ckpt "$py" benchmarks/checkpointing.py --device cuda --no-fsdp --threads 4 \
           --workdir "$out/ckpt" --out "$out/ckpt/checkpointing.json"
+        # fsdp's stall on 2 CPU processes with cores to spare for the writers (on 2 cores the
+        # writer has none, and the figure says so rather than what asynchronous saving gains)
+        step bench-ckpt-fsdp "$py" benchmarks/checkpointing.py --only-fsdp --threads 4 \
+          --workdir "$out/ckpt" --out "$out/ckpt/checkpointing-fsdp.json"
       fi ;;
   esac
 done

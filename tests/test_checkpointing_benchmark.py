@@ -36,3 +36,14 @@ def test_every_arm_saves_and_reports_its_stall(tmp_path):
     assert all(67.1e6 < r["checkpoint_bytes"] < 67.5e6 for r in measured), rows
     assert "| ptrain | background |" in proc.stdout
     assert not list(tmp_path.glob("ckpt-bench-*"))  # every arm's folder removed
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--only-fsdp", "--no-fsdp"], "--no-fsdp: not allowed with argument --only-fsdp"),
+    (["--only-fsdp", "--device", "cuda"], "--only-fsdp runs 2 CPU processes"),
+    (["--device", "cuda"], "add --no-fsdp"),
+], ids=["only-and-no-fsdp", "only-fsdp-on-cuda", "fsdp-on-cuda"])
+def test_arms_that_cannot_run_together_are_usage_errors(flags, message):
+    proc = subprocess.run([sys.executable, "benchmarks/checkpointing.py", *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
