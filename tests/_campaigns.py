@@ -176,5 +176,5 @@ WHOLE_TOOL_RUNS = pytest.mark.campaign(family="whole-tool runs", sample=1, per="
 JOB_MODULES = pytest.mark.campaign(family="multi-process job modules", sample=3, per="module")
 
 #: Tests that each start one job of two processes (a strategy, a finder or a stage under ddp
-#: or fsdp): the default run draws eight of them.
+#: or fsdp; four for a 2-D mesh): the default run draws eight of them.
 TWO_PROCESS_RUNS = pytest.mark.campaign(family="two-process runs", sample=8)
