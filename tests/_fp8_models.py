@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import torch.distributed as dist
+from torch import nn
 from torch.nn import functional as F
 
 from examples.decoder import Decoder
@@ -47,8 +48,9 @@ class RecordedDecoder(Decoder):
 class PlannedDecoder(RecordedDecoder):
     """The decoder whose ``configure_model`` applies a plan in a way fp8-mixed refuses:
     ``how="torch"``, the worked plan with torch's ``parallelize_module`` itself (the layers
-    would be converted after their plan); ``how="lone-layer"``, ``self.parallelize`` given a
-    layer fp8-mixed converts, rather than its parent and a path."""
+    would be converted after their plan); ``"lone-layer"``, ``self.parallelize`` given a layer
+    fp8-mixed converts, rather than its parent and a path; ``"unattached"``, given a block not
+    yet a part of the model; ``"late"``, a Linear layer made after the first plan."""
 
     def __init__(self, how: str = "torch", **kwargs):
         super().__init__(**kwargs)
@@ -63,8 +65,15 @@ class PlannedDecoder(RecordedDecoder):
         if self.how == "torch":
             for block in self.layers:
                 parallelize_module(block, tp, self.block_plan())
-        else:
+        elif self.how == "lone-layer":
             self.parallelize(self.layers[1].attention.wk, tp, ColwiseParallel())
+        elif self.how == "unattached":
+            self.parallelize(type(self.layers[0])(self.hparams.dim, self.hparams.heads,
+                                                  self.hparams.hidden), tp, self.block_plan())
+        else:  # "late": a layer made after the first plan
+            self.parallelize(self.layers[0], tp, self.block_plan())
+            self.extra = nn.Linear(self.hparams.dim, self.hparams.dim)
+            self.parallelize(self.layers[1], tp, self.block_plan())
 
 
 def read(record_dir: Path, rank: int = 0) -> list[dict]:

@@ -227,7 +227,11 @@ def test_tensor_parallel_on_four_processes_trains_to_the_losses_of_one(tmp_path,
               r"instead of parallelize_module\(module, mesh, plan\)"),
     ("lone-layer", r"self\.parallelize was given the layer layers\.1\.attention\.wk itself"
                    r".* self\.parallelize\(parent, mesh, \{'wk': style\}\)"),
-], ids=["torch-parallelize-module", "a-lone-layer"])
+    ("unattached", r"self\.parallelize was given a Block that is not \(yet\) a part of "
+                   r"PlannedDecoder, .* Attach it to the model first"),
+    ("late", r"PlannedDecoder made Linear layers after fp8-mixed chose which to convert, at "
+             r"the first self\.parallelize call: extra\. Make all"),
+], ids=["torch-parallelize-module", "a-lone-layer", "an-unattached-block", "a-late-layer"])
 def test_a_plan_applied_where_fp8_mixed_cannot_convert_first_is_refused(make_trainer, how,
                                                                          message):
     """Refused on one process's mesh too: a plan makes the weights DTensors all the same."""

@@ -29,8 +29,9 @@ class FP8MixedPrecision(BF16MixedPrecision):
     optimizer state, bfloat16 autocast). Weights stay float32 Parameters of the same names, so
     checkpoints load into any precision.
 
-    The layers are converted in ``wrap_model`` before the strategy wraps or shards the model;
-    which ones is said in one line at start-up (see :func:`choose_layers`)."""
+    The layers are converted in ``wrap_model`` before the strategy wraps or shards the model,
+    or, under a tensor-parallel plan, as ``TrainModule.parallelize`` applies it (before torch
+    splits them); which ones is said in one line at start-up (see :func:`choose_layers`)."""
 
     name = "fp8-mixed"
     alternative = "32-true"
@@ -103,7 +104,13 @@ class FP8MixedPrecision(BF16MixedPrecision):
         rowwise recipe keeps torch's styles, which torchao's float8 ones do not support)."""
         prefix = _path_in(trainer.module, module)
         if prefix is None:
-            return  # not a part of the model: nothing this plugin chose
+            if any(isinstance(layer, nn.Linear) for layer in module.modules()):
+                raise ConfigError(
+                    f"self.parallelize was given a {type(module).__name__} that is not (yet) a "
+                    f"part of {type(trainer.module).__name__}, and fp8-mixed chooses the "
+                    f"layers to convert by their place in the model. Attach it to the model "
+                    f"first (e.g. self.layers.append(block)), then apply its plan.")
+            return  # no layer this plugin would convert
         torchao = float8_training()
         choice = self._choice(trainer.module, torchao.Float8Linear)
         if prefix in choice.convert and prefix not in choice.converted:
@@ -151,6 +158,14 @@ class FP8MixedPrecision(BF16MixedPrecision):
         if choice is None:
             choice = choose_layers(module, self.keep_ends, self.skip)
             module.__dict__[CONVERTED] = choice  # a plain attribute: not a submodule
+        late = [name for name, layer in module.named_modules() if isinstance(layer, nn.Linear)
+                and name not in choice.convert and name not in choice.kept]
+        if late:
+            raise ConfigError(
+                f"{type(module).__name__} made Linear layers after fp8-mixed chose which to "
+                f"convert, at the first self.parallelize call: {', '.join(late[:6])}"
+                f"{' ...' if len(late) > 6 else ''}. Make all of the model's layers in "
+                f"configure_model before applying a plan.")
         _refuse_converted_or_parallel(module, choice, float8_linear)
         return choice
 
