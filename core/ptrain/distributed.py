@@ -602,6 +602,14 @@ class ProcessGroupStrategy:
         parallel) overrides it: those processes must read the same batches."""
         return trainer.global_rank, trainer.world_size, None
 
+    def metric_replicas(self, trainer: Trainer) -> tuple[int, Any]:
+        """The processes whose logged metrics are averaged together: ``(count, group)``
+        (``None``: the whole job). By default the replicas of :meth:`data_parallel`; a
+        strategy whose processes of one replica each see a part of every batch (context
+        parallel: a part of each sequence) counts those parts too."""
+        _, replicas, group = self.data_parallel(trainer)
+        return replicas, group
+
     @hookimpl(wrapper=True)
     def prepare_dataloader(self, trainer: Trainer, stage: str):
         loader = yield
@@ -647,7 +655,7 @@ class ProcessGroupStrategy:
         shapes = [metrics[n].shape for n in names]
         flat = torch.cat([metrics[n].detach().float().reshape(-1).to(trainer.device)
                           for n in names])
-        _, replicas, group = self.data_parallel(trainer)
+        replicas, group = self.metric_replicas(trainer)
         dist.all_reduce(flat, op=_OPS[op], group=group)  # one collective for all of them
         if op == "mean":
             flat = flat / replicas

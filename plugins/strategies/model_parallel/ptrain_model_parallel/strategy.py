@@ -19,10 +19,12 @@ from ptrain.meta_init import materialize
 from ptrain.options import to_bool, to_int
 from ptrain_fsdp import FSDPStrategy
 from ptrain_fsdp.strategy import broadcast_into
+from ptrain_model_parallel.context import SequenceSplit, no_ring_attention
 
 #: the mesh's dimensions, outermost first: processes that differ in an outer one sit on other
-#: nodes first (``auto`` keeps the tensor dimension inside a node, where links are fastest)
-DIMENSIONS = ("dp_replicate", "dp_shard", "tp")
+#: nodes first (``auto`` keeps the tensor dimension inside a node, where links are fastest).
+#: ``cp`` (context parallel) is a dimension of the mesh only when its size is above 1.
+DIMENSIONS = ("dp_replicate", "dp_shard", "cp", "tp")
 #: ``mesh_names`` -> the dimensions of the module's ``self.device_mesh``: ptrain's own mesh,
 #: or the 2-D view Lightning's ModelParallelStrategy gives (``data_parallel`` is
 #: ``dp_replicate x dp_shard`` flattened, ``tensor_parallel`` is ``tp``)
@@ -41,25 +43,33 @@ class ModelParallelStrategy(FSDPStrategy):
 
     The processes form a mesh of three named dimensions, ``dp_replicate x dp_shard x tp``,
     laid out before the module's ``configure_model``, which sees it as ``self.device_mesh``
-    and applies its tensor-parallel plan on ``self.device_mesh["tp"]`` with torch's
-    ``parallelize_module``. The strategy then shards the model with FSDP2 over the
+    and applies its tensor-parallel plan on ``self.device_mesh["tp"]`` with
+    ``self.parallelize`` (torch's ``parallelize_module``, with the run's plugins taking part).
+    The strategy then shards the model with FSDP2 over the
     data-parallel dimensions (hybrid when ``dp_replicate`` > 1), unless ``configure_model``
     already did. Processes of one tensor-parallel group read the same batches; metrics are
-    averaged over the data-parallel replicas. With ``mesh_names="lightning"`` the module sees
+    averaged over the data-parallel replicas. With ``context`` > 1 the mesh has a fourth
+    dimension, ``cp`` (before ``tp``), over which each batch's sequences are split for the
+    step (:class:`~ptrain_model_parallel.context.SequenceSplit`); FSDP then shards over
+    ``dp_shard x cp``. With ``mesh_names="lightning"`` the module sees
     a 2-D view of the same mesh, ``data_parallel x tensor_parallel``, as under Lightning's
     ``ModelParallelStrategy``; the strategy itself always works on its own mesh, ``_mesh``.
     """
 
     def __init__(self, replicate: int = 1, shard: int | str = "auto", tensor: int | str = "auto",
-                 loss_parallel: bool = False, mesh_names: str = "ptrain", **fsdp_options):
+                 context: int = 1, context_dim: int = 1, loss_parallel: bool = False,
+                 mesh_names: str = "ptrain", **fsdp_options):
         super().__init__(replicate=replicate, **fsdp_options)
         self.shard = shard
         self.tensor = tensor
+        self.context, self.context_dim = context, context_dim
         self.loss_parallel = loss_parallel
         self.mesh_names = mesh_names
         self._data_group: tuple[Any, Any] | None = None  # (mesh, its data-parallel group)
         self._in_loss_parallel: Any = None  # the entered loss_parallel() context, in a stage
         self._lightning_view: tuple[Any, Any] | None = None  # (mesh, its 2-D view)
+        self._shard_view: tuple[Any, Any] | None = None  # (mesh, dp_shard x cp as one dim)
+        self._split: SequenceSplit | None = None  # the batches' sequences, under cp
 
     @staticmethod
     @hookimpl
@@ -74,6 +84,13 @@ class ModelParallelStrategy(FSDPStrategy):
                     help="processes each layer's tensors are split over by the module's "
                          "tensor-parallel plan (self.device_mesh['tp']); auto: the processes of "
                          "one node (--devices)")
+        options.add("context", positive(to_int), default=1,
+                    help="processes each sequence of a batch is split over (context "
+                         "parallelism: attention by torch's ring attention, on CUDA GPUs)")
+        options.add("context_dim", to_int, default=1,
+                    help="the sequence dimension of the batch's tensors, which "
+                         "--model-parallel-context splits (every tensor with more dimensions "
+                         "than this is split)")
         options.add("loss_parallel", to_bool, default=False,
                     help="compute the loss and its backward inside torch's loss_parallel(), "
                          "for a model whose output layer leaves its logits sharded over the "
@@ -97,25 +114,41 @@ class ModelParallelStrategy(FSDPStrategy):
         """The mesh's sizes for a job of ``world`` processes; sizes whose product is not
         ``world`` are a :class:`ptrain.ConfigError` naming them and what would fit."""
         flag = f"--{trainer.options['strategy']}"
-        tensor = world // trainer.num_nodes if self.tensor == "auto" else self.tensor
+        context = self.context
+        if context > 1 and self.mesh_names == "lightning":
+            raise ConfigError(
+                f"{flag}-context {context} splits sequences over a mesh dimension of its own, "
+                f"which Lightning's 2-D mesh (data_parallel x tensor_parallel, "
+                f"{flag}-mesh-names lightning) has no name for. Use ptrain's mesh names "
+                f"(dp_replicate, dp_shard, cp, tp), or leave {flag}-context at 1.")
+        if self.tensor == "auto":  # one node's processes, less those context parallel takes
+            per_node = world // trainer.num_nodes
+            tensor = per_node // context if per_node % context == 0 else 1
+        else:
+            tensor = self.tensor
+        others = self.replicate * context * tensor
+        named = f"{flag}-replicate {self.replicate} x " + \
+            (f"{flag}-context {context} x " if context > 1 else "")
         if self.shard == "auto":
-            if world % (self.replicate * tensor):
+            if world % others:
                 raise ConfigError(
-                    f"{flag}-replicate {self.replicate} x {flag}-tensor {tensor} does not divide "
-                    f"the {world} processes of this job (--devices {trainer.devices} x "
-                    f"--num-nodes {trainer.num_nodes}); choose sizes whose product divides "
-                    f"{world}: the rest becomes {flag}-shard.")
-            shard = world // (self.replicate * tensor)
+                    f"{named}{flag}-tensor {tensor} does not divide the {world} processes of "
+                    f"this job (--devices {trainer.devices} x --num-nodes {trainer.num_nodes}); "
+                    f"choose sizes whose product divides {world}: the rest becomes "
+                    f"{flag}-shard.")
+            shard = world // others
         else:
             shard = self.shard
-        if self.replicate * shard * tensor != world:
+        if shard * others != world:
             raise ConfigError(
-                f"the mesh {flag}-replicate {self.replicate} x {flag}-shard {shard} x "
-                f"{flag}-tensor {tensor} has {self.replicate * shard * tensor} places, but this "
-                f"job has {world} processes (--devices {trainer.devices} x --num-nodes "
-                f"{trainer.num_nodes}); give sizes whose product is {world}, or leave "
-                f"{flag}-shard at auto.")
-        return dict(zip(DIMENSIONS, (self.replicate, shard, tensor)))
+                f"the mesh {named}{flag}-shard {shard} x {flag}-tensor {tensor} has "
+                f"{shard * others} places, but this job has {world} processes (--devices "
+                f"{trainer.devices} x --num-nodes {trainer.num_nodes}); give sizes whose "
+                f"product is {world}, or leave {flag}-shard at auto.")
+        sizes = dict(zip(DIMENSIONS, (self.replicate, shard, context, tensor)))
+        if context == 1:
+            del sizes["cp"]  # the mesh of a run without context parallelism stays 3-D
+        return sizes
 
     @hookimpl
     def launch(self, trainer, function):
@@ -124,18 +157,45 @@ class ModelParallelStrategy(FSDPStrategy):
         return super().launch(trainer, function)
 
     def data_parallel(self, trainer) -> tuple[int, int, Any]:
+        """The data-parallel replicas (``dp_replicate x dp_shard``) read different batches;
+        the processes of one replica (its ``cp x tp`` places) read the same. The group: the
+        processes that share this one's tensor-parallel place."""
         mesh = self._mesh
-        replicate, shard, tensor = (mesh[name].size() for name in DIMENSIONS)
-        if tensor == 1:
+        size = dict(zip(mesh.mesh_dim_names, mesh.shape))
+        if size["tp"] == 1 and size.get("cp", 1) == 1:
             return super().data_parallel(trainer)
-        r, s, _ = mesh.get_coordinate()
-        return r * shard + s, replicate * shard, self._data_parallel_group(mesh)
+        place = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate()))
+        return (place["dp_replicate"] * size["dp_shard"] + place["dp_shard"],
+                size["dp_replicate"] * size["dp_shard"], self._data_parallel_group(mesh))
+
+    def metric_replicas(self, trainer) -> tuple[int, Any]:
+        """Under context parallelism each process of a replica computed its metrics on a part
+        of every sequence (parts of one length): they are averaged with the replicas'."""
+        _, replicas, group = self.data_parallel(trainer)
+        return replicas * self._context_size(), group
+
+    def _context_size(self) -> int:
+        mesh = self._mesh
+        return mesh["cp"].size() if "cp" in mesh.mesh_dim_names else 1
 
     def _data_parallel_group(self, mesh) -> Any:
         """The process group of the processes that share this one's tensor-parallel place,
-        made with the mesh (see :meth:`on_stage_start`)."""
+        made with the mesh (see :meth:`on_stage_start`); ``None`` (every process) without
+        tensor parallelism."""
+        if mesh["tp"].size() == 1:
+            return None
         assert self._data_group is not None and self._data_group[0] is mesh
         return self._data_group[1]
+
+    def data_parallel_mesh(self, mesh):
+        """FSDP shards over ``dp_shard x cp``: the processes of a context-parallel group hold
+        the same weights and average their gradients, as replicas would."""
+        if "cp" not in mesh.mesh_dim_names:
+            return super().data_parallel_mesh(mesh)
+        assert self._shard_view is not None and self._shard_view[0] is mesh
+        view = self._shard_view[1]
+        return view["dp_replicate", "dp_shard_cp"] if mesh["dp_replicate"].size() > 1 \
+            else view["dp_shard_cp"]
 
     @hookimpl
     def on_stage_start(self, trainer, stage: str) -> None:
@@ -148,6 +208,15 @@ class ModelParallelStrategy(FSDPStrategy):
             group, _ = dist.new_subgroups_by_enumeration(
                 [ranks[:, t].tolist() for t in range(ranks.shape[1])])
             self._data_group = (mesh, group)
+        if "cp" in mesh.mesh_dim_names and (self._shard_view is None
+                                            or self._shard_view[0] is not mesh):
+            # a view of the root mesh in which dp_shard and cp are one dimension (a view, not
+            # a slice of a flattened dimension, which torch deprecates)
+            size = dict(zip(mesh.mesh_dim_names, mesh.shape))
+            view = mesh._flatten("world")._unflatten(
+                0, (size["dp_replicate"], size["dp_shard"] * size["cp"], size["tp"]),
+                ("dp_replicate", "dp_shard_cp", "tp"))
+            self._shard_view = (mesh, view)
         if self.mesh_names == "lightning":
             if self._lightning_view is None or self._lightning_view[0] is not mesh:
                 # the same processes as data_parallel x tensor_parallel, made once per mesh
@@ -189,6 +258,14 @@ class ModelParallelStrategy(FSDPStrategy):
 
     @hookimpl
     def setup(self, trainer, stage: str) -> None:
+        flag = f"--{trainer.options['strategy']}-context"
+        if self._context_size() > 1:
+            if stage == "predict":
+                raise ConfigError(
+                    f"{flag} {self._context_size()} splits each sequence over processes, and "
+                    f"predict would gather predictions made on parts of sequences as if they "
+                    f"were whole. Predict with {flag} 1 (the checkpoint loads on any mesh).")
+            self._split = SequenceSplit(self._mesh["cp"], self.context_dim, flag)
         # the whole stage, not each step: a validation or test step computes its loss on
         # sharded logits too, and the context is torch's global dispatch switch, no per-step cost
         if self.loss_parallel and self._in_loss_parallel is None:
@@ -198,7 +275,36 @@ class ModelParallelStrategy(FSDPStrategy):
             self._in_loss_parallel.__enter__()
 
     @hookimpl
+    def unused_step_hooks(self) -> list[str]:
+        return [] if self._context_size() > 1 else ["on_train_batch_end",
+                                                     "on_evaluation_batch_end"]
+
+    @hookimpl(wrapper=True)
+    def transfer_batch(self):
+        batch = yield
+        return batch if self._split is None else self._split.enter(batch)
+
+    @hookimpl
+    def on_train_batch_end(self) -> None:
+        if self._split is not None:
+            self._split.leave()
+
+    @hookimpl
+    def on_evaluation_batch_end(self) -> None:
+        if self._split is not None:
+            self._split.leave()
+
+    @hookimpl
+    def report_error(self, trainer, exception: BaseException) -> BaseException | None:
+        translated = no_ring_attention(exception, f"--{trainer.options['strategy']}-context",
+                                       trainer.device) if self._split is not None else None
+        return super().report_error(trainer, translated or exception) or translated
+
+    @hookimpl
     def teardown(self, trainer, stage: str) -> None:
+        if self._split is not None:
+            self._split.leave()
+            self._split = None
         if self._in_loss_parallel is not None:
             self._in_loss_parallel.__exit__(None, None, None)
             self._in_loss_parallel = None
