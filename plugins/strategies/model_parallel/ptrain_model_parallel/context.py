@@ -8,9 +8,8 @@ import contextlib
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
-
 from ptrain import ConfigError
+from ptrain.data import apply_to_tensors
 
 #: the part of torch's message when an attention kernel has no ring attention (the CPU's)
 NO_RING_ATTENTION = "_scaled_dot_product"
@@ -39,25 +38,35 @@ class SequenceSplit:
         from torch.distributed.tensor.experimental import context_parallel
 
         self.leave()  # a step that failed left it entered
-        parts = {id(t): t.clone() for t in self.sequence_tensors(batch)}
+        tensors: list[torch.Tensor] = []
+        copies: dict[int, torch.Tensor] = {}  # id of a sequence tensor -> its copy
+
+        def copy_sequence(tensor: torch.Tensor) -> torch.Tensor:
+            tensors.append(tensor)
+            if tensor.dim() <= self.dim:
+                return tensor
+            return copies.setdefault(id(tensor), tensor.clone())
+
+        # the batch walked as the device transfer walks it (tuples, lists, dicts nest)
+        split = apply_to_tensors(batch, copy_sequence)
+        parts = list(copies.values())
+        self._check(tensors, parts)
         stack = contextlib.ExitStack()
-        stack.enter_context(context_parallel(
-            self.mesh, buffers=list(parts.values()), buffer_seq_dims=[self.dim] * len(parts),
-            no_restore_buffers=set(parts.values())))
+        stack.enter_context(context_parallel(  # splits ``parts`` in place
+            self.mesh, buffers=parts, buffer_seq_dims=[self.dim] * len(parts),
+            no_restore_buffers=set(parts)))
         self._entered = stack
-        return tree_map(lambda leaf: parts.get(id(leaf), leaf), batch)
+        return split
 
     def leave(self) -> None:
         if self._entered is not None:
             stack, self._entered = self._entered, None
             stack.close()
 
-    def sequence_tensors(self, batch: Any) -> list[torch.Tensor]:
-        """The batch's sequence tensors; a batch without any, or a length that can't be split
-        in ``2 x`` the processes' parts, is a :class:`ptrain.ConfigError`."""
+    def _check(self, tensors: list[torch.Tensor], sequences: list[torch.Tensor]) -> None:
+        """A batch without a sequence tensor, or a length that can't be split in ``2 x`` the
+        processes' parts, is a :class:`ptrain.ConfigError`."""
         parts = 2 * self.mesh.size()
-        tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
-        sequences = [t for t in tensors if t.dim() > self.dim]
         if not sequences:
             shapes = ", ".join(str(tuple(t.shape)) for t in tensors) or "no tensor"
             raise ConfigError(
@@ -72,7 +81,6 @@ class SequenceSplit:
                     f"shape {tuple(tensor.shape)} has {tensor.shape[self.dim]} along dimension "
                     f"{self.dim}, which does not divide by {parts}. Pad the sequences to a "
                     f"multiple of {parts}, or choose another {self.flag}.")
-        return sequences
 
 
 def no_ring_attention(error: BaseException, flag: str, device: torch.device) -> ConfigError | None:
