@@ -76,12 +76,16 @@ class Node:
         return [int(p) for p in out.split()]
 
     def kill(self) -> None:
-        """SIGKILL every process inside this node: the machine is gone."""
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL every process inside this node, all stopped first: the machine is gone at
+        once. (Killed one by one, a process could see another die first: torch's spawn gives
+        each worker SIGINT when its launcher dies.)"""
+        pids = self.pids()
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def cut(self) -> None:
         """Take this node's link down: its processes live on, but reach no other node."""

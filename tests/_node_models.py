@@ -6,7 +6,8 @@ the first line is ``{"node": host name, "shard_group": [ranks]}``, the ranks who
 one replica (``None`` without a device mesh). ``step_s`` makes each step take that long (a job
 long enough to lose a node in). ``restart_delay_s`` holds back a process of a restarted torchrun
 try (``TORCHELASTIC_RESTART_COUNT`` above 0) that long before it meets the others, so that they
-reach the store first and find there what the previous try left.
+reach the store first and find there what the previous try left. ``fail_rank`` raises an
+error in its training step ``fail_at_step``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from tests.conftest import TinyRegressor
 
 class NodeRecorder(TinyRegressor):
     def __init__(self, record_dir: str, step_s: float = 0.0, n: int = 64,
-                 restart_delay_s: float = 0.0, **kwargs):
+                 restart_delay_s: float = 0.0, fail_rank: int = -1, fail_at_step: int = -1,
+                 **kwargs):
         super().__init__(n=n, **kwargs)
         self.record_dir, self.step_s = record_dir, step_s
+        self.fail_rank, self.fail_at_step = fail_rank, fail_at_step
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             time.sleep(restart_delay_s)
 
@@ -47,6 +50,9 @@ class NodeRecorder(TinyRegressor):
         x, y = batch
         loss = nn.functional.mse_loss(self(x), y)
         self._write({"step": self.trainer.global_step, "loss": float(loss.detach())})
+        if self.trainer.global_step == self.fail_at_step \
+                and self.trainer.global_rank == self.fail_rank:
+            raise ValueError(f"the recorder's planned failure at step {self.fail_at_step}")
         if self.step_s:
             time.sleep(self.step_s)
         self.log("train_loss", loss)

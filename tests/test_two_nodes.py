@@ -283,6 +283,26 @@ def test_a_lost_node_ends_the_job_within_the_stall_timeout_naming_it(nodes, tmp_
         assert "rank 0" in one_paragraph(second), detail(second)
 
 
+def test_a_rank_failing_on_the_other_machine_is_named_with_its_error_on_both(nodes, tmp_path):
+    """Rank 1 raises in a training step on the second machine: that machine reports the error
+    in full, and the first machine, whose collective broke when rank 1's connection closed,
+    names rank 1, its machine and its error's first line (its record can't cross machines)."""
+    record = tmp_path / "rec"
+    record.mkdir()
+    endpoint = f"{nodes[0].address}:{PORT}"
+    first, second = finish([start(node, fit_argv(
+        "ddp", tmp_path / "runs", record, "--model.fail_rank", "1", "--model.fail_at_step", "3",
+        "--ddp-stall-timeout", "8", endpoint=endpoint)) for node in nodes])
+    failure = "ValueError: the recorder's planned failure at step 3"
+    assert second.returncode == 1 and failure in second.stderr, detail(second)
+    assert 'raise ValueError(f"the recorder' in second.stderr, detail(second)  # in full
+    assert first.returncode == 1, detail(first)
+    message = one_paragraph(first)
+    assert "rank 1 (pid " in message and f"on {nodes[1].name}) failed with {failure}" \
+        in message, detail(first)
+    assert "Traceback" not in message, detail(first)
+
+
 def test_a_missing_interface_is_named_with_the_ones_there_are(nodes, tmp_path):
     """``GLOO_SOCKET_IFNAME`` names an interface the machine doesn't have: exit 2 at start-up,
     naming it and the interfaces there are."""

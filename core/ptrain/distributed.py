@@ -276,7 +276,7 @@ def _run_worker(payload: bytes, error_dir: str) -> Any:
     try:
         result = pickle.loads(payload)()
     except BaseException as exc:
-        rank_watch.stop("failed")
+        rank_watch.stop("failed", exc)
         rank_errors.write_record(error_dir, exc, int(os.environ.get("RANK", "0")))
         raise SystemExit(2 if isinstance(exc, PtrainError) else 1) from None
     rank_watch.stop("exited")
@@ -507,7 +507,7 @@ class ProcessGroupStrategy:
         elif script_launch.is_launcher():  # names a dead rank with what its heartbeat said
             reported = script_launch.first_error(stalled or exception)
         if not isinstance(exception, Interrupted):  # after a signal every rank ends alike
-            rank_watch.stop("failed")
+            rank_watch.stop("failed", reported or exception)
         return reported
 
     @hookimpl(wrapper=True)

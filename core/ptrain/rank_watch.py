@@ -27,9 +27,11 @@ ends the job. The watch that saw it:
 
 A rank's heartbeat says ``done`` once its part of the job ended while it still takes part in
 the last collectives (destroying the process group), when a silence still counts but its end
-does not; ``exited`` as its last word, and ``failed`` when it fails (its error reaches rank 0
-through the launchers' records): the others do not watch it then, until it beats again (a later
-stage of the script).
+does not; ``exited`` as its last word, and ``failed`` when it fails, with the first line of its
+error (the whole error reaches its own machine's launcher through the launchers' records): the
+others do not watch it then, until it beats again (a later stage of the script). A rank whose
+collective breaks because a rank on another machine failed names that rank and its error (its
+record can't reach this machine).
 
 torch's own monitoring does not cover this: NCCL's heartbeat monitor watches its own process's
 NCCL watchdog, and gloo's ``monitored_barrier`` must be entered by every rank on its main thread,
@@ -105,6 +107,7 @@ class RankWatch:
         self._host, self._port, self._key_prefix = host, port, key_prefix
         self._count = 0
         self._state = "running"
+        self._failure: str | None = None  # the first line of this rank's error, once it failed
         self._stop = threading.Event()
         self._handled = threading.Event()  # the main thread reached the error handling
         self._threads: list[threading.Thread] = []
@@ -134,12 +137,15 @@ class RankWatch:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, state: str) -> None:
-        """End the watch, leaving ``state`` (``exited`` or ``failed``) as this rank's last word
-        (written by the beat thread, waited for at most ``interval`` seconds)."""
+    def stop(self, state: str, error: BaseException | None = None) -> None:
+        """End the watch, leaving ``state`` (``exited``, or ``failed`` with the first line of
+        ``error``) as this rank's last word (written by the beat thread, waited for at most
+        ``interval`` seconds)."""
         self._handled.set()  # the main thread got here: no forced exit (see _end_job)
         if self._stop.is_set():
             return
+        if error is not None:
+            self._failure = _first_line(error)
         self._state = state
         self._stop.set()
         for thread in self._threads:
@@ -154,7 +160,7 @@ class RankWatch:
 
     def _beat(self) -> None:
         self._count += 1
-        doing = self.describe() if self._state == "running" else self._state
+        doing = self.describe() if self._state == "running" else self._failure or self._state
         self._store.set(str(self.rank), _SEP.join(
             (str(self._count), self._state, str(os.getpid()), self._hostname, doing)))
 
@@ -273,13 +279,21 @@ class RankWatch:
 
     def wait_for_verdict(self) -> None:
         """(The main thread, after a peer's connection closed under a collective.) Return once
-        this watch has ended the job; or every watched rank has said that its part ended or
-        failed (its own error is the job's then); or a rank still running by its last word has
-        not beaten for three rounds (it beats every round): that one is gone, and the job ends
-        naming it, without waiting out the stall timeout. At most the stall timeout and three
-        rounds."""
+        this watch has ended the job; or a rank on another machine has said that it failed
+        (the job ends naming it and its error, which its own machine reports in full); or every
+        watched rank has said that its part ended or failed (its own error is the job's then);
+        or a rank still running by its last word has not beaten for three rounds (it beats
+        every round): that one is gone, and the job ends naming it, without waiting out the
+        stall timeout. At most the stall timeout and three rounds."""
         deadline = time.monotonic() + self.stall_timeout + 3 * self.interval
         while self.message is None and time.monotonic() < deadline:
+            for peer, beat in self._peers.items():
+                if beat.state == "failed" and beat.host != self._hostname:
+                    error = f" with {beat.doing}" if beat.doing != "failed" else ""
+                    self._decide(peer, f"rank {peer} ({beat.where()}) failed{error} (that "
+                                       f"machine reports its error in full); its connection "
+                                       f"closed under a collective. The job was ended.")
+                    return
             if all(beat.state != "running" for beat in self._peers.values()):
                 return
             for peer, beat in self._peers.items():
@@ -311,6 +325,14 @@ class RankWatch:
         print(f"ptrain: rank {self.rank}: still blocked {self.grace:g} s after the job ended; "
               f"exiting.", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def _first_line(error: BaseException) -> str:
+    """``error``'s type and the first line of its message, at most 300 characters: what a
+    heartbeat can carry of it."""
+    lines = str(error).strip().splitlines()
+    said = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return said if len(said) <= 300 else said[:297] + "..."
 
 
 def process_state(pid: int) -> str | None:
@@ -378,12 +400,12 @@ def start(**kwargs: Any) -> None:
     _watch.start()
 
 
-def stop(state: str = "exited") -> None:
+def stop(state: str = "exited", error: BaseException | None = None) -> None:
     """End this process's watch, telling the others that it is leaving (``exited``) or failed
-    (``failed``)."""
+    (``failed``, with ``error``'s first line)."""
     global _watch
     if _watch is not None:
-        _watch.stop(state)
+        _watch.stop(state, error)
         _watch = None
 
 
