@@ -45,7 +45,9 @@ class SequenceSplit:
             tensors.append(tensor)
             if tensor.dim() <= self.dim:
                 return tensor
-            return copies.setdefault(id(tensor), tensor.clone())
+            if id(tensor) not in copies:  # a tensor the batch holds twice is copied once
+                copies[id(tensor)] = tensor.clone()
+            return copies[id(tensor)]
 
         # the batch walked as the device transfer walks it (tuples, lists, dicts nest)
         split = apply_to_tensors(batch, copy_sequence)
