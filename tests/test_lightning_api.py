@@ -129,6 +129,106 @@ def test_a_lightning_hook_ptrain_does_not_call_is_refused(tmp_path):
         trainer.fit(OverridesUnsupported())
 
 
+@pytest.mark.parametrize("method", ["training_epoch_end", "validation_epoch_end"])
+@pytest.mark.parametrize("trainer_class", [ptrain.Trainer, pl.Trainer])
+def test_an_epoch_end_with_outputs_is_refused_as_lightning_refuses_it(tmp_path, method,
+                                                                       trainer_class):
+    module = TinyRegressor()
+    setattr(module, method, lambda outputs: None)
+    trainer = trainer_class(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ptrain.ModelError, match=f"{method} is a hook Lightning 2.0 removed .*"
+                                                f"move its code to on_"):
+        trainer.fit(module)
+    import lightning.pytorch as lightning  # the peer refuses it too
+
+    with pytest.raises(NotImplementedError, match=f"`{method}` has been removed"):
+        lightning.Trainer(max_epochs=1, logger=False, **QUIET).fit(
+            _peer_module(lightning, {method: lambda self, outputs: None}))
+
+
+class OnEpochEnd:
+    """A Lightning 1.x callback: ``on_epoch_end`` is all it has; ``on_train_epoch_end`` is
+    given to the class made from it where a test needs a method Lightning 2 calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_epoch_end(self, trainer, pl_module):
+        self.calls.append("on_epoch_end")
+
+
+def _lightning_1_callback(framework, with_current_method: bool):
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.calls.append("on_train_epoch_end")
+
+    body = {"on_train_epoch_end": on_train_epoch_end} if with_current_method else {}
+    return type("EpochCallback", (OnEpochEnd, framework.Callback), body)()
+
+
+class StepEnd(TinyRegressor):
+    def training_step_end(self, outputs):
+        raise AssertionError("Lightning 2 never calls training_step_end")
+
+
+def test_a_lightning_1_hook_stops_ptrains_trainer_naming_where_its_code_goes(tmp_path):
+    with pytest.raises(ptrain.PluginError, match=r"EpochCallback\.on_epoch_end is a hook of "
+                                                 r"Lightning 1\.x .* move it to "
+                                                 r"on_train_epoch_end"):
+        ptrain.Trainer(accelerator="cpu", callbacks=[_lightning_1_callback(pl, True)])
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ptrain.ModelError, match=r"StepEnd\.training_step_end is a hook of "
+                                                r"Lightning 1\.x .* move it to training_step"):
+        trainer.fit(StepEnd())
+
+
+@pytest.mark.parametrize("with_current_method", [False, True])
+def test_a_lightning_1_hook_is_a_warning_under_ptrain_lightning_and_never_called_as_in_lightning(
+        tmp_path, with_current_method):
+    import lightning.pytorch as lightning
+
+    calls = {}
+    for framework in (lightning, pl):
+        callback = _lightning_1_callback(framework, with_current_method)
+        with pytest.warns(UserWarning, match="on_epoch_end is a hook of Lightning 1.x") \
+                if framework is pl else _no_warning_check():
+            trainer = framework.Trainer(max_epochs=2, callbacks=[callback], logger=False,
+                                        enable_checkpointing=False,
+                                        default_root_dir=str(tmp_path), **QUIET)
+            trainer.fit(StepEnd() if framework is pl else _peer_module(
+                lightning, {"training_step_end": StepEnd.training_step_end}))
+        calls[framework.__name__] = callback.calls
+    assert calls["ptrain.lightning"] == calls["lightning.pytorch"] == \
+        ["on_train_epoch_end"] * (2 if with_current_method else 0)
+
+
+def _no_warning_check():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _peer_module(lightning, methods: dict):
+    """A small module of Lightning itself, with ``methods`` added to its class."""
+
+    class Peer(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.zeros(8, 4), batch_size=4)
+
+    for name, method in methods.items():
+        setattr(Peer, name, method)
+    return Peer()
+
+
 class LogsEverything(TinyRegressor):
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)

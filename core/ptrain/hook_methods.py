@@ -126,6 +126,37 @@ UNSUPPORTED_MODULE_METHODS = {
                            "they are cleared; act in on_before_zero_grad, which runs right "
                            "before",
 }
+#: Module methods Lightning 2.0 removed and refuses: ptrain refuses them too, under either
+#: Trainer -> the method to use instead.
+EPOCH_OUTPUTS_METHODS = {"training_epoch_end": "on_train_epoch_end",
+                         "validation_epoch_end": "on_validation_epoch_end",
+                         "test_epoch_end": "on_test_epoch_end"}
+#: Hook methods of Lightning 1.x that Lightning 2 no longer calls, and does not refuse: it runs
+#: a program that defines one without ever calling it -> where their code goes now. ptrain's
+#: Trainer refuses them; ``ptrain.lightning``'s warns and runs on (see
+#: ``Trainer.stops_on_removed_lightning_hooks``).
+_REMOVED_EITHER = {
+    "on_epoch_start": "on_train_epoch_start (or on_validation_epoch_start, "
+                      "on_test_epoch_start)",
+    "on_epoch_end": "on_train_epoch_end (or on_validation_epoch_end, on_test_epoch_end)",
+    "on_batch_start": "on_train_batch_start",
+    "on_batch_end": "on_train_batch_end",
+    "on_pretrain_routine_start": "on_fit_start",
+    "on_pretrain_routine_end": "on_fit_start",
+}
+REMOVED_MODULE_METHODS = {
+    **_REMOVED_EITHER,
+    **{f"{stage}_step_end": f"{stage}_step (ptrain runs no DataParallel whose parts would need "
+                            f"joining)" for stage in ("training", "validation", "test")},
+    "on_hpc_save": "on_save_checkpoint", "on_hpc_load": "on_load_checkpoint",
+    "on_post_move_to_device": "configure_model",
+}
+REMOVED_CALLBACK_METHODS = {
+    **_REMOVED_EITHER,
+    "on_init_start": "the callback's __init__", "on_init_end": "setup",
+    "on_keyboard_interrupt": "on_exception",
+    "on_configure_sharded_model": "setup", "on_before_accelerator_backend_setup": "setup",
+}
 
 
 def overridden(obj: Any, names: Any, base: type | None) -> list[str]:
@@ -367,17 +398,28 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
     return type("HookMethods", (), namespace)()
 
 
-def module_hook_plugin(module: Any, base: type) -> Any | None:
+def module_hook_plugin(module: Any, base: type, stop: bool = True) -> Any | None:
     """The plugin calling ``module``'s overridden hook methods (those ``base``, the
     :class:`TrainModule`, defines as no-ops), or ``None`` when it overrides none. Its
     implementations are ``trylast``, so they run after the callbacks' (Lightning's order). A
-    Lightning hook ptrain does not call is a :class:`ModelError` naming what to do instead."""
+    Lightning hook ptrain does not call is a :class:`ModelError` naming what to do instead; so
+    is a hook Lightning 2 no longer calls, or with ``stop=False`` a warning (see
+    :func:`check_removed_methods`)."""
     unsupported = overridden(module, UNSUPPORTED_MODULE_METHODS, base)
     if unsupported:
         name = unsupported[0]
         raise ModelError(f"{type(module).__qualname__}.{name} is a Lightning hook that ptrain "
                          f"does not call, so it would be silently ignored: "
                          f"{UNSUPPORTED_MODULE_METHODS[name]}.")
+    removed = overridden(module, EPOCH_OUTPUTS_METHODS, base)
+    if removed:
+        name = removed[0]
+        raise ModelError(
+            f"{type(module).__qualname__}.{name} is a hook Lightning 2.0 removed (Lightning "
+            f"refuses it too), so it would never run: move its code to "
+            f"{EPOCH_OUTPUTS_METHODS[name]}, and keep the step outputs it needs on the module "
+            f"(append them to a list in the step, use and clear it there).")
+    check_removed_methods(module, base, REMOVED_MODULE_METHODS, stop, ModelError)
     names = overridden(module, MODULE_METHODS, base)
     if not names and module.automatic_optimization:
         return None
@@ -510,23 +552,55 @@ def _warn_changed(where: str, view: dict[str, Any], before: dict[str, Any],
         f"in on_load_checkpoint).", stacklevel=3)
 
 
-def adapt_callbacks(callbacks: list[Any], name: str) -> list[Any]:
+def check_removed_methods(obj: Any, base: type | None, removed: dict[str, str], stop: bool,
+                          error: type[Exception]) -> None:
+    """Refuse (``stop``: ``error``) or warn about ``obj``'s methods named in ``removed``: hooks
+    of Lightning 1.x that Lightning 2 no longer calls (a module's or a callback's, see
+    :data:`REMOVED_MODULE_METHODS`), so their code would never run. The message names where
+    each one's code goes now."""
+    names = overridden(obj, removed, base)
+    if not names:
+        return
+    owner = type(obj).__qualname__
+    if len(names) == 1:
+        message = (f"{owner}.{names[0]} is a hook of Lightning 1.x that Lightning 2 no longer "
+                   f"calls, so its code would never run: move it to {removed[names[0]]}.")
+    else:
+        moves = "; ".join(f"{name} -> {removed[name]}" for name in names)
+        message = (f"{' and '.join(f'{owner}.{name}' for name in names)} are hooks of Lightning "
+                   f"1.x that Lightning 2 no longer calls, so their code would never run: move "
+                   f"it ({moves}).")
+    if stop:
+        raise error(message)
+    warnings.warn(f"{message} Lightning runs such a program without calling "
+                  f"{'it' if len(names) == 1 else 'them'}; so does ptrain.lightning.",
+                  stacklevel=2)
+
+
+def adapt_callbacks(callbacks: list[Any], name: str, stop: bool = True) -> list[Any]:
     """``callbacks`` with the callbacks written with Lightning's method names (see
     :func:`is_hook_method_callback`) replaced by one plugin calling them in list order, named
-    ``name``; names and plugin objects stay as they are."""
+    ``name``; names and plugin objects stay as they are. A method Lightning 2 no longer calls
+    is refused (``stop``) or warned about (:func:`check_removed_methods`), and a callback with
+    no other method takes no part."""
     methods = [c for c in callbacks if is_hook_method_callback(c)]
     if not methods:
         return list(callbacks)
+    for callback in methods:
+        check_removed_methods(callback, _callback_base(callback), REMOVED_CALLBACK_METHODS, stop,
+                              PluginError)
+    called = [c for c in methods if overridden(c, CALLBACK_METHODS, _callback_base(c))]
     return [c for c in callbacks if not any(c is m for m in methods)] + \
-        [callback_hook_plugin(methods, name)]
+        ([callback_hook_plugin(called, name)] if called else [])
 
 
-def module_plugins(module: Any, base: type) -> list[Any]:
+def module_plugins(module: Any, base: type, stop: bool = True) -> list[Any]:
     """The plugins a module brings to a run: the one calling its hook methods, then the
     callbacks its ``configure_callbacks()`` returns (those with Lightning's method names
-    adapted)."""
+    adapted). ``stop``: whether a hook Lightning 2 no longer calls is refused or warned about
+    (:func:`check_removed_methods`)."""
     plugins = []
-    own = module_hook_plugin(module, base)
+    own = module_hook_plugin(module, base, stop)
     if own is not None:
         plugins.append(own)
     configured = module.configure_callbacks()
@@ -538,20 +612,24 @@ def module_plugins(module: Any, base: type) -> list[Any]:
         if isinstance(entry, str) or inspect.isclass(entry):
             raise ModelError(f"{type(module).__qualname__}.configure_callbacks returned "
                              f"{entry!r}; return callback objects (instances).")
-    plugins.extend(adapt_callbacks(list(configured), "module-callbacks"))
+    plugins.extend(adapt_callbacks(list(configured), "module-callbacks", stop))
     return plugins
 
 
 def is_hook_method_callback(obj: Any) -> bool:
     """Whether ``obj`` is a callback written with Lightning's method names rather than
-    ``@ptrain.hookimpl`` (it has at least one, and no hook implementation)."""
+    ``@ptrain.hookimpl`` (it has no hook implementation, and at least one such method; for a
+    :class:`Callback`, a method of Lightning 1.x counts: ``on_epoch_end`` there is Lightning's,
+    where on another object it may be a ptrain hook without its mark)."""
     from ptrain.loading import IMPL_MARK
 
     if inspect.isclass(obj) or inspect.ismodule(obj):
         return False
     if any(hasattr(getattr(obj, a, None), IMPL_MARK) for a in dir(obj) if not a.startswith("_")):
         return False
-    return bool(overridden(obj, CALLBACK_METHODS, _callback_base(obj)))
+    base = _callback_base(obj)
+    return bool(overridden(obj, CALLBACK_METHODS, base)) or (
+        base is not None and bool(overridden(obj, REMOVED_CALLBACK_METHODS, base)))
 
 
 def _callback_base(obj: Any) -> type | None:

@@ -31,8 +31,7 @@ from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import (CheckpointError, ConfigError, ModelError, NoCheckpointYetError,
                            PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
-from ptrain.hook_methods import (adapt_callbacks, callback_hook_plugin,
-                                 is_hook_method_callback, module_plugins)
+from ptrain.hook_methods import adapt_callbacks, is_hook_method_callback, module_plugins
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
                                     logged_hyperparameters, saved_hyperparameters)
 from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instantiate, register
@@ -89,6 +88,11 @@ class Trainer:
     #: the fit goes on (``ptrain.lightning.Trainer``: Lightning steps such an optimizer, and
     #: public programs do it).
     stops_on_unreached_optimizer = True
+    #: A module's or a Lightning-style callback's hook method of Lightning 1.x that Lightning 2
+    #: no longer calls (``on_epoch_end``, ``training_step_end``, ...) stops the run when it
+    #: starts; ``False``: a warning, and the run goes on without calling it
+    #: (``ptrain.lightning.Trainer``: Lightning runs such programs, ignoring the method).
+    stops_on_removed_lightning_hooks = True
 
     def __init__(
         self, *,
@@ -137,7 +141,8 @@ class Trainer:
         self._init_kwargs = dict(options, plugin_options=plugin_options)  # to rebuild in a worker
         objects = {k: v for k, v in options.items()  # plugin objects; names are text (or
                    if k in EXCLUSIVE_KINDS and not isinstance(v, (str, int))}  # precision=16)
-        callbacks = adapt_callbacks(list(options.get("callbacks") or []), "callback-methods")
+        callbacks = adapt_callbacks(list(options.get("callbacks") or []), "callback-methods",
+                                    self.stops_on_removed_lightning_hooks)
         named = {k: v for k, v in options.items() if k not in objects}
         named["callbacks"] = [c for c in callbacks if isinstance(c, str)]
         self.options = core_options().resolve(named, "Trainer(...)")
@@ -262,7 +267,9 @@ class Trainer:
             resolved = plugin.options.resolve(given, "config")
             created = instantiate(plugin.target, plugin.name, resolved)
             if plugin.info is None and is_hook_method_callback(created):  # -p MODULE:CLASS
-                created = callback_hook_plugin([created], plugin.name)
+                # a class named on the command line: refused where it keeps a hook of
+                # Lightning 1.x, so the one plugin is there
+                created = adapt_callbacks([created], plugin.name)[0]
             plugins[plugin.name] = created
             if resolved:
                 config[plugin.name] = resolved
@@ -860,7 +867,8 @@ class Trainer:
         the replaced ``(name, plugin)`` pairs for :meth:`_unregister_module_plugins`."""
         replaced = []
         self._module_plugins = []
-        for plugin in module_plugins(self.module, TrainModule):
+        for plugin in module_plugins(self.module, TrainModule,
+                                     self.stops_on_removed_lightning_hooks):
             name = object_name(plugin)
             existing = self.pm.get_plugin(name)
             if existing is not None:

@@ -74,6 +74,9 @@ class Trainer(_Trainer):
     # Lightning's tutorials step an optimizer over parameters their loss never reaches (the
     # CIFAR-10 baseline's SWA part): a warning here, as ptrain's own Trainer stops
     stops_on_unreached_optimizer = False
+    # Lightning 2 runs a program whose module or callbacks keep a hook of Lightning 1.x
+    # (the UvA course's energy-model callbacks define on_epoch_end), never calling it
+    stops_on_removed_lightning_hooks = False
 
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
