@@ -325,6 +325,61 @@ def test_limit_val_batches(make_trainer, limit, expected_batches):
         assert recorder.val_batches == [expected_batches] * 2
 
 
+class CountsFetches(TinyRegressor):
+    """Counts the items each stage's loader fetched (its dataset's ``__getitem__`` calls)."""
+
+    def __init__(self):
+        super().__init__(n=64, val_n=40)
+        self.fetched = {}
+
+    def _counted(self, dataset, stage):
+        fetched = self.fetched
+
+        class Counted(torch.utils.data.Dataset):
+            def __len__(self):
+                return len(dataset)
+
+            def __getitem__(self, index):
+                fetched[stage] = fetched.get(stage, 0) + 1
+                return dataset[index]
+
+        return DataLoader(Counted(), batch_size=self.batch_size)
+
+    def train_dataloader(self):
+        return self._counted(self.train_set, "train")
+
+    def val_dataloader(self):
+        return self._counted(self.val_set, "validate")
+
+    def test_dataloader(self):
+        return self._counted(self.val_set, "test")
+
+    def predict_dataloader(self):
+        return self._counted(self.val_set, "predict")
+
+    def test_step(self, batch, batch_idx):
+        self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+
+def test_a_limit_fetches_no_batch_past_it(make_trainer):
+    """A batch fetched past a limit and dropped would load data and draw random numbers (a
+    transform's crops) for nothing, changing every draw after it."""
+    module = CountsFetches()
+    trainer = make_trainer(callbacks=QUIET, max_epochs=2, limit_train_batches=3,
+                           limit_val_batches=2, limit_test_batches=2, limit_predict_batches=1,
+                           num_sanity_val_steps=1)
+    trainer.fit(module)
+    trainer.test(module)
+    trainer.predict(module)
+    batch = module.batch_size
+    # two epochs of 3 training batches; the sanity check's one and two passes of 2 validation
+    assert module.fetched == {"train": 2 * 3 * batch, "validate": (1 + 2 * 2) * batch,
+                              "test": 2 * batch, "predict": 1 * batch}
+
+
 @pytest.mark.parametrize("limit,batches", [(3, 3), (0.5, 4), (0.3, 2)])
 def test_limit_train_batches(make_trainer, limit, batches):
     recorder = Recorder()

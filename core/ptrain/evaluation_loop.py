@@ -15,6 +15,7 @@ logged there get ``/dataloader_idx_N`` (see :mod:`ptrain.metrics`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -132,11 +133,18 @@ class _EvalMode:
         self.trainer.stage = self.previous_stage
 
 
+def first_batches(loader: Any, num_batches: float) -> Iterator[tuple[int, Any]]:
+    """``(batch_idx, batch)`` of the first ``num_batches`` batches of ``loader``, fetching no
+    batch past them: one fetched and dropped would load data and draw random numbers for
+    nothing (a transform's crops), so the rest of the run would draw other ones than Lightning's,
+    which fetches none."""
+    return enumerate(loader if math.isinf(num_batches)
+                     else itertools.islice(loader, int(num_batches)))
+
+
 def _run_batches(trainer: Trainer, stage: str, loader: Any, num_batches: float) -> None:
     hooks = trainer.step_hooks
-    for batch_idx, batch in enumerate(loader):
-        if batch_idx >= num_batches:
-            break
+    for batch_idx, batch in first_batches(loader, num_batches):
         batch = trainer.metrics.batch = hooks.transfer_batch(trainer=trainer, batch=batch)
         if hooks.has_on_batch_start:
             hooks.on_batch_start(trainer=trainer, stage=stage, batch=batch, batch_idx=batch_idx)
@@ -302,9 +310,7 @@ def _predict_batches(trainer: Trainer, loader: Any, num_batches: float,
     indices = _dataset_indices(loader)
     outputs: list[Any] = []
     batch_indices: list[list[int] | None] = []
-    for batch_idx, batch in enumerate(loader):
-        if batch_idx >= num_batches:
-            break
+    for batch_idx, batch in first_batches(loader, num_batches):
         trainer.batch_indices = next(indices) if indices is not None else None
         batch = hooks.transfer_batch(trainer=trainer, batch=batch)
         if hooks.has_on_batch_start:

@@ -21,6 +21,7 @@ What differs from a loop step, on purpose:
 from __future__ import annotations
 
 import gc
+import itertools
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -80,9 +81,8 @@ def cycle(loader: Iterable[Any], limit: int | float | None = None) -> Iterator[A
     as they are asked for. Each pass makes a new iterator, so a shuffling loader reshuffles."""
     while True:
         produced = 0
-        for batch in loader:
-            if limit is not None and produced >= limit:
-                break
+        # islice: a batch fetched past the limit and dropped would load and draw for nothing
+        for batch in loader if limit is None else itertools.islice(loader, int(limit)):
             yield batch
             produced += 1
         if produced == 0:
