@@ -413,6 +413,31 @@ class WeightAverage:
             self.average = [w.clone() for w in weights]
         else:
             torch._foreach_lerp_(self.average, weights, 1 - self.decay)
+# == on_train_step_end
+import torch
+import torch.nn.functional as F
+
+from ptrain import hookimpl
+
+
+class OnlineProbe:
+    """A linear probe trained on the frozen features after each step, as self-supervised runs
+    track accuracy; the validation the step triggers sees the probe it left."""
+
+    def __init__(self, features: int, classes: int):
+        self.probe = torch.nn.Linear(features, classes)
+        self.optimizer = torch.optim.Adam(self.probe.parameters(), lr=1e-3)
+
+    @hookimpl
+    def on_train_step_end(self, trainer, batch):
+        x, y = batch
+        with torch.no_grad():
+            features = trainer.module(x)
+        loss = F.cross_entropy(self.probe.to(features.device)(features), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        trainer.module.log("probe_loss", loss.detach())
 # == on_train_batch_end
 from ptrain import hookimpl
 

@@ -541,6 +541,50 @@ def test_modify_parallel_plan_changes_the_plan_torch_applies(make_trainer, tmp_p
     assert record["split"] == {"tok_embeddings.weight": True, "output.weight": False}
 
 
+class OnlineProbe:
+    """Changes the model after each step and logs a value there; records what the validation
+    and the logger saw."""
+
+    name = "online-probe"
+
+    def __init__(self):
+        self.events, self.bias_validated, self.published = [], [], {}
+
+    @hookimpl
+    def on_train_step_end(self, trainer, batch_idx, loss):
+        self.events.append(f"step_end:{batch_idx}:{trainer.global_step}")
+        with torch.no_grad():
+            trainer.module.net[1].bias.fill_(float(batch_idx + 100))
+        trainer.module.log("probe_batch", float(batch_idx))
+
+    @hookimpl
+    def on_loop_start(self, trainer, loop):
+        if loop == "validate" and not trainer.sanity_checking:
+            self.events.append("validate")
+            self.bias_validated.append(float(trainer.module.net[1].bias))
+
+    @hookimpl
+    def on_train_batch_end(self, batch_idx):
+        self.events.append(f"batch_end:{batch_idx}")
+
+    @hookimpl
+    def log_metrics(self, metrics, step):
+        if "probe_batch" in metrics:
+            self.published[step] = metrics["probe_batch"]
+
+
+def test_on_train_step_end_comes_before_what_the_batch_triggers(make_trainer):
+    """After the step (global_step counts it), before the step's values are published and
+    before the validation due after the batch, which sees what the hook did to the model."""
+    probe = OnlineProbe()
+    make_trainer(callbacks=["no:progress-bar", probe], max_epochs=1, log_every_n_steps=1,
+                 num_sanity_val_steps=0).fit(TinyRegressor(n=16))
+    assert probe.events == ["step_end:0:1", "batch_end:0", "step_end:1:2", "validate",
+                            "batch_end:1"]
+    assert probe.bias_validated == [101.0]
+    assert probe.published == {1: 0.0, 2: 1.0}  # each step's own value, at its own step
+
+
 class Counter:
     name = "counter"
 

@@ -115,30 +115,21 @@ def test_gan_with_manual_optimization_matches(tmp_path, precision):
 
 
 def _with_ptrains_documented_order(events: list[str]) -> list[str]:
-    """Lightning's event list rearranged by the two differences docs/from-lightning.md lists:
+    """Lightning's event list rearranged by the difference docs/from-lightning.md lists:
     gradients are cleared right after the optimizer step (``on_before_zero_grad`` follows
-    ``on_before_optimizer_step``), and ``on_train_batch_end`` follows the validation run that
-    batch triggers (so a checkpoint written there resumes exactly)."""
+    ``on_before_optimizer_step``)."""
     out: list[str] = []
     pending_zero_grad: list[str] = []
-    held_batch_end: list[str] = []
     for event in events:
         hook = event.split(":", 1)[1]
         if hook == "on_before_zero_grad":
             pending_zero_grad.append(event)
             continue
-        if held_batch_end and hook not in ("on_train_batch_end",) and \
-                not hook.startswith("on_validation"):
-            out.extend(held_batch_end)
-            held_batch_end = []
         out.append(event)
         if hook == "on_before_optimizer_step":
             out.extend(pending_zero_grad)
             pending_zero_grad = []
-        if hook == "on_train_batch_end":
-            out.pop()
-            held_batch_end.append(event)
-    return out + held_batch_end
+    return out
 
 
 @pytest.mark.parametrize("setting", [

@@ -61,6 +61,10 @@ class EventRecorder:
         self.events.append("before_zero_grad")
 
     @ptrain.hookimpl
+    def on_train_step_end(self, batch_idx):
+        self.events.append(f"train_step_end:{batch_idx}")
+
+    @ptrain.hookimpl
     def on_train_batch_end(self, batch_idx):
         self.events.append(f"train_batch_end:{batch_idx}")
 
@@ -100,8 +104,8 @@ def test_fit_fires_the_events_in_the_documented_order(tmp_path):
         "eval_batch_end:validate:0*", "epoch_metrics:validate", "loop_end:validate*",
         "loop_end:sanity_check*",
         "loop_start:train",
-        "batch_start:train:0", *step, "train_batch_end:0",
-        "batch_start:train:1", *step,
+        "batch_start:train:0", *step, "train_step_end:0", "train_batch_end:0",
+        "batch_start:train:1", *step, "train_step_end:1",
         "loop_start:validate", "batch_start:validate:0", "eval_batch_end:validate:0",
         "epoch_metrics:validate", "validation_end", "loop_end:validate",
         "train_batch_end:1",

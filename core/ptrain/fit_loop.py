@@ -299,6 +299,9 @@ class FitLoop:
             state["batch"] = batch_idx + 1
             if state["batch"] == self.num_batches and self.last_batch_schedulers:
                 self._step_epoch_schedulers(self.last_batch_schedulers)
+            if self.step_hooks.has_on_train_step_end:
+                self.step_hooks.on_train_step_end(trainer=t, batch=batch, batch_idx=batch_idx,
+                                                  loss=loss)
             ran_check = False
             if t.global_step // t.log_every_n_steps > self.last_published // t.log_every_n_steps:
                 self.last_published = t.global_step

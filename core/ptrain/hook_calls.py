@@ -38,12 +38,12 @@ from ptrain.loading import bind_impl, call_per_plugin
 PER_STEP_HOOKS = (
     "transfer_batch", "on_batch_start", "model_step", "on_before_backward", "backward",
     "on_after_backward", "on_before_optimizer_step", "clip_gradients", "optimizer_step",
-    "on_before_zero_grad", "on_train_batch_end", "on_evaluation_batch_end",
+    "on_before_zero_grad", "on_train_step_end", "on_train_batch_end", "on_evaluation_batch_end",
 )
 #: Per-step notifications the loop calls only when some plugin implements them (``has_NAME``),
 #: so that a run without them pays not even a call.
 OPTIONAL_STEP_HOOKS = ("on_batch_start", "on_before_backward", "on_after_backward",
-                       "on_before_optimizer_step", "on_before_zero_grad")
+                       "on_before_optimizer_step", "on_before_zero_grad", "on_train_step_end")
 #: Set to ``1`` to print every hook call to stderr (see :class:`StderrTracer`).
 TRACE_ENV = "PTRAIN_TRACE"
 _TRACE_ON = ("1", "true", "yes", "on")

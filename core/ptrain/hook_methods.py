@@ -26,7 +26,8 @@ method, then the module's, as in Lightning):
 - ``transfer_batch`` (module): ``on_before_batch_transfer``, ``transfer_batch_to_device``,
   ``on_after_batch_transfer``
 - ``on_batch_start(stage)``: ``on_{train,validation,test,predict}_batch_start``;
-  ``on_train_batch_end``, ``on_evaluation_batch_end``: ``on_..._batch_end``
+  ``on_train_step_end``: ``on_train_batch_end`` (before the validation the batch triggers, as
+  in Lightning); ``on_evaluation_batch_end``: ``on_{validation,test,predict}_batch_end``
 - ``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``,
   ``on_before_zero_grad``: the methods of the same names; ``backward`` (module): ``backward``
 - ``clip_gradients`` (module): ``configure_gradient_clipping``; ``optimizer_step`` (module):
@@ -90,7 +91,7 @@ METHOD_HOOKS: dict[str, str] = {
     "on_train_epoch_start": "on_epoch_start",
     **{m: "on_epoch_metrics" for m in EPOCH_END.values()},
     **{m: "on_batch_start" for m in BATCH_START.values()},
-    "on_train_batch_end": "on_train_batch_end",
+    "on_train_batch_end": "on_train_step_end",
     **{m: "on_evaluation_batch_end" for s, m in BATCH_END.items() if s != "train"},
     **{m: m for m in STEP_METHODS},
     "on_save_checkpoint": "state_dict", "on_load_checkpoint": "load_state_dict",
@@ -285,7 +286,7 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
         else:
             dispatch.call(BATCH_START[stage], trainer, batch, batch_idx, index)
 
-    def on_train_batch_end(trainer, batch, batch_idx, loss):
+    def on_train_step_end(trainer, batch, batch_idx, loss):
         outputs = None if loss is None else {"loss": loss}
         dispatch.call("on_train_batch_end", trainer, outputs, batch, batch_idx)
 
@@ -375,7 +376,7 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
 
     functions = {f.__name__: f for f in (
         on_stage_start, on_loop_start, on_loop_end, evaluation_mode, transfer_batch,
-        on_epoch_start, on_epoch_metrics, on_batch_start, on_train_batch_end,
+        on_epoch_start, on_epoch_metrics, on_batch_start, on_train_step_end,
         on_evaluation_batch_end, on_before_backward, backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
         load_state_dict, clip_gradients, optimizer_step)}

@@ -603,12 +603,32 @@ def on_before_zero_grad(trainer: Trainer, optimizer: torch.optim.Optimizer) -> N
 
 
 @hookspec
+def on_train_step_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor) -> None:
+    """A training batch's step is done, and nothing it triggers has run yet.
+
+    Fires: once per training batch, right after its training step (and the optimizer step, when
+    one was due: ``trainer.global_step`` counts it; the schedulers that step with it, and on the
+    epoch's last batch the per-epoch ones without a monitor, as in Lightning), before the
+    step's metrics are published and before the validation the batch triggers. What a plugin
+    logs here is published with the step's values, and a change it makes to the model (an
+    extra forward pass that moves BatchNorm's running statistics, an averaged copy of the
+    weights) is what that validation sees. Lightning's ``on_train_batch_end`` fires here. Not the place to write a checkpoint:
+    the validation due after this batch has not run, so a resume from it would skip that
+    validation (:func:`on_train_batch_end` is the place).
+
+    Result: all. Implemented by: callbacks that act on the model after each step (online
+    evaluators, weight averaging, Lightning's ``on_train_batch_end`` methods). Called only when
+    some plugin implements it.
+    """
+
+
+@hookspec
 def on_train_batch_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor) -> None:
     """A training batch is done (and the validation due after it, if any).
 
-    Fires: once per training batch, after the optimizer step and any validation it triggered.
-    ``trainer.global_step`` counts the optimizer steps taken so far. A checkpoint written here
-    resumes exactly after this batch.
+    Fires: once per training batch, after the optimizer step, :func:`on_train_step_end` and any
+    validation the batch triggered. ``trainer.global_step`` counts the optimizer steps taken so
+    far. A checkpoint written here resumes exactly after this batch.
 
     Result: all. Implemented by: callbacks (progress, step-based checkpointing, timers).
     """
