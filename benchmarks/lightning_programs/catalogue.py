@@ -14,7 +14,9 @@ default all), ``defs_cells`` (cells that make the module the recipe imports), ``
 needs torchvision, run with ``--tv-python``), ``cwd`` (run folder, relative to the program's
 root; default the file's folder), ``data`` ((kind, folder it is linked into) pairs), ``packages``,
 ``package`` (the Lightning package the program imports, default ``lightning.pytorch``),
-``argv``, ``hydra`` (the template's own overrides for each setting), ``env``, ``timeout``.
+``argv``, ``hydra`` (the template's own overrides for each setting), ``env``, ``timeout``,
+``max_epochs`` (``single``: a Trainer's ``max_epochs`` above it is capped to it, for notebooks
+that train for hundreds of epochs).
 """
 
 LIGHTNING = dict(repository="Lightning-AI/pytorch-lightning",
@@ -165,6 +167,64 @@ trainer = dict(default_root_dir="reverse", gradient_clip_val=5, {SHORT},
                                                       monitor="val_acc")])
 fit = dict(train_dataloaders=P.train_loader, val_dataloaders=P.val_loader)
 test = dict(dataloaders=P.test_loader, verbose=False)
+"""),
+    dict(TUTORIALS, package="pytorch_lightning", name="tut-barlow-twins", source="Lightning tutorials",
+         path="lightning_examples/barlow-twins/barlow_twins.py", kind="jupytext", venv="tv",
+         packages=["torchvision", "torchmetrics", "matplotlib"],
+         data=[("cifar10", "lightning_examples/barlow-twins")],
+         defs_cells=[0, 1, 2, 4, 5, 6, 7, 8, 9, 10],
+         # the notebook leaves its fit commented out: the recipe runs it, with the notebook's
+         # model, callbacks (an online fine-tuner that adds a layer in on_fit_start and steps
+         # its own optimizer in on_train_batch_end) and loaders
+         build=f"""
+model = P.model
+trainer = dict(accelerator="auto", devices=1, {SHORT},
+               callbacks=[P.OnlineFineTuner(encoder_output_dim=P.encoder_out_dim, num_classes=10),
+                          M("callbacks").ModelCheckpoint(every_n_epochs=100, save_top_k=-1,
+                                                         save_last=True)])
+fit = dict(train_dataloaders=P.train_loader, val_dataloaders=P.val_loader)
+test = None
+"""),
+    dict(UVADLC, package="pytorch_lightning", name="uva-vision-transformer", source="UvA DL course",
+         path="docs/tutorial_notebooks/tutorial15/Vision_Transformer.ipynb",
+         kind="ipynb", venv="tv", cells=list(range(10)), defs_cells=[0, 1, 2, 3, 5, 6, 7],
+         packages=["torchvision", "matplotlib", "seaborn", "ipython", "tqdm"],
+         data=[("cifar10", "docs/tutorial_notebooks/data")], max_epochs=2,
+         # the recipe's ViT is smaller than the notebook's (6 layers of 256): 40 steps of the
+         # notebook's take minutes on two cores, for each of ten runs
+         build=f"""
+L.seed_everything(42)
+model = P.ViT(model_kwargs=dict(embed_dim=64, hidden_dim=128, num_heads=4, num_layers=2,
+                                patch_size=4, num_channels=3, num_patches=64, num_classes=10,
+                                dropout=0.2), lr=3e-4)
+trainer = dict(default_root_dir="vit", {SHORT},
+               callbacks=[M("callbacks").ModelCheckpoint(save_weights_only=True, mode="max",
+                                                      monitor="val_acc"),
+                          M("callbacks").LearningRateMonitor("epoch")])
+fit = dict(train_dataloaders=P.train_loader, val_dataloaders=P.val_loader)
+test = dict(dataloaders=P.test_loader, verbose=False)
+"""),
+    dict(UVADLC, package="pytorch_lightning", name="uva-energy-models", source="UvA DL course",
+         path="docs/tutorial_notebooks/tutorial8/Deep_Energy_Models.ipynb",
+         # cells 0-10 train; cell 14 on passes range= to torchvision's make_grid (gone)
+         kind="ipynb", venv="tv", cells=list(range(11)), defs_cells=list(range(9)),
+         packages=["torchvision", "matplotlib", "seaborn", "ipython"],
+         data=[("mnist", "docs/tutorial_notebooks/data")], max_epochs=2,
+         # its three callbacks define only on_epoch_end, which Lightning 2 never calls (and
+         # ptrain.lightning warns about); the training step samples by gradient steps on its
+         # inputs, with the parameters' requires_grad off and grad mode forced on
+         build=f"""
+L.seed_everything(42)
+model = P.DeepEnergyModel(img_shape=(1, 28, 28), batch_size=P.train_loader.batch_size,
+                          lr=1e-4, beta1=0.0)
+trainer = dict(gradient_clip_val=0.1, {SHORT},
+               callbacks=[M("callbacks").ModelCheckpoint(save_weights_only=True, mode="min",
+                                                      monitor="val_contrastive_divergence"),
+                          P.GenerateCallback(every_n_epochs=5),
+                          P.SamplerCallback(every_n_epochs=5), P.OutlierCallback(),
+                          M("callbacks").LearningRateMonitor("epoch")])
+fit = dict(train_dataloaders=P.train_loader, val_dataloaders=P.test_loader)
+test = None
 """),
     dict(HYDRA, name="hydra-template", source="lightning-hydra-template",
          path="src/train.py", tree=["src/", "configs/", ".project-root"], cwd=".", venv="tv",

@@ -22,7 +22,9 @@ Active only when ``LP_PROBE_DIR`` is set. It then
 With ``LP_LIMIT_BATCHES=T,E`` it gives every ``Trainer(...)`` the program makes
 ``limit_train_batches=T`` and ``limit_val/test/predict_batches=E`` where the program set none
 (the same under both frameworks): the harness's way to run a program as written in minutes on
-a shared two-core machine; ``--full`` turns it off.
+a shared two-core machine; ``--full`` turns it off. With ``LP_MAX_EPOCHS=N`` (the catalogue's
+``max_epochs``, for a notebook that trains for hundreds of epochs) a ``max_epochs`` above ``N``
+becomes ``N``.
 
 With ``LP_SHIMS=1`` (the harness's ``--shims``, a diagnostic to find what breaks *after* the
 first failures found) it also supplies what ptrain lacked when measured: the module
@@ -122,6 +124,7 @@ def _wrap_trainer(cls) -> None:
 
 def _limit_batches(cls) -> None:
     spec = os.environ.get("LP_LIMIT_BATCHES")
+    cap = os.environ.get("LP_MAX_EPOCHS")
     original = cls.__init__
     if not spec or getattr(original, "_lp_probe", False):
         return
@@ -131,6 +134,8 @@ def _limit_batches(cls) -> None:
         kwargs.setdefault("limit_train_batches", train)
         for stage in ("val", "test", "predict"):
             kwargs.setdefault(f"limit_{stage}_batches", evaluation)
+        if cap and (kwargs.get("max_epochs") or 0) > int(cap):
+            kwargs["max_epochs"] = int(cap)
         original(self, *args, **kwargs)
 
     __init__._lp_probe = True
