@@ -8,6 +8,7 @@ tests name them as ``--model tests._dist_models:NAME`` (the CLI runs from the re
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -91,6 +92,18 @@ class FailingRegressor(TinyRegressor):
                 and self.trainer.current_epoch == 0):
             raise RuntimeError(self.message)
         return super().training_step(batch, batch_idx)
+
+
+class StartMethodRecorder(TinyRegressor):
+    """Writes, on each rank, the multiprocessing start method its DataLoader workers would be
+    started with, into ``folder/rank<R>.txt``."""
+
+    def __init__(self, folder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.folder = folder
+
+    def on_fit_start(self):
+        Path(self.folder, f"rank{_rank()}.txt").write_text(multiprocessing.get_start_method())
 
 
 class OwnSamplerRegressor(TinyRegressor):

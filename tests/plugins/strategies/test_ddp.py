@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -34,7 +35,7 @@ from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
 from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests._dist_models import (FailingRegressor, NaNOnOneRank, OwnSamplerRegressor, RankRecorder,
-                                StopOnOneRank, read_records)
+                                StartMethodRecorder, StopOnOneRank, read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -438,6 +439,19 @@ def test_usage_error_in_a_worker(jobs, make_trainer):
     assert len(reports) == 1 and reports[0].startswith("ptrain: error:"), detail(result)
     for needle in ("own sampler", "SubsetRandomSampler", "--no-ddp-distributed-sampler"):
         assert needle in reports[0], detail(result)
+
+
+@TWO_PROCESS_RUNS
+def test_a_worker_starts_its_dataloader_workers_as_the_launching_process_would(make_trainer,
+                                                                                 tmp_path):
+    """The workers are started by spawn; left so, each would start its DataLoader workers by
+    spawn, importing the program again for every pass (a notebook ran 5x slower)."""
+    trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    trainer.fit(StartMethodRecorder(str(tmp_path)))
+    launching = multiprocessing.get_start_method()
+    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(WORLD)] == \
+        [launching] * WORLD
 
 
 @pytest.mark.slow
