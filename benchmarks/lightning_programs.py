@@ -444,6 +444,8 @@ def table(catalogue: list[dict], results: dict) -> str:
             against = cmp_.get("against")
             if pt and pt.get("skipped"):
                 verdict, error = "not run", pt["skipped"]
+            elif lt and pt and not lt.get("ran") and not pt.get("ran"):
+                verdict, error = "both fail", pt.get("error", "")
             elif lt and not lt.get("ran") and not against:
                 verdict, error = "Lightning fails", lt.get("error", "")
             elif pt and not pt.get("ran"):
