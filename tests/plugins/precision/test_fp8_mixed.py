@@ -30,11 +30,13 @@ QUIET = ["no:progress-bar", "no:model-summary", "no:tensorboard"]
 #: the decoder's size for the loss comparisons: 15 Linear layers, 16 steps an epoch
 SIZE = dict(dim=64, hidden=128, samples=256, batch_size=16)
 EPOCHS = 8
-#: Stated tolerance: each epoch's mean training loss under fp8-mixed is within 8% of
+#: Stated tolerance: each epoch's mean training loss under fp8-mixed is within 12% of
 #: bf16-mixed's (measured 2026-11-28, torch 2.13.0+cpu, torchao 0.18.0: at most 3.2% with the
 #: tensorwise recipe and 3.7% with rowwise over these 8 epochs; bf16-mixed itself is within
-#: 1.9% of 32-true's)
-LOSS_TOLERANCE = 0.08
+#: 1.9% of 32-true's). The CPU's bfloat16 arithmetic moves it: on 2026-11-29, on an AMD EPYC
+#: with native bfloat16 dot products (avx512_bf16), fsdp on two processes came to 9.6% (bfloat16
+#: all-gather) and 10.6% (float8 all-gather), in the last epochs, where the loss is smallest.
+LOSS_TOLERANCE = 0.12
 #: Stated tolerance: under model-parallel shard 2 x tensor 2, each step's loss (the replicas'
 #: mean) is within 3% of one process's under fp8-mixed (measured 2026-11-29, torch 2.13.0+cpu,
 #: torchao 0.18.0, 16 steps: at most 1.3% with tensorwise and 0.6% with rowwise, against 0.11%
