@@ -5,6 +5,7 @@ arguments. The whole programs are compared against Lightning in test_lightning_d
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import types
 
 import pytest
@@ -190,7 +191,7 @@ def test_a_lightning_1_hook_is_a_warning_under_ptrain_lightning_and_never_called
     for framework in (lightning, pl):
         callback = _lightning_1_callback(framework, with_current_method)
         with pytest.warns(UserWarning, match="on_epoch_end is a hook of Lightning 1.x") \
-                if framework is pl else _no_warning_check():
+                if framework is pl else contextlib.nullcontext():
             trainer = framework.Trainer(max_epochs=2, callbacks=[callback], logger=False,
                                         enable_checkpointing=False,
                                         default_root_dir=str(tmp_path), **QUIET)
@@ -199,12 +200,6 @@ def test_a_lightning_1_hook_is_a_warning_under_ptrain_lightning_and_never_called
         calls[framework.__name__] = callback.calls
     assert calls["ptrain.lightning"] == calls["lightning.pytorch"] == \
         ["on_train_epoch_end"] * (2 if with_current_method else 0)
-
-
-def _no_warning_check():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _peer_module(lightning, methods: dict):

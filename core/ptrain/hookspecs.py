@@ -612,9 +612,9 @@ def on_train_step_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.
     step's metrics are published and before the validation the batch triggers. What a plugin
     logs here is published with the step's values, and a change it makes to the model (an
     extra forward pass that moves BatchNorm's running statistics, an averaged copy of the
-    weights) is what that validation sees. Lightning's ``on_train_batch_end`` fires here. Not the place to write a checkpoint:
-    the validation due after this batch has not run, so a resume from it would skip that
-    validation (:func:`on_train_batch_end` is the place).
+    weights) is what that validation sees. Lightning's ``on_train_batch_end`` fires here. Not
+    the place to write a checkpoint: the validation due after this batch has not run, so a
+    resume from it would skip that validation (:func:`on_train_batch_end` is the place).
 
     Result: all. Implemented by: callbacks that act on the model after each step (online
     evaluators, weight averaging, Lightning's ``on_train_batch_end`` methods). Called only when
