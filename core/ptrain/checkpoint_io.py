@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ptrain.direct_file import DirectFile
 from ptrain.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 
 FORMAT = "ptrain-checkpoint"
@@ -54,9 +55,10 @@ def new_file_mode() -> int:
 
 
 def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """Write to a temporary file in the same folder, fsync it, rename it over ``path`` and fsync
-    the folder: a crash at any point leaves either the old file or the new one, never a mix. A
-    write the system refuses (no space, permission, quota, file-size limit) removes the partial
+    """Write to a temporary file in the same folder (a :class:`~ptrain.direct_file.DirectFile`:
+    past the page cache where the system allows, fsynced), rename it over ``path`` and fsync the
+    folder: a crash at any point leaves either the old file or the new one, never a mix. A write
+    the system refuses (no space, permission, quota, file-size limit) removes the partial
     file and raises :class:`CheckpointWriteError` (see :func:`write_failed`)."""
     path = Path(path)
     try:
@@ -66,12 +68,10 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
         raise write_failed(path, exc) from None
     writer: _RecordingWriter | None = None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with DirectFile(fd) as f:  # on the disk once closed; past the page cache where it can
+            os.fchmod(fd, new_file_mode())
             writer = _RecordingWriter(f)
             torch.save(checkpoint, writer)
-            f.flush()
-            os.fchmod(f.fileno(), new_file_mode())
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)

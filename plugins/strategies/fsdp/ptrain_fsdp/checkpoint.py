@@ -37,7 +37,8 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError
-from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, file_crc32, folder_damage,
+from ptrain.direct_file import DirectFile
+from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, folder_damage,
                                   incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
 
@@ -100,16 +101,14 @@ def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
     dist.broadcast_object_list(refused, src=0, group=group)  # also: the folder is there
     if refused[0] is not None:
         raise CheckpointWriteError(refused[0])
-    files = _RefusalKeepingFileSystem()
-    writer = FileSystemWriter(tmp)
+    files = _CheckpointFiles()
+    writer = FileSystemWriter(tmp, sync_files=False)  # each file fsyncs as it closes
     writer.fs = files
     try:
         dcp.save(shards, storage_writer=writer, process_group=group)
         # each rank sums the files it wrote; rank 0 keeps them all in meta.pt (itself checked)
-        own = [p for p in tmp.iterdir() if p.name.startswith(f"__{dist.get_rank()}_")
-               or rank0 and p.name == ".metadata"]
         sums: list[dict[str, int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(sums, {p.name: file_crc32(p) for p in own}, group=group)
+        dist.all_gather_object(sums, files.checksums, group=group)
         meta[CHECKSUMS] = {name: crc for part in sums for name, crc in (part or {}).items()}
         if rank0:
             atomic_save(meta, tmp / META)
@@ -132,37 +131,61 @@ def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
         _swap_into_place(tmp, path)
 
 
-class _RefusalKeepingFileSystem(FileSystem):
-    """DCP's local files, keeping the ``OSError`` of a write the system refused (``torch.save``
-    reports one as "unexpected pos", with the system's reason only in its context)."""
+class _CheckpointFiles(FileSystem):
+    """DCP's local files, each written as a :class:`~ptrain.direct_file.DirectFile` (past the
+    page cache where the system allows, on the disk once closed), keeping each file's CRC-32 as
+    it was written (:attr:`checksums`, by file name) and the ``OSError`` of a write the system
+    refused (:attr:`refused`: ``torch.save`` reports one as "unexpected pos", with the system's
+    reason only in its context)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.refused: OSError | None = None
+        self.checksums: dict[str, int] = {}
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        try:  # opening, and closing (the last buffered bytes), can be refused too
+        if mode != "wb":
             with super().create_stream(path, mode) as stream:
-                yield _RefusalKeepingStream(stream, self)
+                yield stream
+            return
+        stream = _RefusalKeepingStream(self._kept(lambda: DirectFile(
+            os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), checksum=True)), self)
+        try:
+            yield stream
+        except BaseException:
+            stream.file.abandon()
+            raise
+        stream.close()  # the last bytes, and the fsync: DCP's own fsync is turned off
+        self.checksums[Path(path).name] = stream.file.crc32
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        self.checksums[Path(new_path).name] = self.checksums.pop(Path(path).name)
+
+    def _kept(self, call: Callable[[], Any]) -> Any:
+        """``call()``, keeping the ``OSError`` it raises."""
+        try:
+            return call()
         except OSError as exc:
             self.refused = exc
             raise
 
 
 class _RefusalKeepingStream:
-    def __init__(self, stream: Any, files: _RefusalKeepingFileSystem) -> None:
-        self._stream, self._files = stream, files
+    """A :class:`~ptrain.direct_file.DirectFile` whose refused writes ``files`` keeps."""
+
+    def __init__(self, file: DirectFile, files: _CheckpointFiles) -> None:
+        self.file, self._files = file, files
 
     def write(self, data: Any) -> int:
-        try:
-            return self._stream.write(data)
-        except OSError as exc:
-            self._files.refused = exc
-            raise
+        return self._files._kept(lambda: self.file.write(data))
 
-    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, ...: the file's own
-        return getattr(self._stream, name)
+    def close(self) -> None:
+        self._files._kept(self.file.close)
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, ...: the file's own
+        return getattr(self.file, name)
 
 
 def _tmp(path: Path) -> Path:

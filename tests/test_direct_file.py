@@ -1,0 +1,113 @@
+"""DirectFile, the file checkpoints are written into past the page cache: the bytes on the disk
+are the bytes written, whatever the pieces' sizes and whether the disk takes direct writes or
+refuses them, its CRC-32 is the file's, and a write that failed writes nothing more."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptrain import direct_file
+from ptrain.direct_file import CHUNK, DirectFile
+
+SIZES = [0, 1, 4095, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 4097]
+
+
+def write_in_pieces(path: Path, data: bytes, piece: int) -> DirectFile:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with DirectFile(fd, checksum=True) as f:
+        for start in range(0, len(data), piece):
+            assert f.write(memoryview(data)[start:start + piece]) == len(data[start:start + piece])
+        assert f.tell() == len(data)
+    return f
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("piece", [1000, CHUNK + 3])
+def test_the_file_holds_the_bytes_written_and_their_crc(tmp_path, size, piece):
+    data = os.urandom(size)
+    f = write_in_pieces(tmp_path / "f", data, piece)
+    assert (tmp_path / "f").read_bytes() == data
+    assert f.crc32 == zlib.crc32(data)
+    assert f.closed
+
+
+def test_a_disk_that_takes_direct_writes_gets_them(tmp_path):
+    """This machine's disks take O_DIRECT (Linux, ext4): elsewhere the file writes normally,
+    which the other tests cover as well."""
+    if not direct_file.O_DIRECT:
+        pytest.skip("this system has no O_DIRECT (not Linux)")
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    with DirectFile(fd) as f:
+        if not f.direct:
+            pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+        import fcntl
+
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & direct_file.O_DIRECT
+
+
+def test_a_direct_write_refused_as_misaligned_falls_back_to_normal_writes(tmp_path, monkeypatch):
+    """A chunk no disk's block size divides: the first direct write is refused (EINVAL) and
+    that chunk and every later byte are written normally."""
+    if not direct_file.O_DIRECT:
+        pytest.skip("this system has no O_DIRECT (not Linux)")
+    monkeypatch.setattr(direct_file, "CHUNK", 4096 + 100)
+    data = os.urandom(3 * (4096 + 100) + 17)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    with DirectFile(fd, checksum=True) as f:
+        if not f.direct:
+            pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+        f.write(data[:5000])
+        assert not f.direct
+        f.write(data[5000:])
+    assert (tmp_path / "f").read_bytes() == data
+    assert f.crc32 == zlib.crc32(data)
+
+
+def test_a_failed_write_closes_the_file_without_writing_the_rest(tmp_path):
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(ValueError, match="the caller's"):
+        with DirectFile(fd) as f:
+            direct = f.direct
+            f.write(b"x" * 10)  # held in the buffer where writes go directly
+            raise ValueError("the caller's")
+    assert f.closed
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert (tmp_path / "f").stat().st_size == (0 if direct else 10)
+
+
+def test_torch_save_into_it_loads_back(tmp_path):
+    state = {"w": torch.randn(1000, 999), "step": 7}
+    with DirectFile(os.open(tmp_path / "f.pt", os.O_WRONLY | os.O_CREAT)) as f:
+        torch.save(state, f)
+    loaded = torch.load(tmp_path / "f.pt")
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+
+
+REFUSED = """
+import errno, os, resource, sys
+from ptrain.direct_file import CHUNK, DirectFile
+resource.setrlimit(resource.RLIMIT_FSIZE, (CHUNK + 4096, CHUNK + 4096))
+f = DirectFile(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT))
+try:
+    with f:
+        f.write(bytes(3 * CHUNK))
+except OSError as exc:
+    print(errno.errorcode[exc.errno], f.direct, f.closed)
+"""
+
+
+def test_a_write_past_the_file_size_limit_raises_the_systems_error(tmp_path):
+    """Python ignores SIGXFSZ, so the write that crosses the limit fails with EFBIG, as a
+    full disk fails with ENOSPC (tests/test_disk_full.py: the checkpoint's message)."""
+    result = subprocess.run([sys.executable, "-c", REFUSED, str(tmp_path / "f")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "EFBIG" and result.stdout.split()[2] == "True"
