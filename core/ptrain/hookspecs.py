@@ -830,8 +830,9 @@ def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
     checkpoint callback's ``async_save``) in a run where every plugin that implements
     ``save_checkpoint`` implements this hook too (``Trainer.why_not_asynchronous``). What is
     done here, on the training thread, is the training stall: copy what the next step changes
-    with ``trainer.copy_for_background(obj)`` (tensors to host memory; a tensor two files of
-    one checkpoint point share is copied once). The functions returned run in order on one
+    with ``trainer.copy_for_background(obj)`` (tensors to host memory; a tensor two files of one
+    checkpoint point share is copied once; the copies are the next point's buffers once this one
+    is written, so the functions must not keep them). The functions returned run in order on one
     thread, after those of the same checkpoint point saved before and before those of any later
     point. What they raise reaches the checkpoint callback at a step boundary, as a synchronous
     write's error would; under several processes every process gets the same error (a refused

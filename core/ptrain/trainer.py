@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io, run_folder
 from ptrain._version import __version__
-from ptrain.background_write import BackgroundWrite, WriteAgreement, host_copy
+from ptrain.background_write import BackgroundWrite, HostBuffers, WriteAgreement, host_copy
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -185,6 +185,7 @@ class Trainer:
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
+        self._host_buffers = HostBuffers()  # what background writes copy into
         self._write_agreement = WriteAgreement()  # its group is made when first needed
         self.ckpt_path: str | None = None
         self.current_epoch = 0
@@ -498,7 +499,7 @@ class Trainer:
             self._saved_state_checked = not weights_only
         if asynchronous and self.why_not_asynchronous() is None:
             if self._background_write is None:
-                self._background_write = BackgroundWrite(self.global_step)
+                self._background_write = BackgroundWrite(self.global_step, self._host_buffers)
             self._background_write.begin_part()
             for write_file in self.hook.save_checkpoint_in_background(
                     trainer=self, checkpoint=checkpoint, path=str(path)):
@@ -511,12 +512,15 @@ class Trainer:
         """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor
         copied to host memory, for the background write of this checkpoint point: a tensor
         already copied for it (the weights of a top-k file and of ``last.ckpt``) is not copied
-        again. For ``save_checkpoint_in_background`` implementations; see
-        :func:`ptrain.background_write.host_copy`."""
+        again. The copies are written into once more for the next checkpoint point, once this
+        one's write has finished: nothing may keep them past it. For
+        ``save_checkpoint_in_background`` implementations; see
+        :func:`ptrain.background_write.host_copy` and
+        :class:`~ptrain.background_write.HostBuffers`."""
         if self._background_write is None:
             raise RuntimeError("copy_for_background is for save_checkpoint_in_background, "
                                "while trainer.save_checkpoint(..., asynchronous=True) runs")
-        return host_copy(obj, self._background_write.memo)
+        return host_copy(obj, self._background_write.memo, self._host_buffers)
 
     def why_not_asynchronous(self) -> str | None:
         """Why a checkpoint can't be written in the background in this run, or ``None``: a
@@ -792,6 +796,7 @@ class Trainer:
             raise
         finally:
             self.stage = None
+            self._host_buffers.release()
             try:
                 self._teardown(stage, module)
             finally:
