@@ -161,6 +161,15 @@ def test_classifier_in_bf16_mixed_matches(tmp_path):
 
 
 @DROP_IN_PAIRS
+def test_a_weight_used_twice_in_bf16_mixed_trains_as_under_lightning(tmp_path):
+    """Lightning's autocast keeps no weight cache, so a weight used twice in a step sums its
+    gradients in float32; ptrain.lightning turns ptrain's cache off to give the same weights."""
+    lightning = run_program("two_views", tmp_path, "lightning", "bf16-mixed")
+    ptrain = run_program("two_views", tmp_path, "ptrain", "bf16-mixed")
+    assert ptrain == lightning
+
+
+@DROP_IN_PAIRS
 @pytest.mark.slow
 def test_classifier_under_ddp_on_two_processes_matches(tmp_path):
     lightning = run_program("classifier", tmp_path, "lightning", "32-true", "2")

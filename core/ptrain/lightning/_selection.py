@@ -37,6 +37,10 @@ class Selection:
     implied: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+#: ptrain's precisions that autocast (the ``autocast_cache`` option of ``ptrain-mixed-precision``)
+_AUTOCAST_PRECISIONS = ("16-mixed", "bf16-mixed")
+
+
 def _accelerator_name(value: Any) -> str | None:
     if isinstance(value, str):
         from ptrain.config import canonical_plugin_name
@@ -139,6 +143,13 @@ def select(given: dict[str, Any]) -> Selection:
                 raise refuse("MixedPrecision", "device", precision.device,
                              f"autocast runs on the run's device; give "
                              f"device={asked!r}, the accelerator's")
+    precision_name = chosen.precision if chosen.precision is not None else given["precision"]
+    if isinstance(precision_name, (str, int)) and not isinstance(precision_name, bool):
+        from ptrain.config import canonical_plugin_name
+
+        name = canonical_plugin_name("precision", precision_name)
+        if name in _AUTOCAST_PRECISIONS:  # Lightning's autocast keeps no weight cache
+            implied(name, {"autocast_cache": False})
     if len(ios) > 1:
         raise refuse("Trainer", "plugins", given["plugins"], "give one checkpoint IO plugin")
     for io in ios:

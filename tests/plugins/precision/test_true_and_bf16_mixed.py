@@ -166,3 +166,46 @@ def test_bf16_mixed_manual_optimization_never_uses_a_stale_weight_copy(make_trai
     # with autocast's weight cache on, the second forward reused the bf16 copy made before the
     # step
     assert module.after_step == [True, True, True]
+
+
+class UsesItsLayerTwice(ptrain.TrainModule):
+    """One step of SGD on a loss that runs the same layer on two inputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(16, 16)
+        generator = torch.Generator().manual_seed(1)
+        self.inputs = [torch.randn(8, 16, generator=generator) for _ in range(2)]
+
+    def loss(self):
+        return sum(self.layer(x).square().mean() for x in self.inputs)
+
+    def training_step(self, batch, batch_idx):
+        return self.loss()
+
+    def train_dataloader(self):
+        return [0]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+def _by_hand(cache: bool) -> torch.Tensor:
+    module = UsesItsLayerTwice()
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+        loss = module.loss()
+    loss.backward()
+    return module.layer.weight.detach() - module.layer.weight.grad
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_autocast_cache_option_decides_where_a_weight_used_twice_sums_its_gradients(
+        make_trainer, cache):
+    """With the cache (the default) the two bfloat16 gradients are summed before the cast to
+    float32; without it (``autocast_cache`` false, as Lightning) each is cast, then summed."""
+    assert not torch.equal(_by_hand(True), _by_hand(False))  # the option makes a difference
+    module = UsesItsLayerTwice()
+    options = {} if cache else {"plugin_options": {"bf16-mixed": {"autocast_cache": False}}}
+    make_trainer(precision="bf16-mixed", max_steps=1, **options).fit(module)
+    assert torch.equal(module.layer.weight.detach(), _by_hand(cache))

@@ -129,7 +129,7 @@ class MixedPrecision(Precision):
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
         with torch.autocast(device_type=torch.device(self.device).type,
-                            dtype=_DTYPES[self.precision]):
+                            dtype=_DTYPES[self.precision], cache_enabled=False):
             yield
 
 

@@ -38,7 +38,8 @@ class FP8MixedPrecision(BF16MixedPrecision):
 
     def __init__(self, recipe: str = "tensorwise", emulate: bool = False,
                  keep_ends: bool = True, skip: list[str] | None = None,
-                 all_gather: bool = False) -> None:
+                 all_gather: bool = False, autocast_cache: bool = True) -> None:
+        super().__init__(autocast_cache)
         self.recipe, self.emulate, self.keep_ends = recipe, emulate, keep_ends
         self.skip, self.all_gather = list(skip or []), all_gather
         if all_gather and recipe != "tensorwise":
@@ -52,6 +53,7 @@ class FP8MixedPrecision(BF16MixedPrecision):
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
+        BF16MixedPrecision.add_options(options)
         options.add("recipe", str, default="tensorwise", choices=RECIPES,
                     help="how float8 scales are taken: tensorwise (one scale per tensor, the "
                          "fastest) or rowwise (one per row: more accurate, a little slower)")

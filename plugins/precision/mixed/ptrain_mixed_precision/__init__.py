@@ -11,6 +11,13 @@
   rather than one per optimizer: an overflow anywhere lowers the scale for all, which costs a
   skipped step at worst, and a backward needs no owner. Its state is saved in checkpoints.
 
+Autocast's weight cache (``autocast_cache``, on by default as in ``torch.autocast``) casts
+each weight once per step; a weight used twice then sums its two low-precision gradients before
+the cast back to float32. Off, each use casts it again and the sum is taken in float32, as
+Lightning does (``ptrain.lightning`` turns it off, so its runs give Lightning's numbers).
+Manual optimization always runs without it: the optimizers step inside the training step, and
+a cached copy would go stale when its weight changed.
+
 The backward pass and the optimizer step run outside autocast, on the float32 weights. Where the
 device's autocast does not support the dtype, start-up fails with a usage error; there is never a
 silent switch to another precision.
@@ -24,6 +31,7 @@ from typing import Any
 import torch
 
 from ptrain import PluginError, PrecisionPolicy, hookimpl
+from ptrain.options import to_bool
 from ptrain.tuning import precision_candidate
 
 
@@ -32,6 +40,16 @@ class MixedPrecision:
     name: str
     alternative: str  # what to use where this dtype's autocast is missing
     loss_scaling = False
+
+    def __init__(self, autocast_cache: bool = True) -> None:
+        self.autocast_cache = autocast_cache
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        options.add("autocast_cache", to_bool, default=True,
+                    help="cast each weight once per step, under automatic optimization "
+                         "(off: once per use, gradients summed in float32, as Lightning)")
 
     @classmethod
     @hookimpl
@@ -73,7 +91,7 @@ class MixedPrecision:
         # after this returns, so autocast may cache each weight's low-precision copy for the
         # step. Manual optimization steps optimizers inside: a cached copy would go stale when
         # its weight changes in place, so the cache is off there.
-        cache = trainer.module.automatic_optimization
+        cache = self.autocast_cache and trainer.module.automatic_optimization
         with torch.autocast(device_type=trainer.device.type, dtype=self.dtype,
                             cache_enabled=cache):
             return (yield)
@@ -95,7 +113,9 @@ class Float16MixedPrecision(MixedPrecision):
     alternative = "bf16-mixed (bfloat16 autocast, no loss scaling)"
     loss_scaling = True
 
-    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000,
+                 autocast_cache: bool = True) -> None:
+        super().__init__(autocast_cache)
         self.init_scale, self.growth_interval = init_scale, growth_interval
         self.scaler: torch.amp.GradScaler | None = None
         self._stepped: set[int] = set()  # id() of the optimizers stepped since the last update
@@ -103,6 +123,7 @@ class Float16MixedPrecision(MixedPrecision):
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
+        MixedPrecision.add_options(options)
         options.add("init_scale", float, default=2.0**16,
                     help="the loss scale to start from (steps that overflow halve it)")
         options.add("growth_interval", int, default=2000,
