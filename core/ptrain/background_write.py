@@ -70,7 +70,7 @@ class HostBuffers:
     """The host memory background writes copy into, kept from one write to the next.
 
     A fresh allocation of a checkpoint's size costs a page fault per page at the copy (806 MB
-    copied in 0.34 s on this project's 2-core machine, against 0.1 s into memory already
+    copied in 0.33 s on this project's 2-core machine, against 0.06 s into memory already
     touched), and a copy from a CUDA device is fastest into pinned memory, which is slow to
     allocate. So the copies of a finished write (:meth:`reuse`) become the next write's
     buffers, matched by device, shape, strides and dtype; at most one write is in flight, so a
