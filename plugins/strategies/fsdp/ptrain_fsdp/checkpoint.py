@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError
-from ptrain.direct_file import DirectFile
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, folder_damage,
                                   incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
+from ptrain.direct_file import DirectFile
 
 #: the folder's file of everything but the shards, and its key for the CRC-32 of every other file
 META, CHECKSUMS = "meta.pt", FOLDER_CHECKSUMS
@@ -161,7 +161,8 @@ class _CheckpointFiles(FileSystem):
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
-        self.checksums[Path(new_path).name] = self.checksums.pop(Path(path).name)
+        if Path(path).name in self.checksums:  # DCP's index, written as ".metadata.tmp"
+            self.checksums[Path(new_path).name] = self.checksums.pop(Path(path).name)
 
     def _kept(self, call: Callable[[], Any]) -> Any:
         """``call()``, keeping the ``OSError`` it raises."""
