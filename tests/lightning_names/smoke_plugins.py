@@ -102,7 +102,10 @@ def _mixed():
     assert module.net[1].weight.dtype == torch.float32 and run.global_step == 4
     scaled = trainer(plugins=[p.MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
         "cpu", init_scale=256.0, growth_interval=50))])
-    assert scaled.config["plugins"]["16-mixed"] == {"init_scale": 256.0, "growth_interval": 50}
+    # Lightning's autocast keeps no weight cache
+    assert scaled.config["plugins"]["16-mixed"] == {"init_scale": 256.0, "growth_interval": 50,
+                                                    "autocast_cache": False}
+    assert run.config["plugins"]["bf16-mixed"] == {"autocast_cache": False}
     refuses(lambda: trainer(plugins=[p.MixedPrecision("bf16-mixed", "cuda")]), "device",
             "'cpu'")
     refuses(lambda: trainer(precision="bf16-mixed",
