@@ -5,6 +5,7 @@ the user's code, a plugin's hook, and whether a checkpoint of the failed fit exi
 from __future__ import annotations
 
 import re
+import traceback
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,14 @@ def dataloader_worker_death(exc: BaseException) -> str | None:
     text = str(exc)
     if isinstance(exc, RuntimeError) and text.startswith("DataLoader worker (pid"):
         return text.splitlines()[0]
+    # a worker that dies while handing over a batch's shared memory breaks the connection
+    # before torch has seen it die: the error comes out of the loader's fetch as it is
+    if isinstance(exc, (ConnectionError, EOFError)) and any(
+            frame.name == "_try_get_data" and frame.filename.replace("\\", "/").endswith(
+                "torch/utils/data/dataloader.py")
+            for frame in traceback.extract_tb(exc.__traceback__)):
+        return (f"its connection broke as it handed over a batch: {type(exc).__name__}: "
+                f"{text}")
     return None
 
 

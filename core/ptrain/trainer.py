@@ -846,8 +846,11 @@ class Trainer:
         try:
             function(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - said, and the other teardowns still run
-            from ptrain.frames import plugin_origin
+            from ptrain.frames import dataloader_worker_death, plugin_origin
 
+            if self.exception is not None and dataloader_worker_death(exc) is not None:
+                return  # torch's signal handler saying again, wherever it lands, that the
+                # worker whose death failed the stage died: the stage's error says it
             origin = plugin_origin(exc) or f"{who} raised {type(exc).__name__} in teardown"
             outcome = ("the stage had already failed; its own error follows" if
                        self.exception is not None else
