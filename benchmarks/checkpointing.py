@@ -394,8 +394,12 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
     size = max((sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir()
                 else p.stat().st_size for p in folder.rglob("*.ckpt")), default=0)
     steps = [b - a for a, b in zip([start, *marks], marks)]
-    return {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
-            "parameters": sum(p.numel() for p in model.parameters())}
+    result = {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    if DEVICE == "cuda":  # the pinned memory the host copies took (rounded up by torch)
+        result["pinned_bytes_peak"] = torch.cuda.host_memory_stats().get(
+            "allocated_bytes.peak", 0)
+    return result
 
 
 def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:

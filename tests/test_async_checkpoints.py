@@ -9,6 +9,7 @@ after the first where the write just started is still running."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -239,6 +240,49 @@ def test_a_plugin_that_writes_checkpoints_writes_them_in_the_background_through_
     assert not [w for w in recwarn if "written synchronously" in str(w.message)]
     written = torch.load(trainer.plugins["checkpoint"].last_model_path, weights_only=True)
     assert written["loop"]["global_step"] == trainer.global_step
+
+
+class PlanningRecorder(BackgroundWriter):
+    """A background writer that records each call of its hook: the path, whether the copy
+    shares the module's memory, and whether its function ran."""
+
+    name = "planning-recorder"
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[dict] = []
+
+    @ptrain.hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint, path):
+        copy = trainer.copy_for_background(checkpoint)
+        call = {"path": path, "step": trainer.global_step, "ran": False,
+                "shares": copy["model"]["net.1.weight"].data_ptr()
+                == trainer.module.net[1].weight.data_ptr()}
+        self.calls.append(call)
+
+        def write() -> None:
+            call["ran"] = True
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            torch.save(copy, path)
+
+        return [write]
+
+
+def test_the_first_background_copy_is_planned_once_and_never_written(tmp_path):
+    """Trainer.prepare_background_copies asks the strategy what it would copy after the
+    first optimizer step: the hook's copy is then the live tensors, its path os.devnull, and
+    its function never runs; the saves after it copy and write as before."""
+    recorder = PlanningRecorder()
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=2, seed=0,
+                             default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard", recorder],
+                             plugin_options={"checkpoint": {"async_save": True}})
+    trainer.fit(TinyRegressor())
+    planned, *saves = recorder.calls
+    assert planned == {"path": os.devnull, "step": 1, "ran": False, "shares": True}
+    assert [c["path"] for c in saves].count(os.devnull) == 0 and len(saves) == 2
+    assert all(c["ran"] and not c["shares"] for c in saves)
+    assert safe_load(saves[-1]["path"])["loop"]["global_step"] == trainer.global_step
 
 
 def test_after_a_refused_background_write_last_links_to_the_newest_complete_file(tmp_path):

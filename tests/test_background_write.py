@@ -1,9 +1,10 @@
 """The host memory of background checkpoint writes (ptrain.background_write): a finished
-write's copies are the next write's buffers, each copy holds its own step's values, and no copy
-shares memory with the tensor it copies."""
+write's copies are the next write's buffers, each copy holds its own step's values, no copy
+shares memory with the tensor it copies, and the first write's buffers can be made ahead."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ptrain.background_write import BackgroundWrite, HostBuffers, host_copy
@@ -43,4 +44,59 @@ def test_a_tensor_of_another_shape_gets_new_memory_and_release_lets_go():
     buffers.release()
     write = BackgroundWrite(3, buffers)
     assert host_copy(torch.zeros(4), write.memo, buffers).data_ptr() != copy.data_ptr()
+    write.finish()
+
+
+def _free_buffers(buffers: HostBuffers) -> list[torch.Tensor]:
+    buffers._wait()  # the preparing thread's buffers join the free ones
+    return [buffer for free in buffers._free.values() for buffer in free]
+
+
+def test_a_planned_copy_goes_into_a_buffer_made_ahead_of_the_write():
+    buffers = HostBuffers()
+    weights, moments = torch.arange(1000.0), torch.ones(10, 10)
+    every_other = torch.ones(4, 6)[:, ::2]  # not contiguous: left to the copy
+    state = {"w": weights, "m": moments, "s": every_other, "again": weights}
+    with buffers.planning():
+        planned = host_copy(state, {}, buffers)
+    assert planned["w"] is weights and planned["s"] is every_other  # recorded, not copied
+    made = {buffer.data_ptr() for buffer in _free_buffers(buffers)}
+    assert len(made) == 2  # weights once, moments; nothing for the strided view
+
+    weights.add_(1)
+    write = BackgroundWrite(1, buffers)
+    copy = host_copy(state, write.memo, buffers)
+    assert {copy["w"].data_ptr(), copy["m"].data_ptr()} == made
+    assert copy["s"].data_ptr() not in made
+    assert torch.equal(copy["w"], weights) and torch.equal(copy["m"], moments)
+    assert torch.equal(copy["s"], every_other)
+    write.finish()
+
+
+def test_a_planning_that_fails_prepares_nothing():
+    buffers = HostBuffers()
+    with pytest.raises(KeyError), buffers.planning():
+        host_copy(torch.zeros(4), {}, buffers)
+        raise KeyError("a strategy's hook failed")
+    assert _free_buffers(buffers) == []
+    write = BackgroundWrite(1, buffers)  # copies as before
+    assert torch.equal(host_copy(torch.ones(3), write.memo, buffers), torch.ones(3))
+    write.finish()
+
+
+def test_a_tensor_made_of_tensors_is_copied_through_the_tensors_inside():
+    """torchao's float8 weight under float8 all-gather wraps a tensor and has no memory of its
+    own: the copy is the same wrapper around a copy of that tensor."""
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    weight = WeightWithDynamicFloat8CastTensor(torch.arange(6.0).view(2, 3), LinearMMConfig(),
+                                               torch.float8_e4m3fn)
+    buffers = HostBuffers()
+    write = BackgroundWrite(1, buffers)
+    copy = host_copy({"w": weight, "again": weight}, write.memo, buffers)
+    assert type(copy["w"]) is WeightWithDynamicFloat8CastTensor and copy["again"] is copy["w"]
+    assert copy["w"]._tensor.data_ptr() != weight._tensor.data_ptr()
+    weight._tensor.add_(1)  # the next step
+    assert torch.equal(copy["w"]._tensor, torch.arange(6.0).view(2, 3))
     write.finish()

@@ -160,6 +160,33 @@ def test_a_crashed_dataloader_worker_is_said_with_the_way_to_see_where(tmp_path)
     assert "num_workers=0" in ours[0] and "Traceback" not in result.stderr, result.stderr
 
 
+
+class WorkerDeathInTeardown:
+    """A plugin whose teardown raises what torch raises when a DataLoader worker died."""
+
+    name = "worker-death-in-teardown"
+
+    @ptrain.hookimpl
+    def teardown(self):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+
+
+def test_a_worker_death_in_teardown_is_said_when_the_stage_failed_for_another_reason(tmp_path):
+    """Only a stage that failed because a worker died may leave torch's second word of that
+    death unsaid: after any other failure it is news, and is said."""
+    from tests.conftest import TinyRegressor
+
+    class FailsAtOnce(TinyRegressor):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("the step's own bug")
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard",
+                                        WorkerDeathInTeardown()])
+    with pytest.warns(UserWarning, match="worker-death-in-teardown.*DataLoader worker"), \
+            pytest.raises(ValueError, match="the step's own bug"):
+        trainer.fit(FailsAtOnce())
+
 def test_max_epochs_minus_one_means_no_epoch_limit(tmp_path):
     result = run_cli(*BASE, *COMMON, "--max-epochs", "-1", "--max-steps", "9",
                      "--default-root-dir", str(tmp_path))

@@ -70,6 +70,36 @@ def test_a_direct_write_refused_as_misaligned_falls_back_to_normal_writes(tmp_pa
     assert f.crc32 == zlib.crc32(data)
 
 
+
+def test_no_memory_for_the_aligned_buffer_means_normal_writes(tmp_path, monkeypatch):
+    """The 8 MiB buffer refused (ENOMEM, a host short of memory): the file is written
+    normally, as the contract promises, instead of the checkpoint failing."""
+    import errno
+    import fcntl
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(direct_file.mmap, "mmap", refused)
+    data = os.urandom(CHUNK + 5)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    with DirectFile(fd, checksum=True) as f:
+        assert not f.direct and not fcntl.fcntl(fd, fcntl.F_GETFL) & direct_file.O_DIRECT
+        f.write(data)
+    assert (tmp_path / "f").read_bytes() == data and f.crc32 == zlib.crc32(data)
+
+
+def test_a_file_dropped_unclosed_gives_its_descriptor_back(tmp_path):
+    import gc
+
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    f = DirectFile(fd)
+    f.write(b"x")
+    del f
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
 def test_a_failed_write_closes_the_file_without_writing_the_rest(tmp_path):
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     with pytest.raises(ValueError, match="the caller's"):

@@ -48,16 +48,23 @@ def test_nan_weights_at_an_epoch_end_keep_the_previous_checkpoint_and_it_resumes
     assert _last(root)["loop"]["global_step"] == 12 and _all_finite(_last(root))
 
 
-def test_a_checkpoint_every_step_names_the_step_that_went_bad(tmp_path):
+@pytest.mark.parametrize("writes", [[], ["--checkpoint-async-save"]],
+                         ids=["synchronous", "background"])
+def test_a_checkpoint_every_step_names_the_step_that_went_bad(tmp_path, writes):
+    """In the background the copy is checked on the writer's thread: the refusal comes at the
+    next step boundary, with the same words, and nothing non-finite is written."""
     root = tmp_path / "runs"
     failed = run_cli("fit", *MODEL, "--model.nan_at", "5", "--max-epochs", "2",
-                     "--checkpoint-every-n-train-steps", "1", "--default-root-dir", str(root))
-    assert_usage_error(failed, "after global step 5", "by step 6")
+                     "--checkpoint-every-n-train-steps", "1", "--default-root-dir", str(root),
+                     *writes)
+    assert_usage_error(failed, "after global step 5", "by step 6", "parameter 'net.1.",
+                       "nothing non-finite was saved")
     kept = _last(root)
     assert kept["loop"]["global_step"] == 5 and _all_finite(kept)
 
 
-def test_optimizer_state_is_checked_too(tmp_path):
+@pytest.mark.parametrize("async_save", [False, True], ids=["synchronous", "background"])
+def test_optimizer_state_is_checked_too(tmp_path, async_save):
     """Adam's moments can go non-finite while the weights are still finite (here: set by
     hand): the checkpoint is refused, naming the state."""
 
@@ -74,7 +81,8 @@ def test_optimizer_state_is_checked_too(tmp_path):
     trainer = ptrain.Trainer(accelerator="cpu", max_epochs=3, seed=0,
                              default_root_dir=str(tmp_path / "runs"),
                              callbacks=["no:tensorboard", "no:progress-bar", "no:results",
-                                        "no:model-summary", BadMoments()])
+                                        "no:model-summary", BadMoments()],
+                             plugin_options={"checkpoint": {"async_save": async_save}})
     with pytest.raises(ptrain.NonFiniteStateError, match="optimizer 0's 'exp_avg_sq' of 'net"):
         trainer.fit(TinyRegressor(n=32, optimizer="adam"))
     assert _last(tmp_path / "runs")["loop"]["global_step"] == 4

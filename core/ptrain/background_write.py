@@ -22,13 +22,15 @@ same errors (:meth:`WriteAgreement.first_errors`), so that every rank makes the 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ptrain.errors import CheckpointWriteError
 
@@ -49,9 +51,18 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
         return type(obj).from_local(host_copy(obj.to_local(), memo, buffers), obj.device_mesh,
                                   obj.placements, run_check=False, shape=obj.shape,
                                   stride=obj.stride())
+    if isinstance(obj, torch.Tensor) and is_traceable_wrapper_subclass(obj):
+        # a tensor made of tensors (torchao's float8 weights): those are copied, and the copy
+        # is the same kind of tensor made of the copies
+        key = copy_key(obj)
+        if key not in memo:
+            names, context = obj.__tensor_flatten__()
+            inner = {name: host_copy(getattr(obj, name), memo, buffers) for name in names}
+            memo[key] = (obj, type(obj).__tensor_unflatten__(inner, context, obj.size(),
+                                                             obj.stride()))
+        return memo[key][1]
     if isinstance(obj, torch.Tensor):
-        key = (obj.device, obj.untyped_storage().data_ptr(), obj.storage_offset(),
-               tuple(obj.shape), obj.stride(), obj.dtype)
+        key = copy_key(obj)
         if key not in memo:
             memo[key] = (obj, buffers.copy(obj))
         return memo[key][1]
@@ -66,6 +77,17 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
     return obj
 
 
+def copy_key(tensor: torch.Tensor) -> tuple:
+    """What :func:`host_copy`'s memo knows a tensor by: its memory (device, storage address,
+    offset), shape, strides and dtype; a tensor made of tensors (a wrapper subclass, which has
+    no memory of its own) by its type and its tensors' keys."""
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return (type(tensor), *(copy_key(getattr(tensor, name)) for name in names))
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+            tuple(tensor.shape), tensor.stride(), tensor.dtype)
+
+
 class HostBuffers:
     """The host memory background writes copy into, kept from one write to the next.
 
@@ -76,34 +98,97 @@ class HostBuffers:
     buffers, matched by device, shape, strides and dtype; at most one write is in flight, so a
     copy is never overwritten while it is being written. Between two writes the process holds
     one copy of the checkpoint's tensors, which each write needs anyway: the peak is the same.
-    :meth:`release` gives the memory back (at the end of a stage)."""
+    :meth:`release` gives the memory back (at the end of a stage), pinned memory included:
+    torch's pinned-memory allocator keeps freed blocks for reuse, and rounds each up to a power
+    of two (so a pinned copy may take up to twice its size while it is held).
+
+    The first write's buffers can be made ahead of it: inside :meth:`planning`, :meth:`copy`
+    only records what it would copy, and on leaving, buffers for it are allocated and touched
+    on a thread of their own while training goes on; :meth:`copy` waits for that thread."""
 
     def __init__(self) -> None:
         self._free: dict[tuple, list[torch.Tensor]] = {}
+        self._planned: list[torch.Tensor] | None = None  # inside planning(): what copy() saw
+        self._preparing: threading.Thread | None = None
+        self._prepared: list[tuple[tuple, torch.Tensor]] = []  # by the preparing thread
+        self._pinned = False  # whether a buffer was pinned since the last release()
 
     @staticmethod
     def _kind(tensor: torch.Tensor) -> tuple:
         return tensor.device.type, tuple(tensor.shape), tensor.stride(), tensor.dtype
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of ``tensor``, in a buffer of the last write's where one fits."""
+        """A host copy of ``tensor``, in a buffer of the last write's (or of the preparation's)
+        where one fits; inside :meth:`planning`, ``tensor`` itself, recorded."""
+        if self._planned is not None:
+            self._planned.append(tensor)
+            return tensor
+        self._wait()
         free = self._free.get(self._kind(tensor))
         if free:
             buffer = free.pop()
         else:
-            buffer = torch.empty_like(tensor, device="cpu",
-                                      pin_memory=tensor.device.type == "cuda")
+            pinned = tensor.device.type == "cuda"
+            buffer = torch.empty_like(tensor, device="cpu", pin_memory=pinned)
+            self._pinned |= pinned
         return buffer.copy_(tensor.detach())
+
+    @contextlib.contextmanager
+    def planning(self) -> Iterator[None]:
+        """Inside, :meth:`copy` copies nothing and records what it is given; on leaving
+        without an error, a buffer for each contiguous tensor recorded is allocated (pinned
+        for a CUDA tensor) and its memory touched, on a thread of its own. Its buffers join
+        the free ones when the next :meth:`copy`, :meth:`reuse` or :meth:`release` waits for
+        it. An allocation that fails there leaves the copy to allocate, and say so, itself."""
+        self._wait()
+        self._planned = []
+        try:
+            yield
+            kinds = [(self._kind(t), t.device.type == "cuda") for t in self._planned
+                     if t.is_contiguous()]  # what empty_like makes for it: the same strides
+        finally:
+            self._planned = None
+        self._pinned |= any(pinned for _, pinned in kinds)
+        self._preparing = threading.Thread(target=self._allocate, args=(kinds,),
+                                           name="ptrain-checkpoint-buffers", daemon=True)
+        self._preparing.start()
+
+    def _allocate(self, kinds: list[tuple[tuple, bool]]) -> None:
+        try:
+            for kind, pinned in kinds:
+                _, shape, stride, dtype = kind
+                buffer = torch.empty_strided(shape, stride, dtype=dtype, pin_memory=pinned)
+                if not pinned:  # pinned memory is resident once allocated
+                    buffer.zero_()  # the page faults, here rather than in the copy
+                self._prepared.append((kind, buffer))
+        except (RuntimeError, MemoryError):  # out of memory: the copy allocates, or says it
+            self._prepared.clear()
+
+    def _wait(self) -> None:
+        """Wait for the preparing thread, if any, and take its buffers as free ones."""
+        if self._preparing is None:
+            return
+        self._preparing.join()
+        self._preparing = None
+        for kind, buffer in self._prepared:
+            self._free.setdefault(kind, []).append(buffer)
+        self._prepared = []
 
     def reuse(self, copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Take the copies of a finished write (its ``memo``) as the next write's buffers;
-        buffers of earlier writes no copy used are let go."""
+        buffers of earlier writes (or of the preparation) no copy used are let go."""
+        self._wait()
         self._free = {}
         for original, copy in copies.values():
-            self._free.setdefault(self._kind(original), []).append(copy)
+            if not is_traceable_wrapper_subclass(copy):  # its tensors are copies of their own
+                self._free.setdefault(self._kind(original), []).append(copy)
 
     def release(self) -> None:
+        self._wait()
         self._free = {}
+        if self._pinned:  # the allocator keeps freed pinned blocks: hand them back
+            self._pinned = False
+            torch.accelerator.empty_host_cache()
 
 
 def _is_dtensor(obj: Any) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import weakref
 import zlib
 from typing import Any
 
@@ -55,8 +56,15 @@ class DirectFile:
         self._closed = False
         self._buffer: mmap.mmap | None = None
         self._filled = 0
-        if O_DIRECT and _on_local_disk(fd) and _set_direct(fd, True):
-            self._buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+        # a file dropped unclosed (a caller's bug) does not keep its descriptor
+        self._finalizer = weakref.finalize(self, os.close, fd)
+        if O_DIRECT and _on_local_disk(fd):
+            try:
+                buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+            except OSError:  # no memory to spare for it: written normally
+                return
+            if _set_direct(fd, True):
+                self._buffer = buffer
 
     @property
     def direct(self) -> bool:
@@ -136,14 +144,14 @@ class DirectFile:
             os.fsync(self._fd)
         finally:
             self._free_buffer()
-            os.close(self._fd)
+            self._finalizer()  # closes the descriptor, once
 
     def abandon(self) -> None:
         """Close the descriptor without writing the rest: the file is incomplete."""
         if not self._closed:
             self._closed = True
             self._free_buffer()
-            os.close(self._fd)
+            self._finalizer()
 
     def __enter__(self) -> DirectFile:
         return self

@@ -13,15 +13,21 @@ values it reads there anyway.
 Under a sharding strategy each process checks its own shards (a DTensor's local part); the
 flag is reduced across processes by the caller. Naming the tensor that went bad happens only
 after a check failed.
+
+An asynchronous save in a single process checks the host copies it writes instead, on the
+background writer's thread (:func:`copy_check`), so that the check costs the training step
+nothing; a copy found non-finite is not written, and the save's error reaches the training
+thread at the next step boundary.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import torch
 
+from ptrain.background_write import copy_key
 from ptrain.errors import NonFiniteStateError
 
 if TYPE_CHECKING:
@@ -65,26 +71,38 @@ def _checked(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str,
             yield name, local
 
 
+def all_finite(tensors: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A 0-dim bool tensor on ``device``: whether every element of ``tensors`` is finite. No
+    host sync."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(
+            torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    for flags in by_device.values():
+        finite = finite & torch.stack(flags).all().to(device)
+    return finite
+
+
 def state_is_finite(trainer: Trainer) -> torch.Tensor:
     """A 0-dim bool tensor on ``trainer.device``: whether every parameter and optimizer state
     tensor of this process is finite. No host sync."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for _, tensor in _checked(_state_tensors(trainer)):
-        by_device.setdefault(tensor.device, []).append(
-            torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
-    finite = torch.ones((), dtype=torch.bool, device=trainer.device)
-    for flags in by_device.values():
-        finite = finite & torch.stack(flags).all().to(trainer.device)
-    return finite
+    return all_finite((tensor for _, tensor in _checked(_state_tensors(trainer))),
+                      trainer.device)
+
+
+def _first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first tensor of ``named`` that is not finite (a host sync per tensor)."""
+    for name, tensor in named:
+        if not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
 
 
 def first_nonfinite(trainer: Trainer) -> str | None:
     """The name of this process's first non-finite state tensor (a host sync per tensor: call
     it only after a check failed)."""
-    for name, tensor in _checked(_state_tensors(trainer)):
-        if not bool(torch.isfinite(tensor).all()):
-            return name
-    return None
+    return _first_nonfinite(_checked(_state_tensors(trainer)))
 
 
 def last_written_checkpoint(trainer: Trainer) -> Path | None:
@@ -97,21 +115,50 @@ def last_written_checkpoint(trainer: Trainer) -> Path | None:
 def state_error(trainer: Trainer) -> NonFiniteStateError:
     """The error for a state found non-finite at ``trainer.global_step``: the step range it went
     bad in (since the last check found it finite), the tensor, and the checkpoint kept."""
-    since = trainer.finite_state_step
-    when = (f"after global step {since} (the last check found it finite) and by step "
-            f"{trainer.global_step}" if since is not None and since < trainer.global_step
-            else f"at global step {trainer.global_step}")
-    tensor = first_nonfinite(trainer)
-    which = f" (first: {tensor})" if tensor is not None else " (in another process's shard)"
+    return state_error_for(trainer)(first_nonfinite(trainer))
+
+
+def state_error_for(trainer: Trainer) -> Callable[[str | None], NonFiniteStateError]:
+    """:func:`state_error` in two parts: what it says of the steps and of the checkpoint kept is
+    taken now; the function returned makes the error from the first non-finite tensor's name
+    (``None``: in another process's shard)."""
+    since, step = trainer.finite_state_step, trainer.global_step
+    when = (f"after global step {since} (the last check found it finite) and by step {step}"
+            if since is not None and since < step else f"at global step {step}")
     saved = last_written_checkpoint(trainer)
     kept = (f"The last checkpoint written, {str(saved)!r}, holds the state from before and is "
             f"kept." if saved is not None else "No checkpoint was written over.")
-    return NonFiniteStateError(
-        f"the model's parameters or optimizer state became NaN or infinite {when}{which}, "
-        f"though the training loss stayed finite: a step produced non-finite gradients or "
-        f"updates. Training stopped and nothing non-finite was saved. {kept} Lower the learning "
-        f"rate, clip gradients (--gradient-clip-val), or look for an operation that overflows "
-        f"(--detect-anomaly names the first one that makes a NaN in backward).")
+
+    def error(tensor: str | None) -> NonFiniteStateError:
+        which = f" (first: {tensor})" if tensor is not None else " (in another process's shard)"
+        return NonFiniteStateError(
+            f"the model's parameters or optimizer state became NaN or infinite {when}{which}, "
+            f"though the training loss stayed finite: a step produced non-finite gradients or "
+            f"updates. Training stopped and nothing non-finite was saved. {kept} Lower the "
+            f"learning rate, clip gradients (--gradient-clip-val), or look for an operation "
+            f"that overflows (--detect-anomaly names the first one that makes a NaN in "
+            f"backward).")
+
+    return error
+
+
+def copy_check(trainer: Trainer, copies: Mapping[tuple, tuple[torch.Tensor, torch.Tensor]]
+               ) -> Callable[[], None]:
+    """The check of an asynchronous save in a single process, to run on the background
+    writer's thread before its files: that the host copies in ``copies`` (a part of a
+    :class:`~ptrain.background_write.BackgroundWrite`'s memo: original and copy by
+    :func:`~ptrain.background_write.copy_key`) of this process's parameters and optimizer
+    state tensors are finite. It raises :class:`NonFiniteStateError` naming the first that is
+    not. A state tensor with no copy there is not written by this save and not checked."""
+    named = [(name, copies[key][1]) for name, tensor in _checked(_state_tensors(trainer))
+             if (key := copy_key(tensor)) in copies]
+    error = state_error_for(trainer)
+
+    def check() -> None:
+        if not bool(all_finite((copy for _, copy in named), torch.device("cpu"))):
+            raise error(_first_nonfinite(named))
+
+    return check
 
 
 def check_state_finite(trainer: Trainer) -> None:

@@ -837,7 +837,11 @@ def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
     point. What they raise reaches the checkpoint callback at a step boundary, as a synchronous
     write's error would; under several processes every process gets the same error (a refused
     write: :class:`ptrain.CheckpointWriteError`). A collective in them goes over a process group
-    of the plugin's own, never one the training thread uses.
+    of the plugin's own, never one the training thread uses. Once per stage, before the first
+    such save, it is also called to learn what would be copied
+    (``Trainer.prepare_background_copies``): ``trainer.copy_for_background`` then records its
+    argument and returns it uncopied, ``path`` is ``os.devnull``, and the functions returned
+    are never run, so do nothing here but copy.
 
     Result: firstresult; the functions this process runs, an empty list on a process that
     writes nothing. Implemented by: strategies that implement ``save_checkpoint`` (a

@@ -13,6 +13,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -186,6 +187,8 @@ class Trainer:
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
         self._host_buffers = HostBuffers()  # what background writes copy into
+        self._copies_prepared = False  # see prepare_background_copies; once per stage
+        self._planning_copies = False  # inside prepare_background_copies
         self._write_agreement = WriteAgreement()  # its group is made when first needed
         self.ckpt_path: str | None = None
         self.current_epoch = 0
@@ -435,8 +438,9 @@ class Trainer:
         """Write a checkpoint of the whole run (on every process; the strategy decides who
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
         loss went non-finite, and with :class:`NonFiniteStateError` when a parameter or
-        optimizer state tensor is (:mod:`ptrain.finite_state`). Under ``fast_dev_run`` nothing
-        is written.
+        optimizer state tensor is (:mod:`ptrain.finite_state`; an asynchronous save in a single
+        process checks its host copies on the writer's thread instead, and its refusal comes
+        as a failed write's does). Under ``fast_dev_run`` nothing is written.
 
         ``weights_only``: the module's weights, class, hyperparameters and counters only (no
         optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
@@ -451,14 +455,44 @@ class Trainer:
         :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
         it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
         complete."""
-        from ptrain.finite_state import check_state_finite
+        from ptrain.finite_state import check_state_finite, copy_check
         from ptrain.fit_loop import check_losses_finite
 
         self.finish_checkpoint_write(before_step=self.global_step if asynchronous else None)
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return False
-        check_state_finite(self)
+        background = asynchronous and self.why_not_asynchronous() is None
+        # one process checks what it writes on the writer's thread (copy_check); several
+        # agree on the check (a collective), which the writers' threads could not join
+        checks_copies = background and self.world_size == 1
+        if not checks_copies:
+            check_state_finite(self)
+        checkpoint = self._checkpoint_contents(weights_only)
+        if not self._saved_state_checked:
+            self._check_saved_state(checkpoint)
+            # a weights-only file leaves the plugins' and the datamodule's state unchecked
+            self._saved_state_checked = not weights_only
+        if background:
+            if self._background_write is None:
+                self._background_write = BackgroundWrite(self.global_step, self._host_buffers)
+            write = self._background_write
+            write.begin_part()
+            copied_before = len(write.memo)
+            files = self.hook.save_checkpoint_in_background(
+                trainer=self, checkpoint=checkpoint, path=str(path))
+            if checks_copies:  # this save's own copies, before its files
+                write.add(copy_check(self, dict(islice(write.memo.items(), copied_before,
+                                                       None))))
+            for write_file in files:
+                write.add(write_file)
+            return True
+        self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
+        return False
+
+    def _checkpoint_contents(self, weights_only: bool) -> dict[str, Any]:
+        """What a checkpoint of the run holds now (see :meth:`save_checkpoint`), with the
+        live tensors in it."""
         checkpoint = {
             "format": checkpoint_io.FORMAT,
             "format_version": checkpoint_io.FORMAT_VERSION,
@@ -493,20 +527,7 @@ class Trainer:
                 state = call_impl(impl, trainer=self, checkpoint=checkpoint)
                 if state is not None:
                     checkpoint["plugins"][impl.plugin_name] = state
-        if not self._saved_state_checked:
-            self._check_saved_state(checkpoint)
-            # a weights-only file leaves the plugins' and the datamodule's state unchecked
-            self._saved_state_checked = not weights_only
-        if asynchronous and self.why_not_asynchronous() is None:
-            if self._background_write is None:
-                self._background_write = BackgroundWrite(self.global_step, self._host_buffers)
-            self._background_write.begin_part()
-            for write_file in self.hook.save_checkpoint_in_background(
-                    trainer=self, checkpoint=checkpoint, path=str(path)):
-                self._background_write.add(write_file)
-            return True
-        self.hook.save_checkpoint(trainer=self, checkpoint=checkpoint, path=str(path))
-        return False
+        return checkpoint
 
     def copy_for_background(self, obj: Any) -> Any:
         """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor
@@ -517,10 +538,36 @@ class Trainer:
         ``save_checkpoint_in_background`` implementations; see
         :func:`ptrain.background_write.host_copy` and
         :class:`~ptrain.background_write.HostBuffers`."""
-        if self._background_write is None:
-            raise RuntimeError("copy_for_background is for save_checkpoint_in_background, "
-                               "while trainer.save_checkpoint(..., asynchronous=True) runs")
-        return host_copy(obj, self._background_write.memo, self._host_buffers)
+        if self._background_write is not None:
+            return host_copy(obj, self._background_write.memo, self._host_buffers)
+        if self._planning_copies:  # prepare_background_copies: recorded, not copied
+            return host_copy(obj, {}, self._host_buffers)
+        raise RuntimeError("copy_for_background is for save_checkpoint_in_background, while "
+                           "trainer.save_checkpoint(..., asynchronous=True) runs")
+
+    def prepare_background_copies(self) -> None:
+        """Allocate, on a thread of their own while training goes on, the host buffers that
+        the first asynchronous save of this stage will copy this process's checkpoint into
+        (:class:`~ptrain.background_write.HostBuffers`); otherwise that save waits for them
+        (fresh memory is slow to touch the first time, pinned memory for CUDA tensors slower
+        still to allocate). What to allocate is asked of the strategy: the checkpoint as it
+        is now goes through ``save_checkpoint_in_background`` (its path ``os.devnull``) with
+        :meth:`copy_for_background` recording instead of copying, and the functions returned
+        are never run. The checkpoint callback calls it with ``async_save`` once the first
+        optimizer step has made the optimizers' state. On every process at the same point
+        (the strategy's hook may be a collective); it does nothing after its first call in a
+        stage, under ``fast_dev_run``, and where saves can't be asynchronous."""
+        if self._copies_prepared or self.fast_dev_run or self.why_not_asynchronous() is not None:
+            return
+        self._copies_prepared = True
+        checkpoint = self._checkpoint_contents(weights_only=False)
+        self._planning_copies = True
+        try:
+            with self._host_buffers.planning():
+                self.hook.save_checkpoint_in_background(trainer=self, checkpoint=checkpoint,
+                                                        path=os.devnull)
+        finally:
+            self._planning_copies = False
 
     def why_not_asynchronous(self) -> str | None:
         """Why a checkpoint can't be written in the background in this run, or ``None``: a
@@ -553,7 +600,10 @@ class Trainer:
         if write is None or (before_step is not None and write.step >= before_step):
             return None
         self._background_write = None
-        return write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
+        error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
+        if error is None and self.world_size == 1:  # its copies were checked (copy_check)
+            self.finite_state_step = max(write.step, self.finite_state_step or 0)
+        return error
 
     def settle_checkpoint_write(self) -> None:
         """At a step boundary: a checkpoint write that has ended (under several processes, on
@@ -797,6 +847,7 @@ class Trainer:
         finally:
             self.stage = None
             self._host_buffers.release()
+            self._copies_prepared = False
             try:
                 self._teardown(stage, module)
             finally:
@@ -848,7 +899,9 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001 - said, and the other teardowns still run
             from ptrain.frames import dataloader_worker_death, plugin_origin
 
-            if self.exception is not None and dataloader_worker_death(exc) is not None:
+            if dataloader_worker_death(exc) is not None and any(
+                    dataloader_worker_death(error) is not None
+                    for error in _causes(self.exception)):
                 return  # torch's signal handler saying again, wherever it lands, that the
                 # worker whose death failed the stage died: the stage's error says it
             origin = plugin_origin(exc) or f"{who} raised {type(exc).__name__} in teardown"
@@ -1163,6 +1216,15 @@ def _sized_empty(loader: Any) -> bool:
     except TypeError:  # no length: an iterable dataset may still give batches
         return False
 
+
+
+def _causes(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then what it was raised from or during, and so on."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 def _check_optimized_parameters(module: TrainModule, setup: OptimizerSetup) -> None:
     """What ``configure_optimizers`` returned must train this module: under automatic

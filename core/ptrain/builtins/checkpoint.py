@@ -377,6 +377,8 @@ class ModelCheckpoint:
         # only where an optimizer step just happened: mid-window gradients are not saved
         if not trainer.sync_gradients:
             return
+        if self.async_save and self._writes:  # once the optimizers hold their state
+            trainer.prepare_background_copies()
         step = trainer.global_step
         n = self.every_n_train_steps
         due = bool(n) and step % n == 0 and step != self._last_step_saved

@@ -7,6 +7,8 @@ that every Linear layer's sizes are multiples of 16."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,37 @@ def test_fsdp_on_two_processes_trains_to_bf16_mixed_losses(tmp_path, bf16_losses
                         model={"batch_size": 8})
     assert len(records) == EPOCHS * 16
     assert_follows(records, bf16_losses)
+
+
+
+@pytest.mark.slow
+@TWO_PROCESS_RUNS
+def test_fsdp_with_float8_all_gather_writes_plain_checkpoints_in_the_background_too(tmp_path):
+    """Under float8 all-gather each weight shard is torchao's wrapper of the float32 weight:
+    checkpoints hold the weight itself, so a process without torchao consolidates them, and
+    the background copy (of the wrapper's tensor) writes what a synchronous save writes."""
+    written = {}
+    for async_save in (False, True):
+        root = tmp_path / ("background" if async_save else "synchronous")
+        options = {"fp8-mixed": {"emulate": True, "all_gather": True},
+                   "checkpoint": {"async_save": async_save, "every_n_train_steps": 3}}
+        fit(root, "fp8-mixed", options, strategy="fsdp", devices=2, max_epochs=2,
+            model={"batch_size": 8})
+        folder = root / "runs" / "version_0" / "checkpoints" / "last.ckpt"
+        consolidated = subprocess.run(
+            [sys.executable, "-c", "import sys; from ptrain_fsdp.checkpoint import consolidate; "
+             "consolidate(sys.argv[1], sys.argv[2]); print('torchao' in sys.modules)",
+             str(folder), str(root / "one.ckpt")], capture_output=True, text=True)
+        assert consolidated.stdout.split() == ["False"], consolidated.stderr
+        written[async_save] = torch.load(root / "one.ckpt", weights_only=True)
+    synchronous, background = written[False], written[True]
+    assert background["loop"]["global_step"] == synchronous["loop"]["global_step"] == 32
+    assert synchronous["model"].keys() == background["model"].keys()
+    for name, tensor in synchronous["model"].items():
+        assert torch.equal(background["model"][name], tensor), name
+    for key, state in synchronous["optimizers"][0]["state"].items():
+        for field, value in state.items():
+            assert torch.equal(background["optimizers"][0]["state"][key][field], value), field
 
 
 @pytest.mark.slow

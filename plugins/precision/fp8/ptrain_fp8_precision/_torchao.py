@@ -14,7 +14,8 @@ _NOISY_ON_IMPORT = ("torchao", "torch.utils._pytree")
 
 
 def float8_training() -> SimpleNamespace:
-    """``Float8LinearConfig``, ``Float8Linear``, ``convert_to_float8_training`` and the
+    """``Float8LinearConfig``, ``Float8Linear``, ``convert_to_float8_training``,
+    ``WeightWithDynamicFloat8CastTensor`` (a weight under float8 all-gather) and the
     tensor-parallel styles ``Float8ColwiseParallel``, ``Float8RowwiseParallel`` from torchao, with the notes above kept off the terminal; a :class:`ptrain.PluginError`
     naming the fix where torchao can't be imported."""
     loggers = [logging.getLogger(name) for name in _NOISY_ON_IMPORT]
@@ -24,6 +25,7 @@ def float8_training() -> SimpleNamespace:
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
         from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel,
                                                            Float8RowwiseParallel)
     except ImportError as error:
@@ -36,6 +38,7 @@ def float8_training() -> SimpleNamespace:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
     return SimpleNamespace(Float8LinearConfig=Float8LinearConfig, Float8Linear=Float8Linear,
+                           WeightWithDynamicFloat8CastTensor=WeightWithDynamicFloat8CastTensor,
                            convert_to_float8_training=convert_to_float8_training,
                            Float8ColwiseParallel=Float8ColwiseParallel,
                            Float8RowwiseParallel=Float8RowwiseParallel)

@@ -21,6 +21,9 @@ RECIPES = ("tensorwise", "rowwise")
 CONVERTED = "_ptrain_fp8_mixed_layers"
 #: the first NVIDIA architecture with float8 tensor cores (Ada; Hopper is 9.0)
 FLOAT8_CAPABILITY = (8, 9)
+#: the attribute of a module whose state dict gives its float8 all-gather weights as the
+#: weights they wrap (see _plain_weights)
+PLAIN_WEIGHTS = "_ptrain_fp8_mixed_plain_weights"
 
 
 class FP8MixedPrecision(BF16MixedPrecision):
@@ -183,6 +186,27 @@ class FP8MixedPrecision(BF16MixedPrecision):
         torchao.convert_to_float8_training(module, config=config,
                                            module_filter_fn=lambda _, name: name in wanted)
         module.__dict__[CONVERTED].converted.update(names)
+        if self.all_gather and not module.__dict__.get(PLAIN_WEIGHTS):
+            module.register_state_dict_post_hook(_plain_weights)
+            module.__dict__[PLAIN_WEIGHTS] = True
+
+
+def _plain_weights(module: nn.Module, state_dict: dict, prefix: str, metadata: dict) -> None:
+    """A state-dict hook: under float8 all-gather torchao wraps each converted layer's weight
+    (``WeightWithDynamicFloat8CastTensor``), a class only a process that imported torchao may
+    unpickle; the state dict holds the float32 weight it wraps instead (as a DTensor of the
+    same layout where the weight is one), so that checkpoints load, resume and export without
+    torchao. It shares the weight's memory: loading into the state dict loads the weight."""
+    from torch.distributed.tensor import DTensor
+
+    wrapper = float8_training().WeightWithDynamicFloat8CastTensor
+    for key, value in state_dict.items():
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if not isinstance(local, wrapper):
+            continue
+        state_dict[key] = local._tensor if not isinstance(value, DTensor) else \
+            DTensor.from_local(local._tensor, value.device_mesh, value.placements,
+                               run_check=False, shape=value.shape, stride=value.stride())
 
 
 def _refuse_converted_or_parallel(model: nn.Module, choice: LayerChoice,
