@@ -556,10 +556,14 @@ class Trainer:
         are never run. The checkpoint callback calls it with ``async_save`` once the first
         optimizer step has made the optimizers' state. On every process at the same point
         (the strategy's hook may be a collective); it does nothing after its first call in a
-        stage, under ``fast_dev_run``, and where saves can't be asynchronous."""
-        if self._copies_prepared or self.fast_dev_run or self.why_not_asynchronous() is not None:
+        stage, under ``fast_dev_run``, while a write is in flight, and where saves can't be
+        asynchronous."""
+        if self._copies_prepared:
             return
         self._copies_prepared = True
+        if self.fast_dev_run or self._background_write is not None \
+                or self.why_not_asynchronous() is not None:
+            return  # nothing to copy, or a write in flight whose copies will be the buffers
         checkpoint = self._checkpoint_contents(weights_only=False)
         self._planning_copies = True
         try:
