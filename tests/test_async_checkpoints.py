@@ -285,6 +285,32 @@ def test_the_first_background_copy_is_planned_once_and_never_written(tmp_path):
     assert safe_load(saves[-1]["path"])["loop"]["global_step"] == trainer.global_step
 
 
+
+class RefusesWhileCopying(BackgroundWriter):
+    """A background writer that refuses every save while it copies (a full disk it checks
+    first), its planning call included."""
+
+    name = "refuses-while-copying"
+
+    @ptrain.hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint, path):
+        raise CheckpointWriteError(f"could not write checkpoint {path!r}: no space left")
+
+
+def test_a_refusal_while_planning_the_copies_is_left_to_the_saves(tmp_path, capfd):
+    """The planning call meets the same refusal as the saves: it leaves it to them, and their
+    policy (warn here) decides; the run is not stopped by the planning."""
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=2, seed=0,
+                             default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard",
+                                        RefusesWhileCopying()],
+                             plugin_options={"checkpoint": {"async_save": True,
+                                                            "on_write_error": "warn"}})
+    trainer.fit(TinyRegressor())
+    refusals = [line for line in capfd.readouterr().err.splitlines() if "no space left" in line]
+    assert trainer.global_step == 16 and refusals
+    assert all("last.ckpt" in line and os.devnull not in line for line in refusals), refusals
+
 def test_after_a_refused_background_write_last_links_to_the_newest_complete_file(tmp_path):
     """Epoch 1's score is the best, and its write is refused (warn): the top-k goes back to
     epoch 0's file, and epoch 2's last.ckpt (its score enters no top-k) links to that file,

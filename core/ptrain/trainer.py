@@ -29,8 +29,8 @@ from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
-from ptrain.errors import (CheckpointError, ConfigError, ModelError, NoCheckpointYetError,
-                           PluginError)
+from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError, ModelError,
+                           NoCheckpointYetError, PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
 from ptrain.hook_methods import adapt_callbacks, is_hook_method_callback, module_plugins
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
@@ -570,6 +570,8 @@ class Trainer:
             with self._host_buffers.planning():
                 self.hook.save_checkpoint_in_background(trainer=self, checkpoint=checkpoint,
                                                         path=os.devnull)
+        except CheckpointWriteError:
+            pass  # a refusal while copying: the save meets it too, and its policy decides
         finally:
             self._planning_copies = False
 
