@@ -286,6 +286,18 @@ def test_the_first_background_copy_is_planned_once_and_never_written(tmp_path):
 
 
 
+
+def test_an_asynchronous_save_after_fit_is_written_before_it_returns(tmp_path):
+    """Outside a stage nothing would finish a background write, and the script may end before
+    the writer does (it lost the file, leaving a temporary one): the save is written at once."""
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, seed=0,
+                             default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"])
+    trainer.fit(TinyRegressor())
+    assert trainer.save_checkpoint(tmp_path / "after.ckpt", asynchronous=True) is False
+    assert safe_load(tmp_path / "after.ckpt")["loop"]["global_step"] == 8
+    assert not list(tmp_path.glob(".after.ckpt.*"))
+
 class RefusesWhileCopying(BackgroundWriter):
     """A background writer that refuses every save while it copies (a full disk it checks
     first), its planning call included."""

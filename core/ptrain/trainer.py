@@ -447,10 +447,12 @@ class Trainer:
         ``True``): it loads into ``validate``/``test``/``predict``, ``load_from_checkpoint`` and
         ``ptrain export``, but ``fit`` can't resume from it.
 
-        ``asynchronous``: where :meth:`why_not_asynchronous` finds nothing against it, the
-        checkpoint is copied to host memory and written on a background thread
+        ``asynchronous``: inside a stage, where :meth:`why_not_asynchronous` finds nothing
+        against it, the checkpoint is copied to host memory and written on a background thread
         (``save_checkpoint_in_background``, :mod:`ptrain.background_write`); returns ``True``
-        then, ``False`` once a synchronous write is done. Every save first waits for a
+        then, ``False`` once a synchronous write is done (outside a stage no step boundary or
+        stage end would finish a background write, and the process could end before it: the
+        save is written before it returns). Every save first waits for a
         background write of an earlier step (one in flight at most);
         :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
         it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
@@ -462,7 +464,8 @@ class Trainer:
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return False
-        background = asynchronous and self.why_not_asynchronous() is None
+        background = (asynchronous and self.stage is not None
+                      and self.why_not_asynchronous() is None)
         # one process checks what it writes on the writer's thread (copy_check); several
         # agree on the check (a collective), which the writers' threads could not join
         checks_copies = background and self.world_size == 1
