@@ -6,10 +6,13 @@ Lightning 2.6.6, in one run.
     .venv/bin/python benchmarks/checkpointing.py --no-fsdp  # one process only: 4 minutes
     .venv/bin/python benchmarks/checkpointing.py --quick    # a 17 M-parameter model: plumbing
     python benchmarks/checkpointing.py --device cuda --no-fsdp   # on a GPU (issue 39)
+    .venv/bin/python benchmarks/checkpointing.py --only-fsdp --optimizer adam --steps 21
+                                                     # fsdp's stall out of its noise: 16 min
 
 The model: 12 ``Linear(4096, 4096)`` layers with ReLU between (201 M parameters, 805 MB in
-float32), plain SGD (no optimizer state, so a checkpoint is the weights: 805 MB), batches of 8
-made-up samples. Each arm is a fresh process that trains ``--steps`` steps and takes a
+float32), plain SGD (no optimizer state, so a checkpoint is the weights: 805 MB; with
+``--optimizer adam``, the weights and Adam's two moments: 2.4 GB), batches of 8 made-up
+samples. Each arm is a fresh process that trains ``--steps`` steps and takes a
 checkpoint every ``--every`` steps, into a folder under ``--workdir``:
 
 - ``hand``: ``torch.save`` to a temporary file, ``fsync``, rename (what ptrain's writer does);
@@ -108,6 +111,14 @@ def mark(marks: list[float]) -> None:
     marks.append(time.perf_counter())
 
 
+def host_copy(tensors: dict[Any, Any]) -> dict[Any, Any]:
+    """A copy in host memory of a flat dict's tensors (other values as they are)."""
+    import torch
+
+    return {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+            for k, v in tensors.items()}
+
+
 def hand_save(state: dict[str, Any], path: Path) -> None:
     import torch
 
@@ -119,10 +130,19 @@ def hand_save(state: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def module_of(base: type, model, loader) -> Any:
+def make_optimizer(name: str, parameters):
+    """``--optimizer``: plain SGD holds no state; Adam holds two moments per parameter, so its
+    checkpoint is three times the weights while the step's collectives stay the weights'."""
+    import torch
+
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=1e-4)
+    return torch.optim.SGD(parameters, lr=1e-3)
+
+
+def module_of(base: type, model, loader, optimizer: str) -> Any:
     """``model`` as a ``base`` (``ptrain.TrainModule`` or ``lightning.LightningModule``): the
     same step, optimizer and loader under either trainer."""
-    import torch
 
     class Module(base):
         def __init__(self):
@@ -133,7 +153,7 @@ def module_of(base: type, model, loader) -> Any:
             return loss_of(self.net, batch)
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
+            return make_optimizer(optimizer, self.parameters())
 
         def train_dataloader(self):
             return loader
@@ -144,9 +164,8 @@ def module_of(base: type, model, loader) -> Any:
 def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
     """The training loop of the hand arms, written out: ``save(step)`` every ``--every`` steps,
     a mark after each step."""
-    import torch
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    optimizer = make_optimizer(args.optimizer, model.parameters())
     step = 0
     while step < args.steps:
         for batch in loader:
@@ -155,7 +174,7 @@ def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if args.every and step % args.every == 0:
-                save(step)
+                save(step, optimizer)
             mark(marks)
             if step == args.steps:
                 break
@@ -164,14 +183,15 @@ def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
 def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
     writer: threading.Thread | None = None
 
-    def save(step: int) -> None:
+    def save(step: int, optimizer) -> None:
         nonlocal writer
         if writer is not None:
             writer.join()
-        state = {"model": model.state_dict(), "step": step}
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         if background:
-            copy = {"model": {k: v.detach().to("cpu", copy=True)
-                              for k, v in state["model"].items()}, "step": step}
+            copy = {"step": step, "model": host_copy(state["model"]),
+                    "optimizer": {**state["optimizer"], "state": {
+                        i: host_copy(s) for i, s in state["optimizer"]["state"].items()}}}
             writer = threading.Thread(target=hand_save, args=(copy, folder / "last.ckpt"))
             writer.start()
         else:
@@ -202,7 +222,7 @@ def run_ptrain(args, model, loader, marks: list[float], folder: Path, background
     trainer = ptrain.Trainer(accelerator=DEVICE, max_steps=args.steps, max_epochs=-1,
                              callbacks=callbacks, plugin_options=options,
                              default_root_dir=str(folder), num_sanity_val_steps=0)
-    trainer.fit(module_of(ptrain.TrainModule, model, loader))
+    trainer.fit(module_of(ptrain.TrainModule, model, loader, args.optimizer))
 
 
 def run_lightning(args, model, loader, marks: list[float], folder: Path,
@@ -224,14 +244,14 @@ def run_lightning(args, model, loader, marks: list[float], folder: Path,
                         enable_checkpointing=bool(args.every), callbacks=callbacks,
                         plugins=[AsyncCheckpointIO()] if background else None,
                         default_root_dir=str(folder), num_sanity_val_steps=0)
-    trainer.fit(module_of(L.LightningModule, model, loader))
+    trainer.fit(module_of(L.LightningModule, model, loader, args.optimizer))
 
 
 def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -248,11 +268,12 @@ def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool)
     pending: Any = None
     marks: list[float] = []
 
-    def save(step: int) -> None:
+    def save(step: int, optimizer) -> None:
         nonlocal pending
         if pending is not None:
             pending.result()
-        state = {"model": get_model_state_dict(model)}
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
         if background:
             pending = dcp.async_save(state, checkpoint_id=folder / "last.ckpt",
                                      process_group=group)
@@ -303,9 +324,9 @@ class ShardedBenchModule(ptrain.TrainModule):
     """The model of :func:`build` as a ptrain module that builds it on each rank (nothing of
     800 MB is pickled to the workers)."""
 
-    def __init__(self, quick: bool, threads: int):
+    def __init__(self, quick: bool, threads: int, optimizer: str):
         super().__init__()
-        self.quick, self.threads = quick, threads
+        self.quick, self.threads, self.optimizer = quick, threads, optimizer
 
     def configure_model(self) -> None:
         import torch
@@ -317,9 +338,7 @@ class ShardedBenchModule(ptrain.TrainModule):
         return loss_of(self.net, batch)
 
     def configure_optimizers(self):
-        import torch
-
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
+        return make_optimizer(self.optimizer, self.parameters())
 
     def train_dataloader(self):
         import torch
@@ -341,7 +360,7 @@ def run_ptrain_fsdp(args, model, loader, marks: list[float], folder: Path,
                              max_steps=args.steps, max_epochs=-1, callbacks=callbacks,
                              plugin_options=options, default_root_dir=str(folder),
                              num_sanity_val_steps=0)
-    trainer.fit(ShardedBenchModule(args.quick, args.threads))
+    trainer.fit(ShardedBenchModule(args.quick, args.threads, args.optimizer))
     if trainer.is_global_zero:
         marks += json.loads((folder / "marks.json").read_text())
 
@@ -406,7 +425,7 @@ def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.workdir)
     request = {"runner": runner, "background": background, "every": every, "steps": args.steps,
                "quick": args.quick, "folder": folder, "threads": args.threads,
-               "device": args.device}
+               "device": args.device, "optimizer": args.optimizer}
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)],
                               capture_output=True, text=True, cwd=REPO, timeout=1800)
@@ -439,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch's intra-op threads per arm (default 1: the other core is "
                              "the background writer's)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                        help="sgd (default): a checkpoint is the weights; adam: the weights and "
+                             "two moments, three times the bytes for the same step (the fsdp "
+                             "arms' collectives move the weights only)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()),
                         help="where the arms write their checkpoints (made if missing)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
@@ -487,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     first = next((r for r in rows if "parameters" in r), {})
     print(f"\ncheckpointing.py: {first.get('parameters', 0) / 1e6:.0f} M parameters, "
           f"checkpoints of {first.get('checkpoint_bytes', 0) / 1e6:.0f} MB, a save every "
-          f"{args.every} steps over {args.steps}, {args.threads} intra-op thread(s), "
+          f"{args.every} steps over {args.steps}, {args.optimizer}, {args.threads} intra-op "
+          f"thread(s), "
           f"on {args.device}, under {args.workdir}\n")
     print("| runner | writes | step (median, no save) | stall at the save | extra time per save "
           "| vs synchronous |")

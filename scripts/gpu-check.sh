@@ -132,8 +132,10 @@ for part in "${selected[@]}"; do
         step bench-ckpt "$py" benchmarks/checkpointing.py --device cuda --no-fsdp --threads 4 \
           --workdir "$out/ckpt" --out "$out/ckpt/checkpointing.json"
         # fsdp's stall on 2 CPU processes with cores to spare for the writers (on 2 cores the
-        # writer has none, and the figure says so rather than what asynchronous saving gains)
+        # writer has none, and the figure says so rather than what asynchronous saving gains);
+        # Adam: a checkpoint three times the bytes the step's collectives move
         step bench-ckpt-fsdp "$py" benchmarks/checkpointing.py --only-fsdp --threads 4 \
+          --optimizer adam \
           --workdir "$out/ckpt" --out "$out/ckpt/checkpointing-fsdp.json"
       fi ;;
   esac

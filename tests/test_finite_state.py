@@ -48,11 +48,15 @@ def test_nan_weights_at_an_epoch_end_keep_the_previous_checkpoint_and_it_resumes
     assert _last(root)["loop"]["global_step"] == 12 and _all_finite(_last(root))
 
 
-@pytest.mark.parametrize("writes", [[], ["--checkpoint-async-save"]],
-                         ids=["synchronous", "background"])
+@pytest.mark.parametrize("writes", [[], ["--checkpoint-async-save"],
+                                    ["--checkpoint-async-save", "--checkpoint-on-write-error",
+                                     "warn"]],
+                         ids=["synchronous", "background", "background, warn"])
 def test_a_checkpoint_every_step_names_the_step_that_went_bad(tmp_path, writes):
     """In the background the copy is checked on the writer's thread: the refusal comes at the
-    next step boundary, with the same words, and nothing non-finite is written."""
+    next step boundary, with the same words, and nothing non-finite is written. It stops the
+    run under ``on_write_error="warn"`` too: that policy is for writes the system refuses, and
+    non-finite state is no such write."""
     root = tmp_path / "runs"
     failed = run_cli("fit", *MODEL, "--model.nan_at", "5", "--max-epochs", "2",
                      "--checkpoint-every-n-train-steps", "1", "--default-root-dir", str(root),
@@ -86,6 +90,36 @@ def test_optimizer_state_is_checked_too(tmp_path, async_save):
     with pytest.raises(ptrain.NonFiniteStateError, match="optimizer 0's 'exp_avg_sq' of 'net"):
         trainer.fit(TinyRegressor(n=32, optimizer="adam"))
     assert _last(tmp_path / "runs")["loop"]["global_step"] == 4
+
+
+def test_a_weights_only_background_save_does_not_vouch_for_the_optimizer_state(tmp_path):
+    """A weights-only copy holds no optimizer state, so its check on the writer's thread says
+    nothing of Adam's moments: the steps the error names start at the last check that covered
+    them (the first epoch's end, a log point too), not at the last weights-only save. (The
+    checkpoint callback's weights-only files always come with a full ``last.ckpt``: a user's
+    own saves are where a weights-only write stands alone.)"""
+
+    class WeightsEveryStep:
+        name = "weights-every-step"
+
+        @ptrain.hookimpl
+        def on_train_batch_end(self, trainer):
+            if trainer.global_step == 5:
+                state = next(iter(trainer.optimizers[0].state.values()))
+                state["exp_avg_sq"].fill_(float("inf"))  # the weights stay finite
+            trainer.save_checkpoint(tmp_path / "weights.ckpt", weights_only=True,
+                                    asynchronous=True)
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=3, seed=0, log_every_n_steps=4,
+                             default_root_dir=str(tmp_path / "runs"),
+                             callbacks=["no:tensorboard", "no:progress-bar", "no:results",
+                                        "no:model-summary", "no:checkpoint",
+                                        WeightsEveryStep()])
+    with pytest.raises(ptrain.NonFiniteStateError,
+                       match=r"after global step 4 \(the last check found it finite\) and by "
+                             r"step 8 \(first: optimizer 0's 'exp_avg_sq'"):
+        trainer.fit(TinyRegressor(n=32, optimizer="adam"))
+    assert torch.load(tmp_path / "weights.ckpt", weights_only=True)["weights_only"]
 
 
 class BadMomentsOnEveryRank:

@@ -208,6 +208,10 @@ class BackgroundWrite:
 
     def __init__(self, step: int, buffers: HostBuffers) -> None:
         self.step = step  # the global step the files hold
+        #: whether a part's copies of the whole state (parameters and optimizer state) are
+        #: checked finite before its files (finite_state.copy_check): the step is then known
+        #: finite once the write has no error
+        self.checks_state = False
         self.memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see host_copy
         self.buffers = buffers  # host_copy copies into them; finish() hands the copies back
         self._queue: list[tuple[int, Callable[[], None]]] = []

@@ -487,6 +487,7 @@ class Trainer:
             if checks_copies:  # this save's own copies, before its files
                 write.add(copy_check(self, dict(islice(write.memo.items(), copied_before,
                                                        None))))
+                write.checks_state |= not weights_only
             for write_file in files:
                 write.add(write_file)
             return True
@@ -610,7 +611,7 @@ class Trainer:
             return None
         self._background_write = None
         error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
-        if error is None and self.world_size == 1:  # its copies were checked (copy_check)
+        if error is None and write.checks_state:
             self.finite_state_step = max(write.step, self.finite_state_step or 0)
         return error
 
