@@ -143,7 +143,6 @@ def make_optimizer(name: str, parameters):
 def module_of(base: type, model, loader, optimizer: str) -> Any:
     """``model`` as a ``base`` (``ptrain.TrainModule`` or ``lightning.LightningModule``): the
     same step, optimizer and loader under either trainer."""
-
     class Module(base):
         def __init__(self):
             super().__init__()
@@ -162,9 +161,8 @@ def module_of(base: type, model, loader, optimizer: str) -> Any:
 
 
 def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
-    """The training loop of the hand arms, written out: ``save(step)`` every ``--every`` steps,
-    a mark after each step."""
-
+    """The training loop of the hand arms, written out: ``save(step, optimizer)`` every
+    ``--every`` steps, a mark after each step."""
     optimizer = make_optimizer(args.optimizer, model.parameters())
     step = 0
     while step < args.steps:
