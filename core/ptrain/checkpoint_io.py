@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ptrain import replaced_files
 from ptrain.direct_file import DirectFile
 from ptrain.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 
@@ -57,10 +58,13 @@ def new_file_mode() -> int:
 def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     """Write to a temporary file in the same folder (a :class:`~ptrain.direct_file.DirectFile`:
     past the page cache where the system allows, fsynced), rename it over ``path`` and fsync the
-    folder: a crash at any point leaves either the old file or the new one, never a mix. A write
-    the system refuses (no space, permission, quota, file-size limit) removes the partial
-    file and raises :class:`CheckpointWriteError` (see :func:`write_failed`)."""
+    folder: a crash at any point leaves either the old file or the new one, never a mix. The
+    old file's blocks are freed on a thread of its own (:mod:`ptrain.replaced_files`); a save
+    first waits for the frees of earlier ones. A write the system refuses (no space,
+    permission, quota, file-size limit) removes the partial file and raises
+    :class:`CheckpointWriteError` (see :func:`write_failed`)."""
     path = Path(path)
+    replaced_files.wait()  # the space of the files earlier saves replaced is free again
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -72,7 +76,11 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
             os.fchmod(fd, new_file_mode())
             writer = _RecordingWriter(f)
             torch.save(checkpoint, writer)
-        os.replace(tmp, path)
+        replaced = replaced_files.hold(path)
+        try:
+            os.replace(tmp, path)
+        finally:
+            replaced_files.release(replaced)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         # torch reports a failed write as "unexpected pos"; the system's reason is the OSError

@@ -58,7 +58,7 @@ class DirectFile:
         self._filled = 0
         # a file dropped unclosed (a caller's bug) does not keep its descriptor
         self._finalizer = weakref.finalize(self, os.close, fd)
-        if O_DIRECT and _on_local_disk(fd):
+        if O_DIRECT and on_local_disk(fd):
             try:
                 buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
             except OSError:  # no memory to spare for it: written normally
@@ -163,7 +163,7 @@ class DirectFile:
             self.abandon()
 
 
-def _on_local_disk(fd: int) -> bool:
+def on_local_disk(fd: int) -> bool:
     """Whether ``fd``'s file is on one of :data:`LOCAL_DISK_FILESYSTEMS`."""
     import ctypes
 

@@ -21,7 +21,7 @@ import pluggy
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from ptrain import checkpoint_io, run_folder
+from ptrain import checkpoint_io, replaced_files, run_folder
 from ptrain._version import __version__
 from ptrain.background_write import BackgroundWrite, HostBuffers, WriteAgreement, host_copy
 from ptrain.builtins.loop_defaults import LoopDefaults
@@ -858,6 +858,7 @@ class Trainer:
             self.stage = None
             self._host_buffers.release()
             self._copies_prepared = False
+            replaced_files.wait()  # the stage ends with the replaced checkpoints' space free
             try:
                 self._teardown(stage, module)
             finally:

@@ -73,6 +73,7 @@ from typing import Any, Callable
 
 import torch
 
+from ptrain import replaced_files
 from ptrain.config import to_seconds
 from ptrain.checkpoint_io import new_file_mode, write_failed
 from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError,
@@ -868,11 +869,7 @@ class ModelCheckpoint:
     def _remove(self, trainer, path: str) -> None:
         if not trainer.writes_run_files:
             return
-        target = Path(path)
-        if target.is_dir() and not target.is_symlink():  # a sharded checkpoint is a folder
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+        replaced_files.remove(path)  # its blocks freed off the training thread
 
     def _record(self, folder: Path) -> dict[str, Any]:
         """The top-k as ``best_k_models.json`` records it, relative to ``folder``."""

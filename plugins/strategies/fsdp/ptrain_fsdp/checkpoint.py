@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from ptrain import CheckpointError, CheckpointWriteError
+from ptrain import CheckpointError, CheckpointWriteError, replaced_files
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, folder_damage,
                                   incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
@@ -92,6 +92,7 @@ def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
     rank0 = dist.get_rank() == 0
     refused: list[str | None] = [None]
     if rank0:
+        replaced_files.wait()  # the space of the checkpoints earlier saves replaced is free
         _recover(path)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a write that was killed
         try:
@@ -199,14 +200,14 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
     elsewhere the old one is moved aside to ``.PATH.old`` first, which :func:`_recover` puts back
     if the process died between the two renames."""
     if path.exists() and _exchange(tmp, path):
-        shutil.rmtree(tmp, ignore_errors=True)  # now the old checkpoint
+        replaced_files.remove(tmp)  # now the old checkpoint
         return
     old = path.with_name(f".{path.name}.old")
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
     os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    replaced_files.remove(old)
 
 
 def _recover(path: Path) -> None:
