@@ -7,8 +7,9 @@ file of 800 MB and 0.35 s for a folder of 2.4 GB, every save, in the step of a s
 one. A file that is still open when its name goes is not freed until its last descriptor is
 closed, so :func:`hold` opens the files about to be replaced, the save replaces or removes
 them as before (now quickly), and :func:`release` closes the descriptors on a thread of its
-own, where the freeing happens (:func:`remove`: the three for a checkpoint no longer kept). No name is left behind: a process that dies holding them has
-its descriptors closed, and the blocks freed, by the system.
+own, where the freeing happens (:func:`remove` does the three for a checkpoint no longer
+kept). No name is left behind: a process that dies holding them has its descriptors closed,
+and the blocks freed, by the system.
 
 Only on local disks' filesystems (:data:`ptrain.direct_file.LOCAL_DISK_FILESYSTEMS`): a
 network filesystem may keep a removed open file under a name of its own (NFS's ``.nfs*``),
@@ -66,7 +67,7 @@ def hold(path: str | Path) -> list[int]:
         if len(held) == MOST_HELD:
             break
         try:
-            fd = os.open(file, os.O_RDONLY)
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
         except OSError:
             continue
         if os.fstat(fd).st_size >= LARGE and on_local_disk(fd):
@@ -103,10 +104,14 @@ def release(held: list[int]) -> None:
             os.close(fd)
 
     thread = threading.Thread(target=close_all, name="ptrain-checkpoint-free", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: freed here, as without this module
+        close_all()
+        return
     with _lock:
         _releasing[:] = [t for t in _releasing if t.is_alive()]
         _releasing.append(thread)
-    thread.start()
 
 
 def wait() -> None:
