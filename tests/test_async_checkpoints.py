@@ -285,8 +285,6 @@ def test_the_first_background_copy_is_planned_once_and_never_written(tmp_path):
     assert safe_load(saves[-1]["path"])["loop"]["global_step"] == trainer.global_step
 
 
-
-
 def test_an_asynchronous_save_after_fit_is_written_before_it_returns(tmp_path):
     """Outside a stage nothing would finish a background write, and the script may end before
     the writer does (it lost the file, leaving a temporary one): the save is written at once."""
@@ -297,6 +295,7 @@ def test_an_asynchronous_save_after_fit_is_written_before_it_returns(tmp_path):
     assert trainer.save_checkpoint(tmp_path / "after.ckpt", asynchronous=True) is False
     assert safe_load(tmp_path / "after.ckpt")["loop"]["global_step"] == 8
     assert not list(tmp_path.glob(".after.ckpt.*"))
+
 
 class RefusesWhileCopying(BackgroundWriter):
     """A background writer that refuses every save while it copies (a full disk it checks
@@ -322,6 +321,7 @@ def test_a_refusal_while_planning_the_copies_is_left_to_the_saves(tmp_path, capf
     refusals = [line for line in capfd.readouterr().err.splitlines() if "no space left" in line]
     assert trainer.global_step == 16 and refusals
     assert all("last.ckpt" in line and os.devnull not in line for line in refusals), refusals
+
 
 def test_after_a_refused_background_write_last_links_to_the_newest_complete_file(tmp_path):
     """Epoch 1's score is the best, and its write is refused (warn): the top-k goes back to
