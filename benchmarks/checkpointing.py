@@ -29,8 +29,12 @@ median steps away from a save (what the loop waited for before training on, wher
 counts it); **extra time per save** is the arm's whole
 training time less its runner's baseline, over the number of saves (the stall plus whatever the
 background write took from the steps around it: on 2 cores, the writing thread competes with
-training). Step times are taken on the host after each step (the CPU has no asynchronous
-device).
+training); **CPU per save** is the CPU time the arm's process (all its threads: the writer's
+too; rank 0's, for fsdp) used from a saving step to the step before the next save, less as
+many median steps of the baseline's: what a save costs the host's cores, wherever it ran. A
+background write hides its time from the steps only where a core is idle for it: on a host
+whose cores training keeps busy, its CPU per save comes back as extra time. Step times are
+taken on the host after each step (the CPU has no asynchronous device).
 
 The same model sharded over 2 processes (``fsdp``, gloo, one intra-op thread each: the two
 cores are the two ranks', and a background write competes with them), each checkpoint a sharded
@@ -67,6 +71,8 @@ ARMS = [("hand", False), ("hand", True), ("ptrain", False), ("ptrain", True),
 FSDP_ARMS = [("hand fsdp", False), ("hand fsdp", True), ("ptrain fsdp", False),
              ("ptrain fsdp", True), ("lightning fsdp", False)]
 PROCESSES = 2  # of an fsdp arm
+#: each step's end (see :func:`mark`): the host clock and the process's CPU time, in seconds
+StepMarks = list[tuple[float, float]]
 
 
 def build(quick: bool):
@@ -102,13 +108,14 @@ def loss_of(model, batch):
     return F.mse_loss(model(x), y)
 
 
-def mark(marks: list[float]) -> None:
-    """A step's end, on the host clock: on a GPU once the device has done the step's work."""
+def mark(marks: list[tuple[float, float]]) -> None:
+    """A step's end: the host clock (on a GPU once the device has done the step's work) and
+    the CPU time this process has used, all its threads together (a background writer's too)."""
     if DEVICE == "cuda":
         import torch
 
         torch.cuda.synchronize()
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
 
 
 def host_copy(tensors: dict[Any, Any]) -> dict[Any, Any]:
@@ -160,7 +167,7 @@ def module_of(base: type, model, loader, optimizer: str) -> Any:
     return Module()
 
 
-def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
+def hand_loop(args, model, loader, marks: StepMarks, save: Any) -> None:
     """The training loop of the hand arms, written out: ``save(step, optimizer)`` every
     ``--every`` steps, a mark after each step."""
     optimizer = make_optimizer(args.optimizer, model.parameters())
@@ -178,7 +185,7 @@ def hand_loop(args, model, loader, marks: list[float], save: Any) -> None:
                 break
 
 
-def run_hand(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+def run_hand(args, model, loader, marks: StepMarks, folder: Path, background: bool) -> None:
     writer: threading.Thread | None = None
 
     def save(step: int, optimizer) -> None:
@@ -200,7 +207,7 @@ def run_hand(args, model, loader, marks: list[float], folder: Path, background: 
         writer.join()
 
 
-def run_ptrain(args, model, loader, marks: list[float], folder: Path, background: bool) -> None:
+def run_ptrain(args, model, loader, marks: StepMarks, folder: Path, background: bool) -> None:
     import ptrain
 
     class Marks:
@@ -223,7 +230,7 @@ def run_ptrain(args, model, loader, marks: list[float], folder: Path, background
     trainer.fit(module_of(ptrain.TrainModule, model, loader, args.optimizer))
 
 
-def run_lightning(args, model, loader, marks: list[float], folder: Path,
+def run_lightning(args, model, loader, marks: StepMarks, folder: Path,
                   background: bool) -> None:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -264,7 +271,7 @@ def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool)
     loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
     group = dist.new_group(backend="gloo") if background else None
     pending: Any = None
-    marks: list[float] = []
+    marks: StepMarks = []
 
     def save(step: int, optimizer) -> None:
         nonlocal pending
@@ -286,7 +293,7 @@ def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool)
     dist.destroy_process_group()
 
 
-def run_hand_fsdp(args, model, loader, marks: list[float], folder: Path,
+def run_hand_fsdp(args, model, loader, marks: StepMarks, folder: Path,
                   background: bool) -> None:
     import socket
 
@@ -310,7 +317,7 @@ class RankZeroMarks:
 
     @ptrain.hookimpl(trylast=True)  # after the checkpoint callback's save at this step
     def on_train_batch_end(self) -> None:
-        self.marks.append(time.perf_counter())
+        mark(self.marks)
 
     @ptrain.hookimpl
     def teardown(self, trainer) -> None:
@@ -344,7 +351,7 @@ class ShardedBenchModule(ptrain.TrainModule):
         return torch.utils.data.DataLoader(made_data(self.quick), batch_size=8)
 
 
-def run_ptrain_fsdp(args, model, loader, marks: list[float], folder: Path,
+def run_ptrain_fsdp(args, model, loader, marks: StepMarks, folder: Path,
                     background: bool) -> None:
     callbacks: list[Any] = ["no:progress-bar", "no:tensorboard", "no:model-summary",
                             "no:dataloading", RankZeroMarks(str(folder / "marks.json"))]
@@ -367,7 +374,7 @@ class Refused(Exception):
     """A runner that does not run this arm, with its own words."""
 
 
-def run_lightning_fsdp(args, model, loader, marks: list[float], folder: Path,
+def run_lightning_fsdp(args, model, loader, marks: StepMarks, folder: Path,
                        background: bool) -> None:
     import lightning as L
 
@@ -397,8 +404,8 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
         model.to(DEVICE)
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     folder = Path(args.folder)
-    marks: list[float] = []
-    start = time.perf_counter()
+    marks: StepMarks = []
+    start = (time.perf_counter(), time.process_time())
     try:
         RUN[args.runner](args, model, loader, marks, folder, args.background)
     except Refused as exc:
@@ -410,8 +417,12 @@ def child(request: dict[str, Any]) -> dict[str, Any] | None:
     # more than one: Lightning's AsyncCheckpointIO sometimes keeps the file it replaced)
     size = max((sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir()
                 else p.stat().st_size for p in folder.rglob("*.ckpt")), default=0)
-    steps = [b - a for a, b in zip([start, *marks], marks)]
-    result = {"steps": steps, "seconds": end - start, "checkpoint_bytes": size,
+    walls, cpus = zip(*marks)
+    steps = [b - a for a, b in zip([start[0], *walls], walls)]
+    # the CPU time of each step after the first (whose start another process may have seen)
+    cpu_steps = [b - a for a, b in zip(cpus, cpus[1:])]
+    result = {"steps": steps, "cpu_steps": cpu_steps, "seconds": end - start[0],
+              "checkpoint_bytes": size,
               "parameters": sum(p.numel() for p in model.parameters())}
     if DEVICE == "cuda":  # the pinned memory the host copies took (rounded up by torch)
         result["pinned_bytes_peak"] = torch.cuda.host_memory_stats().get(
@@ -443,9 +454,15 @@ def figures(result: dict[str, Any], baseline: dict[str, Any], every: int) -> dic
              if i > 1 and i % every != 0 and (i - 1) % every != 0]
     pairs = [steps[i - 1] + steps[i] for i in range(every, len(steps), every)]
     typical = statistics.median(plain)
+    # CPU per save: the CPU time of each whole period from a saving step to the step before
+    # the next save (the background write's, wherever it fell), less as many of the baseline's
+    # median steps; a step's CPU time is cpu_steps[step - 2]
+    cpu, base_cpu = result["cpu_steps"], statistics.median(baseline["cpu_steps"])
+    periods = [sum(cpu[i - 2:i - 2 + every]) - every * base_cpu
+               for i in range(every, len(steps) - every + 2, every)]
     return {"stall": statistics.mean(pairs) - 2 * typical,
             "extra": (sum(steps[1:]) - sum(baseline["steps"][1:])) / len(pairs),
-            "step": typical, "saves": len(pairs)}
+            "cpu": statistics.mean(periods), "step": typical, "saves": len(pairs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {runner:14} {'async' if background else 'sync ':5} "
               f"{row.get('stall', float('nan')):7.3f} s stall  "
               f"{row.get('extra', float('nan')):7.3f} s extra per save "
+              f"{row.get('cpu', float('nan')):7.3f} s CPU per save "
               f"{row.get('error', row.get('refused', ''))}", flush=True)
     first = next((r for r in rows if "parameters" in r), {})
     print(f"\ncheckpointing.py: {first.get('parameters', 0) / 1e6:.0f} M parameters, "
@@ -512,21 +530,22 @@ def main(argv: list[str] | None = None) -> int:
           f"thread(s), "
           f"on {args.device}, under {args.workdir}\n")
     print("| runner | writes | step (median, no save) | stall at the save | extra time per save "
-          "| vs synchronous |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+          "| CPU per save | vs synchronous |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     sync = {r["runner"]: r for r in rows if not r["async"]}
     for r in rows:
         if "refused" in r:
-            print(f"| {r['runner']} | | refused: {r['refused']} | | | |")
+            print(f"| {r['runner']} | | refused: {r['refused']} | | | | |")
             continue
         if "stall" not in r:
             print(f"| {r['runner']} | {'background' if r['async'] else 'synchronous'} | "
-                  f"failed: {r.get('error', '')[:120]} | | | |")
+                  f"failed: {r.get('error', '')[:120]} | | | | |")
             continue
         ratio = (f"{r['stall'] / sync[r['runner']]['stall']:.2f}x stall"
                  if r["async"] and "stall" in sync.get(r["runner"], {}) else "")
         print(f"| {r['runner']} | {'background' if r['async'] else 'synchronous'} | "
-              f"{r['step'] * 1e3:.0f} ms | {r['stall']:.3f} s | {r['extra']:.3f} s | {ratio} |")
+              f"{r['step'] * 1e3:.0f} ms | {r['stall']:.3f} s | {r['extra']:.3f} s | "
+              f"{r['cpu']:.3f} s | {ratio} |")
     if args.out:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                         "baselines": baselines, "rows": rows}, indent=1))

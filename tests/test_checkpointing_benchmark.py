@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.slow, WHOLE_TOOL_RUNS]
 def test_every_arm_saves_and_reports_its_stall(tmp_path):
     out = tmp_path / "checkpointing.json"
     proc = subprocess.run([sys.executable, "benchmarks/checkpointing.py", "--quick", "--steps",
-                           "9", "--every", "3", "--optimizer", "adam", "--workdir", str(tmp_path), "--out", str(out)],
+                           "9", "--every", "3", "--optimizer", "adam", "--workdir", str(tmp_path),
+                           "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
@@ -32,6 +33,9 @@ def test_every_arm_saves_and_reports_its_stall(tmp_path):
     *measured, lightning_fsdp = rows
     assert lightning_fsdp["refused"].startswith("The strategy `fsdp` requires a GPU")
     assert all(r["saves"] == 2 and r["step"] > 0 for r in measured), rows
+    # the CPU time of each step after the first, the save's figure from it
+    assert all(len(r["cpu_steps"]) == 8 and min(r["cpu_steps"]) > 0 and
+               isinstance(r["cpu"], float) for r in measured), rows
     # the same 17 M float32 weights and Adam's two moments (3 x 67 MB) in every file or
     # sharded folder, with each runner's own metadata
     assert all(201.3e6 < r["checkpoint_bytes"] < 202.5e6 for r in measured), rows
