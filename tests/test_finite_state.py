@@ -122,6 +122,62 @@ def test_a_weights_only_background_save_does_not_vouch_for_the_optimizer_state(t
     assert torch.load(tmp_path / "weights.ckpt", weights_only=True)["weights_only"]
 
 
+class HalfPrecisionFiles:
+    """scripts/hook_examples.py's plugin: checkpoints with the weights cast to bfloat16, so
+    the copies written are not copies of the parameters."""
+
+    name = "half-precision-files"
+
+    @staticmethod
+    def halved(checkpoint):
+        model = {k: v.bfloat16() if v.is_floating_point() else v
+                 for k, v in checkpoint["model"].items()}
+        return {**checkpoint, "model": model}
+
+    @ptrain.hookimpl
+    def save_checkpoint(self, trainer, checkpoint, path):
+        torch.save(self.halved(checkpoint), path)
+        return True
+
+    @ptrain.hookimpl
+    def save_checkpoint_in_background(self, trainer, checkpoint, path):
+        copy = trainer.copy_for_background(self.halved(checkpoint))
+        return [lambda: torch.save(copy, path)]
+
+
+def test_a_background_save_of_something_made_from_the_weights_checks_the_weights(tmp_path):
+    """The check of a background save's copies covers the state only where the copies are of
+    the state: a plugin that writes the weights cast is checked on the training thread, as a
+    synchronous save is, and no file of a NaN step is written."""
+
+    class NaNWeightsAtStepFive:
+        name = "nan-weights-at-step-five"
+
+        @ptrain.hookimpl
+        def on_train_batch_end(self, trainer):
+            if trainer.global_step == 5:
+                with torch.no_grad():
+                    next(trainer.module.parameters()).fill_(float("nan"))
+            trainer.save_checkpoint(tmp_path / f"step{trainer.global_step}.ckpt",
+                                    asynchronous=True)
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=3, seed=0, log_every_n_steps=100,
+                             default_root_dir=str(tmp_path / "runs"),
+                             callbacks=["no:tensorboard", "no:progress-bar", "no:results",
+                                        "no:model-summary", "no:checkpoint",
+                                        NaNWeightsAtStepFive(), HalfPrecisionFiles()])
+    with pytest.raises(ptrain.NonFiniteStateError,
+                       match=r"after global step 4 \(the last check found it finite\) and by "
+                             r"step 5 \(first: parameter 'net"):
+        trainer.fit(TinyRegressor(n=32, optimizer="adam"))
+    written = sorted(p.name for p in tmp_path.glob("step*.ckpt"))
+    assert written == [f"step{i}.ckpt" for i in range(1, 5)], written
+    assert all(torch.isfinite(t.float()).all()
+               for i in range(1, 5)
+               for t in torch.load(tmp_path / f"step{i}.ckpt", weights_only=True)["model"].values()
+               if t.is_floating_point())
+
+
 class BadMomentsOnEveryRank:
     """Sets Adam's second moments of the state this process steps to inf after epoch 1. Under
     zero1 that is the rank's shard, held by the inner optimizer."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -67,6 +68,26 @@ def test_a_folders_large_files_are_held_and_small_ones_left(tmp_path):
     replaced_files.wait()
     assert sizes == [LARGE, LARGE + 1]
     assert all(closed(fd) for fd in held)
+
+
+def test_a_link_in_a_folder_is_not_followed(tmp_path):
+    if not on_a_local_disk(tmp_path):
+        pytest.skip(f"{tmp_path} is not on a local disk's filesystem: nothing is held there")
+    outside = tmp_path / "kept.bin"
+    outside.write_bytes(os.urandom(LARGE))
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    (folder / "__0_0.distcp").symlink_to(outside)
+    assert replaced_files.hold(folder) == []
+
+
+def test_off_linux_nothing_is_opened(tmp_path, monkeypatch):
+    """macOS's statfs has another layout and Windows has none: neither is asked."""
+    (tmp_path / "ckpt").write_bytes(os.urandom(LARGE))
+    for platform in ("darwin", "win32"):
+        monkeypatch.setattr(sys, "platform", platform)
+        assert replaced_files.hold(tmp_path / "ckpt") == []
+        assert replaced_files.hold(tmp_path) == []
 
 
 def test_nothing_is_held_off_a_local_disk_or_where_nothing_is(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import sys
 import weakref
 import zlib
 from typing import Any
@@ -164,14 +165,19 @@ class DirectFile:
 
 
 def on_local_disk(fd: int) -> bool:
-    """Whether ``fd``'s file is on one of :data:`LOCAL_DISK_FILESYSTEMS`."""
+    """Whether ``fd``'s file is on one of :data:`LOCAL_DISK_FILESYSTEMS`; always ``False``
+    off Linux, whose ``statfs`` numbers those are (macOS's ``struct statfs`` is another, and
+    larger, layout; Windows has no ``fstatfs``)."""
+    if not sys.platform.startswith("linux"):
+        return False
     import ctypes
 
-    fields = (ctypes.c_long * 32)()  # struct statfs, whose first field is f_type
+    # struct statfs, whose first field is f_type: 120 bytes on 64-bit Linux, room to spare
+    fields = (ctypes.c_long * 64)()
     try:
         if ctypes.CDLL(None, use_errno=True).fstatfs(fd, fields) != 0:
             return False
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library to ask, or no fstatfs in it
         return False
     return (fields[0] & 0xFFFFFFFF) in LOCAL_DISK_FILESYSTEMS
 

@@ -17,7 +17,8 @@ after a check failed.
 An asynchronous save in a single process checks the host copies it writes instead, on the
 background writer's thread (:func:`copy_check`), so that the check costs the training step
 nothing; a copy found non-finite is not written, and the save's error reaches the training
-thread at the next step boundary.
+thread at the next step boundary. Where the files hold something made from the state instead
+of copies of it, the state itself is checked, on the training thread.
 """
 
 from __future__ import annotations
@@ -48,13 +49,14 @@ def _live(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
-def _state_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every floating-point parameter and optimizer state tensor."""
+def _state_tensors(trainer: Trainer, optimizers: bool = True
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter and (with ``optimizers``) optimizer state tensor."""
     names = {}
     for name, parameter in trainer.module.named_parameters():
         names[id(parameter)] = name
         yield f"parameter {name!r}", parameter.detach()
-    for index, optimizer in enumerate(trainer.optimizers):
+    for index, optimizer in enumerate(trainer.optimizers if optimizers else ()):
         for parameter, state in getattr(_live(optimizer), "state", {}).items():
             if not isinstance(state, Mapping):
                 continue
@@ -142,16 +144,27 @@ def state_error_for(trainer: Trainer) -> Callable[[str | None], NonFiniteStateEr
     return error
 
 
-def copy_check(trainer: Trainer, copies: Mapping[tuple, tuple[torch.Tensor, torch.Tensor]]
-               ) -> Callable[[], None]:
+def copy_check(trainer: Trainer, copies: Mapping[tuple, tuple[torch.Tensor, torch.Tensor]],
+               copied: Mapping[tuple, tuple[torch.Tensor, torch.Tensor]], weights_only: bool
+               ) -> Callable[[], None] | None:
     """The check of an asynchronous save in a single process, to run on the background
-    writer's thread before its files: that the host copies in ``copies`` (a part of a
-    :class:`~ptrain.background_write.BackgroundWrite`'s memo: original and copy by
+    writer's thread before its files: that the host copies in ``copies`` (this save's part of
+    a :class:`~ptrain.background_write.BackgroundWrite`'s memo: original and copy by
     :func:`~ptrain.background_write.copy_key`) of this process's parameters and optimizer
     state tensors are finite. It raises :class:`NonFiniteStateError` naming the first that is
-    not. A state tensor with no copy there is not written by this save and not checked."""
-    named = [(name, copies[key][1]) for name, tensor in _checked(_state_tensors(trainer))
-             if (key := copy_key(tensor)) in copies]
+    not.
+
+    ``None`` where a tensor the save holds (every parameter, and unless ``weights_only``
+    every optimizer state tensor) has no copy in ``copied`` (the write's whole memo: what an
+    earlier part at the same step copied, that part's check covers): the strategy wrote
+    something made from it instead (a plugin that stores the weights cast to bfloat16), so a
+    check of the copies would not vouch for the files, and the caller checks the state
+    itself (:func:`check_state_finite`)."""
+    state = [(name, copy_key(tensor))
+             for name, tensor in _checked(_state_tensors(trainer, optimizers=not weights_only))]
+    if any(key not in copied for _, key in state):
+        return None
+    named = [(name, copies[key][1]) for name, key in state if key in copies]
     error = state_error_for(trainer)
 
     def check() -> None:

@@ -11,15 +11,19 @@ own, where the freeing happens (:func:`remove` does the three for a checkpoint n
 kept). No name is left behind: a process that dies holding them has its descriptors closed,
 and the blocks freed, by the system.
 
-Only on local disks' filesystems (:data:`ptrain.direct_file.LOCAL_DISK_FILESYSTEMS`): a
+Only on local disks' filesystems on Linux (:func:`ptrain.direct_file.on_local_disk`): a
 network filesystem may keep a removed open file under a name of its own (NFS's ``.nfs*``),
-and Windows can't replace an open file.
+and Windows can't replace an open file. A process forked while files are held (a DataLoader
+worker) closes its copies of the descriptors at once, or the files would stay allocated for
+as long as it lives; a fork waits for a descriptor being opened or closed meanwhile (at most
+one file's freeing, a fraction of a second, and only when the two meet).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -29,52 +33,81 @@ from ptrain.direct_file import on_local_disk
 LARGE = 1 << 20
 #: at most this many descriptors held per replaced checkpoint (a process's limit is often 1024)
 MOST_HELD = 256
+#: how a held file is opened: a link is not followed (what it points to stays), nothing waits
+#: (a FIFO put there after the look), no terminal becomes the process's
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_NOCTTY", 0))
 
-_releasing: list[threading.Thread] = []
+#: guards _held and _releasing; held across each open-and-record and each close-and-forget of
+#: a descriptor, and across a fork, so that a child's _held is exactly what it inherited
 _lock = threading.Lock()
-#: the descriptors held now: a process forked meanwhile (a DataLoader worker) closes its copies
-#: at once, or the files would stay allocated for as long as it lives
+#: the descriptors held now, for a forked child to close
 _held: set[int] = set()
+_releasing: list[threading.Thread] = []
 
 
 def _close_in_child() -> None:
-    for fd in list(_held):  # no lock: another thread may have held it at the fork
+    for fd in _held:
         try:
             os.close(fd)
         except OSError:
             pass
     _held.clear()
+    _releasing.clear()  # the parent's threads: none of them runs here
+    _lock.release()  # taken by the parent's thread that forked, before the fork
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_in_child)
+    os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release,
+                        after_in_child=_close_in_child)
+
+
+def _large_files(path: Path) -> list[Path]:
+    """The regular files of at least :data:`LARGE` bytes at ``path`` (the file, or a
+    folder's files, links not followed) on the same filesystem, where that is a local disk's;
+    none otherwise."""
+    with _lock:  # a child forked meanwhile would keep this descriptor too
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:  # missing, a link, not to be opened
+            return []
+        try:
+            if not on_local_disk(fd):
+                return []
+            top = os.fstat(fd)
+        finally:
+            os.close(fd)
+    if stat.S_ISREG(top.st_mode):
+        return [path] if top.st_size >= LARGE else []
+    if not stat.S_ISDIR(top.st_mode):
+        return []
+    found = []
+    for root, _, names in os.walk(path, onerror=lambda _: None):
+        for name in names:
+            file = Path(root, name)
+            try:
+                info = os.lstat(file)
+            except OSError:
+                continue
+            if (stat.S_ISREG(info.st_mode) and info.st_size >= LARGE
+                    and info.st_dev == top.st_dev):
+                found.append(file)
+    return found
 
 
 def hold(path: str | Path) -> list[int]:
     """Descriptors open on the large files at ``path`` (a file, or a folder's files), for
     :func:`release` once the save has replaced or removed them; none where ``path`` is
-    missing or not on a local disk."""
-    path = Path(path)
-    if path.is_symlink():  # what it links to stays
-        return []
-    try:
-        files = ([path] if path.is_file() else
-                 [Path(root, name) for root, _, names in os.walk(path) for name in names])
-    except OSError:
-        return []
+    missing, a link, or not on a local disk."""
     held: list[int] = []
-    for file in files:
-        if len(held) == MOST_HELD:
-            break
-        try:
-            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
-        except OSError:
-            continue
-        if os.fstat(fd).st_size >= LARGE and on_local_disk(fd):
-            held.append(fd)
+    for file in _large_files(Path(path))[:MOST_HELD]:
+        with _lock:
+            try:
+                fd = os.open(file, _OPEN_FLAGS)
+            except OSError:
+                continue
             _held.add(fd)
-        else:
-            os.close(fd)
+        held.append(fd)
     return held
 
 
@@ -100,24 +133,28 @@ def release(held: list[int]) -> None:
 
     def close_all() -> None:
         for fd in held:
-            _held.discard(fd)
-            os.close(fd)
+            with _lock:
+                os.close(fd)
+                _held.discard(fd)
 
     thread = threading.Thread(target=close_all, name="ptrain-checkpoint-free", daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # no thread to be had: freed here, as without this module
+    with _lock:  # the thread starts closing once this is left
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: freed here, as without this module
+            thread = None
+        else:
+            _releasing.append(thread)
+    if thread is None:
         close_all()
-        return
-    with _lock:
-        _releasing[:] = [t for t in _releasing if t.is_alive()]
-        _releasing.append(thread)
 
 
 def wait() -> None:
     """Wait until every file :func:`release` was given is freed (before a save needs the space
     back, and when a stage ends)."""
     with _lock:
-        threads, _releasing[:] = list(_releasing), []
+        threads = list(_releasing)
     for thread in threads:
         thread.join()
+    with _lock:
+        _releasing[:] = [t for t in _releasing if t.is_alive()]

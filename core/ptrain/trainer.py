@@ -439,8 +439,8 @@ class Trainer:
         writes). Refuses, with :class:`NonFiniteLossError`, to save over good state after the
         loss went non-finite, and with :class:`NonFiniteStateError` when a parameter or
         optimizer state tensor is (:mod:`ptrain.finite_state`; an asynchronous save in a single
-        process checks its host copies on the writer's thread instead, and its refusal comes
-        as a failed write's does). Under ``fast_dev_run`` nothing is written.
+        process whose files hold copies of the state checks those on the writer's thread
+        instead, and its refusal comes as a failed write's does). Under ``fast_dev_run`` nothing is written.
 
         ``weights_only``: the module's weights, class, hyperparameters and counters only (no
         optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
@@ -485,9 +485,13 @@ class Trainer:
             files = self.hook.save_checkpoint_in_background(
                 trainer=self, checkpoint=checkpoint, path=str(path))
             if checks_copies:  # this save's own copies, before its files
-                write.add(copy_check(self, dict(islice(write.memo.items(), copied_before,
-                                                       None))))
-                write.checks_state |= not weights_only
+                check = copy_check(self, dict(islice(write.memo.items(), copied_before, None)),
+                                   write.memo, weights_only)
+                if check is None:  # the files hold something made from the state: checked
+                    check_state_finite(self)  # here, as a synchronous save would be
+                else:
+                    write.add(check)
+                    write.checks_state |= not weights_only
             for write_file in files:
                 write.add(write_file)
             return True
