@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -36,6 +37,16 @@ def test_the_file_holds_the_bytes_written_and_their_crc(tmp_path, size, piece):
     assert (tmp_path / "f").read_bytes() == data
     assert f.crc32 == zlib.crc32(data)
     assert f.closed
+
+
+@pytest.mark.parametrize("piece", [1 << 20, 3 * CHUNK + 1])
+def test_more_chunks_than_the_disks_thread_holds_come_out_in_order(tmp_path, piece):
+    """Chunks after the first go to the disk on the file's thread, at most QUEUED at once:
+    a file of more makes it hand buffers back and take them again."""
+    data = os.urandom((direct_file.QUEUED + 3) * CHUNK + 5)
+    f = write_in_pieces(tmp_path / "f", data, piece)
+    assert (tmp_path / "f").read_bytes() == data and f.crc32 == zlib.crc32(data)
+    assert "ptrain-direct-write" not in [t.name for t in threading.enumerate()]
 
 
 def test_a_disk_that_takes_direct_writes_gets_them(tmp_path):
@@ -89,16 +100,18 @@ def test_no_memory_for_the_aligned_buffer_means_normal_writes(tmp_path, monkeypa
     assert (tmp_path / "f").read_bytes() == data and f.crc32 == zlib.crc32(data)
 
 
-def test_a_file_dropped_unclosed_gives_its_descriptor_back(tmp_path):
+@pytest.mark.parametrize("size", [1, 3 * CHUNK])
+def test_a_file_dropped_unclosed_gives_its_descriptor_and_thread_back(tmp_path, size):
     import gc
 
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     f = DirectFile(fd)
-    f.write(b"x")
+    f.write(bytes(size))  # 3 chunks: the disk's thread has started
     del f
     gc.collect()
     with pytest.raises(OSError):
         os.fstat(fd)
+    assert "ptrain-direct-write" not in [t.name for t in threading.enumerate()]
 
 def test_a_failed_write_closes_the_file_without_writing_the_rest(tmp_path):
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)

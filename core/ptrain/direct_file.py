@@ -5,7 +5,12 @@ checkpoint durable then has the kernel write the cache back: both cost CPU time 
 steps share. On a virtual machine's disk (this project's 2-core test machine) 800 MB cost 1.8 s
 of CPU that way, and 0.06 s written with ``O_DIRECT``, which hands the disk the program's own
 memory (``dd``: 2.2 s against 0.3 s). :class:`DirectFile` writes the bulk of a file that way
-from an aligned buffer of its own, and falls back to ordinary writes where the system can't.
+from aligned buffers of its own, and falls back to ordinary writes where the system can't.
+A direct write returns only once the disk has the chunk, so the chunks after the first go to
+the disk on a thread of the file's own while the caller fills the next ones: ``torch.save``'s
+CRC-32 of a tensor and the copy into a buffer overlap the disk's writing instead of taking
+turns with it (806 MB by ``torch.save``: 0.83-0.93 s written in turns, 0.53-0.59 s so, on
+a 2-core Intel Xeon virtual machine).
 """
 
 from __future__ import annotations
@@ -13,13 +18,20 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import queue
 import sys
+import threading
 import weakref
 import zlib
 from typing import Any
 
 #: bytes per direct write: a multiple of every logical block size in use (512 B to 64 KiB)
 CHUNK = 8 << 20
+#: chunks a file may have on their way to the disk at once (:class:`_DiskWriter`; 64 MiB of
+#: buffers, each touched only once used): enough to keep the disk busy while ``torch.save``
+#: sums a 64 MB tensor. 806 MB saved in 0.79-0.95 s with 1, 0.59-0.73 s with 4, 0.53-0.59 s
+#: with 8 and 0.60-0.62 s with 16, on a 2-core Intel Xeon virtual machine
+QUEUED = 8
 #: The open flag, where the system has one (Linux); ``0`` elsewhere (macOS, Windows).
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: Filesystems on local disks, by the magic number Linux's ``statfs`` gives: ext2/3/4, xfs,
@@ -40,14 +52,18 @@ class DirectFile:
       that was not closed is incomplete, so write it under a temporary name and rename it into
       place after :meth:`close`, as :func:`ptrain.checkpoint_io.atomic_save` does;
     - where ``fd``'s file is on a local disk's filesystem (:data:`LOCAL_DISK_FILESYSTEMS`)
-      and the system allows ``O_DIRECT`` on it, whole chunks go from an aligned buffer of this
-      file's straight to the disk and the last partial chunk is written normally; elsewhere
-      (network filesystems, tmpfs, macOS, Windows), or where a direct write is refused as
-      misaligned, every byte is written normally. The file's bytes are the same either way;
+      and the system allows ``O_DIRECT`` on it, whole chunks go from aligned buffers of this
+      file's straight to the disk (the first on the caller's thread, the later ones, up to
+      :data:`QUEUED` at once, on a thread of the file's own) and the last partial chunk is
+      written normally; elsewhere (network filesystems, tmpfs, macOS, Windows), or where the
+      first direct write is refused as misaligned, every byte is written normally. The file's
+      bytes are the same either way;
     - with ``checksum`` true, :attr:`crc32` is the CRC-32 of every byte written so far, so the
       file need not be read back to be summed (it costs about 0.25 s of CPU per GB);
     - a write the system refuses (no space, quota, file-size limit) raises its ``OSError``
-      from :meth:`write` or :meth:`close`.
+      from :meth:`write` (that of a chunk written earlier on the file's thread, at the latest
+      from the write after) or :meth:`close`; :meth:`abandon`, or leaving a ``with`` block by
+      an error, writes nothing more.
     """
 
     def __init__(self, fd: int, checksum: bool = False):
@@ -57,8 +73,11 @@ class DirectFile:
         self._closed = False
         self._buffer: mmap.mmap | None = None
         self._filled = 0
-        # a file dropped unclosed (a caller's bug) does not keep its descriptor
-        self._finalizer = weakref.finalize(self, os.close, fd)
+        self._chunks_written = 0
+        #: the thread the chunks after the first go to the disk on: made at the second one
+        self._disk: list[_DiskWriter | None] = [None]  # a list: the finalizer's too
+        # a file dropped unclosed (a caller's bug) does not keep its descriptor or thread
+        self._finalizer = weakref.finalize(self, _drop, fd, self._disk)
         if O_DIRECT and on_local_disk(fd):
             try:
                 buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
@@ -73,6 +92,9 @@ class DirectFile:
         return self._buffer is not None
 
     def write(self, data: Any) -> int:
+        disk = self._disk[0]
+        if disk is not None and disk.error is not None:
+            raise disk.error
         view = memoryview(data).cast("B")
         size = len(view)
         if self._checksum:
@@ -89,8 +111,22 @@ class DirectFile:
         return size
 
     def _write_chunk(self) -> None:
-        """Write the buffer's :data:`CHUNK` bytes directly."""
-        self._write_buffer(direct=True)
+        """Write the buffer's :data:`CHUNK` bytes directly: the first chunk here (where a
+        refusal as misaligned turns every later write normal), the later ones on the file's
+        thread, while the next buffer fills."""
+        if self._chunks_written == 0:
+            self._write_buffer(direct=True)
+        else:
+            if self._disk[0] is None:
+                self._disk[0] = _DiskWriter.start(self._fd)
+            disk = self._disk[0]
+            if disk is None:  # no thread to be had: written here
+                self._write_buffer(direct=True)
+            else:
+                assert self._buffer is not None
+                disk.give(self._buffer)
+                self._buffer = disk.take()
+        self._chunks_written += 1
         if self._buffer is not None:
             self._filled = 0
 
@@ -140,19 +176,24 @@ class DirectFile:
             return
         self._closed = True
         try:
+            disk, self._disk[0] = self._disk[0], None
+            if disk is not None:  # every chunk given to the disk's thread, on the disk
+                disk.finish()
+                if disk.error is not None:
+                    raise disk.error
             if self._buffer is not None:  # the last partial chunk
                 self._write_buffer(direct=False)
             os.fsync(self._fd)
         finally:
             self._free_buffer()
-            self._finalizer()  # closes the descriptor, once
+            self._finalizer()  # stops the thread (where an error left it) and closes the fd
 
     def abandon(self) -> None:
         """Close the descriptor without writing the rest: the file is incomplete."""
         if not self._closed:
             self._closed = True
             self._free_buffer()
-            self._finalizer()
+            self._finalizer()  # chunks still queued for the disk are not written
 
     def __enter__(self) -> DirectFile:
         return self
@@ -162,6 +203,84 @@ class DirectFile:
             self.close()
         else:  # the write failed: the file is thrown away, so nothing more is written
             self.abandon()
+
+
+class _DiskWriter:
+    """Full chunks of a :class:`DirectFile` written directly, in the order given, on a thread
+    of their own: the caller fills the next buffer meanwhile. At most :data:`QUEUED` buffers
+    exist; :meth:`take` waits for one the disk is done with. The first error stops the
+    writing (the chunks after it are dropped) and stays in :attr:`error`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._todo: queue.SimpleQueue[mmap.mmap | None] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        self._made = 1  # the file's first buffer, given back here once written
+        self._stop = False  # abandoned: what is still queued is dropped
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ptrain-direct-write",
+                                        daemon=True)
+
+    @classmethod
+    def start(cls, fd: int) -> _DiskWriter | None:
+        """A writer for ``fd`` with its thread running; ``None`` where no thread can start."""
+        writer = cls(fd)
+        try:
+            writer._thread.start()
+        except RuntimeError:
+            return None
+        return writer
+
+    def give(self, buffer: mmap.mmap) -> None:
+        """Write the :data:`CHUNK` bytes of ``buffer`` after those given before."""
+        self._todo.put(buffer)
+
+    def take(self) -> mmap.mmap:
+        """A buffer to fill: one the disk is done with, or a new one while fewer than
+        :data:`QUEUED` exist (or no memory is left for one)."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        if self._made < QUEUED:
+            try:
+                buffer = mmap.mmap(-1, CHUNK)
+            except OSError:  # no memory for it: wait for one in use
+                pass
+            else:
+                self._made += 1
+                return buffer
+        return self._free.get()
+
+    def _run(self) -> None:
+        while (buffer := self._todo.get()) is not None:
+            if self.error is None and not self._stop:
+                try:
+                    with memoryview(buffer) as chunk:
+                        written = 0
+                        while written < CHUNK:
+                            written += os.write(self._fd, chunk[written:CHUNK])
+                except BaseException as exc:  # noqa: BLE001 - raised by the file's caller
+                    self.error = exc
+            self._free.put(buffer)
+
+    def finish(self, abandon: bool = False) -> None:
+        """Wait until every chunk given is written (with ``abandon``: dropped instead) and the
+        thread has ended. A second call does nothing."""
+        if not self._thread.is_alive():
+            return
+        self._stop = self._stop or abandon
+        self._todo.put(None)
+        self._thread.join()
+
+
+def _drop(fd: int, disk: list[_DiskWriter | None]) -> None:
+    """A :class:`DirectFile`'s end, whether closed or dropped: its thread stopped, nothing
+    queued written, its descriptor closed."""
+    writer, disk[0] = disk[0], None
+    if writer is not None:
+        writer.finish(abandon=True)
+    os.close(fd)
 
 
 def on_local_disk(fd: int) -> bool:
