@@ -29,6 +29,14 @@ def write_in_pieces(path: Path, data: bytes, piece: int) -> DirectFile:
     return f
 
 
+def assert_disk_threads_end() -> None:
+    """The files' threads have been told to end (they may be in their last lines): they do."""
+    for thread in threading.enumerate():
+        if thread.name == "ptrain-direct-write":
+            thread.join(60)  # a bound for a broken build, not a wait for timing
+            assert not thread.is_alive()
+
+
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("piece", [1000, CHUNK + 3])
 def test_the_file_holds_the_bytes_written_and_their_crc(tmp_path, size, piece):
@@ -46,7 +54,7 @@ def test_more_chunks_than_the_disks_thread_holds_come_out_in_order(tmp_path, pie
     data = os.urandom((direct_file.QUEUED + 3) * CHUNK + 5)
     f = write_in_pieces(tmp_path / "f", data, piece)
     assert (tmp_path / "f").read_bytes() == data and f.crc32 == zlib.crc32(data)
-    assert "ptrain-direct-write" not in [t.name for t in threading.enumerate()]
+    assert_disk_threads_end()
 
 
 def test_a_disk_that_takes_direct_writes_gets_them(tmp_path):
@@ -111,7 +119,7 @@ def test_a_file_dropped_unclosed_gives_its_descriptor_and_thread_back(tmp_path, 
     gc.collect()
     with pytest.raises(OSError):
         os.fstat(fd)
-    assert "ptrain-direct-write" not in [t.name for t in threading.enumerate()]
+    assert_disk_threads_end()
 
 def test_a_failed_write_closes_the_file_without_writing_the_rest(tmp_path):
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
@@ -124,6 +132,45 @@ def test_a_failed_write_closes_the_file_without_writing_the_rest(tmp_path):
     with pytest.raises(OSError):
         os.fstat(fd)
     assert (tmp_path / "f").stat().st_size == (0 if direct else 10)
+
+
+def test_a_write_refused_on_the_disks_thread_is_raised_without_holding_it(tmp_path,
+                                                                          monkeypatch):
+    """A chunk the system refuses on the file's thread (here: ENOSPC, from a stand-in for
+    ``os.write`` there) is raised by the file's caller; the error holds no frame of that
+    thread, whose buffers (up to 64 MiB) would otherwise stay alive with it."""
+    import errno
+    import types
+
+    if not direct_file.O_DIRECT:
+        pytest.skip("this system has no O_DIRECT (not Linux)")
+
+    class FullDiskOs(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+    def write(fd, data):
+        if threading.current_thread().name == "ptrain-direct-write":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    full = FullDiskOs("os")
+    full.write = write
+    monkeypatch.setattr(direct_file, "os", full)
+    monkeypatch.setattr(direct_file, "CHUNK", 4096)
+    f = DirectFile(os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT))
+    if not f.direct:
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    with pytest.raises(OSError) as info:
+        with f:
+            f.write(bytes(5 * 4096))  # the first chunk here, the rest on the file's thread
+    assert info.value.errno == errno.ENOSPC and f.closed
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert "_run" not in frames, frames
 
 
 def test_torch_save_into_it_loads_back(tmp_path):

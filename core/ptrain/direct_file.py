@@ -74,6 +74,7 @@ class DirectFile:
         self._buffer: mmap.mmap | None = None
         self._filled = 0
         self._chunks_written = 0
+        self._interrupted = False  # a chunk was handed on and no buffer came back for the next
         #: the thread the chunks after the first go to the disk on: made at the second one
         self._disk: list[_DiskWriter | None] = [None]  # a list: the finalizer's too
         # a file dropped unclosed (a caller's bug) does not keep its descriptor or thread
@@ -124,8 +125,11 @@ class DirectFile:
                 self._write_buffer(direct=True)
             else:
                 assert self._buffer is not None
-                disk.give(self._buffer)
+                buffer, self._buffer = self._buffer, None  # the disk's now: never written twice
+                disk.give(buffer)
+                self._interrupted = True  # until take() returns (a KeyboardInterrupt in it)
                 self._buffer = disk.take()
+                self._interrupted = False
         self._chunks_written += 1
         if self._buffer is not None:
             self._filled = 0
@@ -176,9 +180,13 @@ class DirectFile:
             return
         self._closed = True
         try:
-            disk, self._disk[0] = self._disk[0], None
+            if self._interrupted:
+                raise RuntimeError("DirectFile: a write was interrupted while its chunk went to "
+                                   "the disk; the file is incomplete")
+            disk = self._disk[0]
             if disk is not None:  # every chunk given to the disk's thread, on the disk
-                disk.finish()
+                disk.finish()  # where this is interrupted, the finalizer stops the thread
+                self._disk[0] = None
                 if disk.error is not None:
                     raise disk.error
             if self._buffer is not None:  # the last partial chunk
@@ -217,6 +225,10 @@ class _DiskWriter:
         self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         self._made = 1  # the file's first buffer, given back here once written
         self._stop = False  # abandoned: what is still queued is dropped
+        self._close_on_exit: int | None = None  # see stop()
+        # set as the thread ends: Thread.join() interrupted (a KeyboardInterrupt) can leave
+        # is_alive() false while the thread still writes, an Event's wait() can't
+        self._ended = threading.Event()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ptrain-direct-write",
                                         daemon=True)
@@ -253,34 +265,57 @@ class _DiskWriter:
         return self._free.get()
 
     def _run(self) -> None:
-        while (buffer := self._todo.get()) is not None:
-            if self.error is None and not self._stop:
-                try:
-                    with memoryview(buffer) as chunk:
-                        written = 0
-                        while written < CHUNK:
-                            written += os.write(self._fd, chunk[written:CHUNK])
-                except BaseException as exc:  # noqa: BLE001 - raised by the file's caller
-                    self.error = exc
-            self._free.put(buffer)
+        try:
+            while (buffer := self._todo.get()) is not None:
+                if self.error is None and not self._stop:
+                    try:
+                        with memoryview(buffer) as chunk:
+                            written = 0
+                            while written < CHUNK:
+                                written += os.write(self._fd, chunk[written:CHUNK])
+                    except BaseException as exc:  # noqa: BLE001 - raised by the file's caller
+                        # without this frame (which holds the writer and its buffers)
+                        self.error = exc.with_traceback(None)
+                self._free.put(buffer)
+        finally:
+            while not self._free.empty():  # the buffers go now, whoever still holds the writer
+                self._free.get_nowait()
+            if self._close_on_exit is not None:
+                os.close(self._close_on_exit)
+            self._ended.set()
 
-    def finish(self, abandon: bool = False) -> None:
-        """Wait until every chunk given is written (with ``abandon``: dropped instead) and the
-        thread has ended. A second call does nothing."""
-        if not self._thread.is_alive():
-            return
-        self._stop = self._stop or abandon
-        self._todo.put(None)
-        self._thread.join()
+    def finish(self) -> None:
+        """Wait until every chunk given is written and the thread has ended. A second call
+        does nothing."""
+        if not self._ended.is_set():
+            self._todo.put(None)  # one more after an interrupted call: never read
+            self._ended.wait()
+
+    def stop(self, fd: int) -> bool:
+        """Drop what is still queued, end the thread and close ``fd`` once it has: here
+        (``True``), or, called on the thread itself (a garbage collection there that finalizes
+        its file), by the thread as it ends (``False``). The descriptor is never closed while
+        a chunk may still be written through it (a wait here that is interrupted leaves it
+        open)."""
+        self._stop = True
+        if threading.current_thread() is self._thread:
+            self._close_on_exit = fd
+            self._todo.put(None)
+            return False
+        self.finish()
+        os.close(fd)
+        return True
 
 
 def _drop(fd: int, disk: list[_DiskWriter | None]) -> None:
     """A :class:`DirectFile`'s end, whether closed or dropped: its thread stopped, nothing
     queued written, its descriptor closed."""
-    writer, disk[0] = disk[0], None
-    if writer is not None:
-        writer.finish(abandon=True)
-    os.close(fd)
+    writer = disk[0]
+    if writer is None:
+        os.close(fd)
+        return
+    writer.stop(fd)
+    disk[0] = None
 
 
 def on_local_disk(fd: int) -> bool:
