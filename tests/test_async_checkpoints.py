@@ -8,6 +8,7 @@ after the first where the write just started is still running."""
 
 from __future__ import annotations
 
+from copy import deepcopy
 import json
 import os
 import signal
@@ -340,3 +341,92 @@ def test_after_a_refused_background_write_last_links_to_the_newest_complete_file
     last_file = Path(callback.dirpath) / "last.ckpt"
     assert last_file.resolve() == (Path(callback.dirpath) / "epoch=0-step=8.ckpt").resolve()
     assert safe_load(last_file)["loop"]["global_step"] == 8
+
+
+# -- the copies of what an optimizer step changes, made while the next step runs -------------
+
+class WideTable(ptrain.TrainModule):
+    """A table of ``mb`` MB (an embedding with sparse gradients, of which each step reads and
+    changes 8 rows) and plain SGD: the copy of its weights takes the writer's thread longer than
+    the next step takes to reach its optimizer step. ``manual``: automatic_optimization off, the
+    step taken in training_step."""
+
+    def __init__(self, manual: bool = False, mb: int = 128):
+        super().__init__()
+        self.automatic_optimization = not manual
+        rows = mb * 2**20 // (64 * 4)
+        self.table = torch.nn.Embedding(rows, 64, sparse=True)
+        self.head = torch.nn.Linear(64, 1)
+        made = torch.Generator().manual_seed(0)
+        self.data = torch.utils.data.TensorDataset(
+            torch.randint(0, rows, (32,), generator=made), torch.randn(32, 1, generator=made))
+
+    def training_step(self, batch, batch_idx):
+        rows, y = batch
+        loss = torch.nn.functional.mse_loss(self.head(self.table(rows)), y)
+        if self.automatic_optimization:
+            return loss
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return None
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=8)
+
+
+class ZeroedAfterFit:
+    """Sets the weights to zero through ``.data`` (which no version counter sees) once fit's
+    training loop ends, as a callback that swaps in averaged weights does; the last first (the
+    writer's thread copies them in order)."""
+
+    name = "zeroed-after-fit"
+
+    @ptrain.hookimpl
+    def on_loop_end(self, trainer, loop):
+        if loop == "train":
+            for parameter in reversed(list(trainer.module.parameters())):
+                parameter.data.zero_()
+
+
+def fit_both_ways(root: Path, module: ptrain.TrainModule, every: int, *plugins,
+                  accelerator: str = "cpu") -> list[Path]:
+    """The checkpoint folders of two runs, saving every ``every`` steps (each file kept, under
+    its step's name): synchronously, then in the background; each file the same in both."""
+    folders = []
+    for mode in ("sync", "async"):
+        torch.manual_seed(0)
+        trainer = ptrain.Trainer(
+            accelerator=accelerator, max_epochs=1, seed=0, default_root_dir=str(root / mode),
+            callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", *plugins],
+            plugin_options={"checkpoint": {"every_n_train_steps": every, "save_top_k": -1,
+                                           "filename": "{step}", "async_save": mode == "async"}})
+        trainer.fit(deepcopy(module))
+        assert trainer.global_step == 4
+        folders.append(Path(trainer.plugins["checkpoint"].dirpath))
+    names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in folders]
+    assert names[0] == names[1] and len(names[0]) == 4 // every + 1, names  # and last.ckpt
+    for name in names[0]:
+        written = [safe_load(folder / name) for folder in folders]
+        assert_same_tensors(written[0]["model"], written[1]["model"], f"{name}: model")
+        assert_same_tensors(written[0]["optimizers"], written[1]["optimizers"], name)
+    return folders
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_every_file_written_in_the_background_holds_its_own_steps_state(tmp_path, manual):
+    """A save at every step: the copies of the weights are made on the writer's thread while
+    the next step runs, and the next optimizer step (the loop's, or the module's own) waits for
+    them."""
+    fit_both_ways(tmp_path, WideTable(manual=manual), 1)
+
+
+def test_what_changes_the_weights_after_the_last_save_waits_for_its_copies(tmp_path):
+    """The save at the last step is still copying when the training loop ends, and what runs
+    from there on (a callback that swaps in averaged weights) may change the weights."""
+    folders = fit_both_ways(tmp_path, WideTable(mb=512), 4, ZeroedAfterFit())
+    assert safe_load(folders[1] / "step=4.ckpt")["model"]["head.weight"].abs().sum() > 0

@@ -1,13 +1,18 @@
 """The host memory of background checkpoint writes (ptrain.background_write): a finished
 write's copies are the next write's buffers, each copy holds its own step's values, no copy
-shares memory with the tensor it copies, and the first write's buffers can be made ahead."""
+shares memory with the tensor it copies, and the first write's buffers can be made ahead. The
+copies of what only an optimizer step changes are made on the writer's thread, before the files,
+and a tensor changed before its copy was made fails the save."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
-from ptrain.background_write import BackgroundWrite, HostBuffers, host_copy
+from ptrain import ChangedBeforeCopiedError
+from ptrain.background_write import BackgroundWrite, DeferredCopies, HostBuffers, host_copy
 
 
 def test_a_finished_writes_copies_are_the_next_writes_buffers():
@@ -100,3 +105,55 @@ def test_a_tensor_made_of_tensors_is_copied_through_the_tensors_inside():
     weight._tensor.add_(1)  # the next step
     assert torch.equal(copy["w"]._tensor, torch.arange(6.0).view(2, 3))
     write.finish()
+
+
+def test_deferred_copies_are_made_on_the_writers_thread_ahead_of_the_files_queued():
+    """The weights and the optimizer's moments are deferred, the running statistics (a buffer
+    the forward pass changes) copied at once; the copies are made before a file queued ahead of
+    them, and once wait_for_copies returns the step may change the weights."""
+    weights, moments, statistics = torch.arange(1000.0), torch.ones(10, 10), torch.zeros(5)
+    state = {"w": weights, "view": weights[:10], "m": moments, "stats": statistics}
+    write = BackgroundWrite(3, HostBuffers())
+    gate, written, copied_on = threading.Event(), [], []
+    write.begin_part()
+    write.add(gate.wait)  # the writer is busy with an earlier file when the copies come
+    write.begin_part()
+    deferred = DeferredCopies(iter([("parameter 'w'", weights), ("'exp_avg'", moments)]))
+    copy = host_copy(state, write.memo, write.buffers, deferred)
+    assert deferred and not DeferredCopies(iter([]))
+    assert copy["w"].data_ptr() != weights.data_ptr()
+    statistics.add_(1)  # the next forward pass: the buffer was copied on this thread
+    assert torch.equal(copy["stats"], torch.zeros(5))
+    write.add(lambda: written.append({k: v.clone() for k, v in copy.items()}))
+    write.add_copies(deferred)
+    waiter = threading.Thread(target=lambda: (write.wait_for_copies(),
+                                              copied_on.append(copy["m"].clone())))
+    waiter.start()
+    gate.set()
+    waiter.join()
+    weights.add_(1)  # the optimizer step, once the copies are made
+    moments.mul_(2)
+    assert write.finish() is None
+    assert torch.equal(copied_on[0], torch.ones(10, 10))
+    assert torch.equal(written[0]["w"], torch.arange(1000.0))
+    assert torch.equal(written[0]["view"], torch.arange(10.0))
+    assert torch.equal(written[0]["m"], torch.ones(10, 10))
+    assert torch.equal(written[0]["stats"], torch.zeros(5))
+
+
+def test_a_tensor_changed_before_its_deferred_copy_was_made_fails_the_save_and_is_named():
+    weights = torch.zeros(8)
+    buffers = HostBuffers()
+    write = BackgroundWrite(7, buffers)
+    write.begin_part()
+    deferred = DeferredCopies(iter([("parameter 'net.0.weight'", weights)]))
+    host_copy({"w": weights[2:]}, write.memo, buffers, deferred)  # a view: the same memory
+    weights.add_(1)  # in place, before the writer's thread got to the copy
+    write.add_copies(deferred)
+    ran = []
+    write.add(lambda: ran.append(True))
+    write.wait_for_copies()
+    error = write.finish()
+    assert isinstance(error, ChangedBeforeCopiedError) and not ran  # no file of it written
+    assert "step 7" in str(error) and "'net.0.weight'" in str(error)
+    assert "on_before_optimizer_step" in str(error) and "async" in str(error)

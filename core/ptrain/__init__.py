@@ -25,6 +25,7 @@ _LAZY = {
     "PluginError": "ptrain.errors",
     "CheckpointError": "ptrain.errors",
     "CheckpointWriteError": "ptrain.errors",
+    "ChangedBeforeCopiedError": "ptrain.errors",
     "NoCheckpointYetError": "ptrain.errors",
     "ModelError": "ptrain.errors",
     "NonFiniteLossError": "ptrain.errors",

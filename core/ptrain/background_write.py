@@ -1,11 +1,17 @@
 """Checkpoint files written on a background thread while training goes on.
 
 An asynchronous save (``Trainer.save_checkpoint(..., asynchronous=True)``) copies the checkpoint
-to host memory on the training thread (the stall: the next step changes the tensors) and hands
-the copy to a :class:`BackgroundWrite`, whose one thread writes it with the same atomic write as a
-synchronous save. The files of one checkpoint point (a top-k file and ``last.ckpt`` at one step)
-are one write, written in order from copies that share their tensors; at most one write is in
-flight per process: a save at a later step first waits for it (:meth:`Trainer.finish_checkpoint_write`).
+to host memory and hands the copy to a :class:`BackgroundWrite`, whose one thread writes it with
+the same atomic write as a synchronous save. The tensors that only an optimizer step changes (the
+parameters an optimizer holds, and its state) are copied on that thread, first
+(:class:`DeferredCopies`), while the next step computes its gradients: the training thread waits
+for those copies before its next optimizer step (:meth:`BackgroundWrite.wait_for_copies`), and a
+copy whose tensor changed before it was made fails the save
+(:class:`ptrain.ChangedBeforeCopiedError`). Everything else (buffers, frozen parameters, what a
+plugin made) is copied on the training thread: that is the stall left. The files of one
+checkpoint point (a top-k file and ``last.ckpt`` at one step) are one write, written in order
+from copies that share their tensors; at most one write is in flight per process: a save at a
+later step first waits for it (:meth:`Trainer.finish_checkpoint_write`).
 
 What depends on a file being complete (deleting the file it replaces, the top-k record, a link to
 it) is registered with :meth:`BackgroundWrite.then` and runs on the training thread once the
@@ -23,6 +29,7 @@ same errors (:meth:`WriteAgreement.first_errors`), so that every rank makes the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from collections import OrderedDict
@@ -32,49 +39,154 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ptrain.errors import CheckpointWriteError
+from ptrain.errors import ChangedBeforeCopiedError, CheckpointWriteError
 
 #: a function run on the training thread when the write is finished: given its error or None
 Continuation = Callable[[BaseException | None], None]
 
 
 def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
-              buffers: HostBuffers) -> Any:
+              buffers: HostBuffers, deferred: DeferredCopies | None = None) -> Any:
     """``obj`` (a checkpoint: dicts, lists and tuples of tensors and plain values) with every
     tensor copied to host memory (into ``buffers``), detached, and every container new, so that
     training may change the originals. A tensor whose memory ``memo`` has seen (the same
     storage, offset, shape, strides and dtype: the weights of two state dicts of one step) is
     not copied twice; the memo keeps each original alive, so no other tensor can take its
     address. A state dict's ``_metadata`` (module versions, which ``load_state_dict`` reads) is
-    kept."""
+    kept. A tensor in the memory of one of ``deferred``'s tensors gets its buffer now and its
+    copy later (:class:`DeferredCopies`)."""
     if _is_dtensor(obj):  # this rank's shard is copied; the layout stays the same
-        return type(obj).from_local(host_copy(obj.to_local(), memo, buffers), obj.device_mesh,
-                                  obj.placements, run_check=False, shape=obj.shape,
-                                  stride=obj.stride())
+        return type(obj).from_local(host_copy(obj.to_local(), memo, buffers, deferred),
+                                    obj.device_mesh, obj.placements, run_check=False,
+                                    shape=obj.shape, stride=obj.stride())
     if isinstance(obj, torch.Tensor) and is_traceable_wrapper_subclass(obj):
         # a tensor made of tensors (torchao's float8 weights): those are copied, and the copy
         # is the same kind of tensor made of the copies
         key = copy_key(obj)
         if key not in memo:
             names, context = obj.__tensor_flatten__()
-            inner = {name: host_copy(getattr(obj, name), memo, buffers) for name in names}
+            inner = {name: host_copy(getattr(obj, name), memo, buffers, deferred)
+                     for name in names}
             memo[key] = (obj, type(obj).__tensor_unflatten__(inner, context, obj.size(),
                                                              obj.stride()))
         return memo[key][1]
     if isinstance(obj, torch.Tensor):
         key = copy_key(obj)
         if key not in memo:
-            memo[key] = (obj, buffers.copy(obj))
+            later = deferred is not None and deferred.defers(obj)
+            memo[key] = (obj, deferred.buffer_for(obj, buffers) if later else buffers.copy(obj))
         return memo[key][1]
     if isinstance(obj, dict):
         copy = type(obj)() if isinstance(obj, OrderedDict) else {}
-        copy.update((k, host_copy(v, memo, buffers)) for k, v in obj.items())
+        copy.update((k, host_copy(v, memo, buffers, deferred)) for k, v in obj.items())
         if hasattr(obj, "_metadata"):
             copy._metadata = obj._metadata
         return copy
     if type(obj) in (list, tuple):
-        return type(obj)(host_copy(v, memo, buffers) for v in obj)
+        return type(obj)(host_copy(v, memo, buffers, deferred) for v in obj)
     return obj
+
+
+class DeferredCopies:
+    """The copies of one asynchronous save that wait for the writer's thread: those of the
+    tensors that only an optimizer step changes (given, by name, to the constructor: the
+    parameters the optimizers hold and their state), made while the next step computes its
+    gradients rather than on the training thread.
+
+    :meth:`buffer_for` (training thread) hands out the buffer a copy will fill and records the
+    tensor with its version counter, which every in-place change of its memory increments.
+    :meth:`make` (writer's thread) makes the copies and raises
+    :class:`ptrain.ChangedBeforeCopiedError` if a counter moved before its copy was made. Then
+    :meth:`order_after` (training thread, before it changes the tensors) and :meth:`wait`
+    (writer's thread, before the files) wait for them.
+
+    On a CUDA device the copies are issued on a stream of their own, after the work the
+    training thread had issued when the save began, and the training thread's stream waits for
+    them on the device (no host sync): the device copies while it computes the next step's
+    gradients. There the counters say whether a tensor changed before its copy was issued (not
+    made). Tensors elsewhere (MPS, XLA, HPU) are copied on the training thread. A change made
+    through ``.data`` moves no counter: the trainer waits for the copies before anything but
+    the next step's forward and backward passes runs (an optimizer step, a validation, the end
+    of an epoch)."""
+
+    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        #: storage (device, address) -> the name of the tensor there, for the error
+        self._names = {_storage(plain): name for name, tensor in tensors
+                       for plain in _plain_tensors(tensor)
+                       if plain.device.type in ("cpu", "cuda")}
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        #: per CUDA device: (the training stream's work so far, the copies' completion)
+        self._events: dict[torch.device, tuple[Any, Any]] = {}
+
+    def defers(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lies in the memory of a tensor only an optimizer step changes."""
+        return _storage(tensor) in self._names
+
+    def buffer_for(self, tensor: torch.Tensor, buffers: HostBuffers) -> torch.Tensor:
+        """The buffer ``tensor``'s copy will be made in, by :meth:`make`."""
+        buffer = buffers.buffer_for(tensor)
+        if tensor.device.type == "cuda" and tensor.device not in self._events:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(tensor.device))
+            self._events[tensor.device] = (ready, torch.cuda.Event())
+        self._pending.append((tensor, buffer, tensor._version))
+        return buffer
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def make(self, step: int) -> None:
+        """Make the copies (the checkpoint of global step ``step``), in order; on a CUDA
+        device, issue them."""
+        pending, self._pending = self._pending, []
+        streams = {}
+        for device, (ready, _) in self._events.items():
+            streams[device] = torch.cuda.Stream(device)
+            streams[device].wait_event(ready)
+        try:
+            for tensor, buffer, version in pending:
+                stream = streams.get(tensor.device)
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    buffer.copy_(tensor.detach(), non_blocking=stream is not None)
+                if tensor._version != version:  # changed before or while it was copied
+                    raise ChangedBeforeCopiedError(
+                        f"the checkpoint of step {step} was not written: "
+                        f"{self._names[_storage(tensor)]} was changed in place after the save "
+                        f"and before the copy of it was made. An asynchronous save copies what "
+                        f"the optimizers hold while the next step computes its gradients, and "
+                        f"waits for those copies only before the next optimizer step, so nothing "
+                        f"else may change them in place in between (in training_step, a forward "
+                        f"hook, or a callback's on_train_batch_start). Change them in "
+                        f"on_before_optimizer_step or later, or save synchronously (without "
+                        f"--checkpoint-async-save).")
+        finally:  # what the training thread orders itself after: every copy issued
+            for device, stream in streams.items():
+                self._events[device][1].record(stream)
+
+    def order_after(self) -> None:
+        """On the training thread, once :meth:`make` has returned: its later work on a CUDA
+        device runs after the copies (the device waits; the host does not)."""
+        for device, (_, done) in self._events.items():
+            torch.cuda.current_stream(device).wait_event(done)
+
+    def wait(self) -> None:
+        """On the writer's thread, after :meth:`make`: wait until the copies are in host
+        memory."""
+        for _, done in self._events.values():
+            done.synchronize()
+
+
+def _plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """``tensor``, or the tensors a tensor made of tensors (a wrapper subclass) is made of."""
+    if not is_traceable_wrapper_subclass(tensor):
+        yield tensor
+        return
+    for name in tensor.__tensor_flatten__()[0]:
+        yield from _plain_tensors(getattr(tensor, name))
+
+
+def _storage(tensor: torch.Tensor) -> tuple[torch.device, int]:
+    return tensor.device, tensor.untyped_storage().data_ptr()
 
 
 def copy_key(tensor: torch.Tensor) -> tuple:
@@ -123,6 +235,11 @@ class HostBuffers:
         if self._planned is not None:
             self._planned.append(tensor)
             return tensor
+        return self.buffer_for(tensor).copy_(tensor.detach())
+
+    def buffer_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host buffer of ``tensor``'s shape, strides and dtype (not yet written into): one
+        of the last write's (or of the preparation's) where one fits, else a new one."""
         self._wait()
         free = self._free.get(self._kind(tensor))
         if free:
@@ -131,7 +248,7 @@ class HostBuffers:
             pinned = tensor.device.type == "cuda"
             buffer = torch.empty_like(tensor, device="cpu", pin_memory=pinned)
             self._pinned |= pinned
-        return buffer.copy_(tensor.detach())
+        return buffer
 
     @contextlib.contextmanager
     def planning(self) -> Iterator[None]:
@@ -215,7 +332,10 @@ class BackgroundWrite:
         self.memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see host_copy
         self.buffers = buffers  # host_copy copies into them; finish() hands the copies back
         self._queue: list[tuple[int, Callable[[], None]]] = []
-        self._unwritten = 0  # queued or being written
+        self._copies: list[tuple[int, DeferredCopies]] = []  # taken before any file
+        self._copied: list[DeferredCopies] = []  # made (issued, on a CUDA device)
+        self._unwritten = 0  # files and copies queued or being made
+        self._uncopied = 0  # copies queued or being made
         self._closed = False
         self._errors: list[BaseException | None] = []  # each part's own
         self._continuations: list[tuple[int, Continuation]] = []
@@ -224,18 +344,38 @@ class BackgroundWrite:
                                         daemon=True)
         self._thread.start()
 
-    def begin_part(self) -> None:
-        """Start the part of the next save: the files added and continuations registered from
-        now on are its."""
+    def begin_part(self) -> bool:
+        """Start the part of the next save: the files and copies added and continuations
+        registered from now on are its. Whether it is the first part."""
         with self._lock:
             self._errors.append(None)
+            return len(self._errors) == 1
 
     def add(self, write_file: Callable[[], None]) -> None:
         """Queue one file's write (a function of no arguments that writes it atomically)."""
         with self._lock:
             self._queue.append((len(self._errors) - 1, write_file))
             self._unwritten += 1
-            self._lock.notify()
+            self._lock.notify_all()
+
+    def add_copies(self, copies: DeferredCopies) -> None:
+        """Queue the deferred copies of the part begun last: they are made before any file
+        still queued (and so before this part's files)."""
+        with self._lock:
+            self._copies.append((len(self._errors) - 1, copies))
+            self._unwritten += 1
+            self._uncopied += 1
+            self._lock.notify_all()
+
+    def wait_for_copies(self) -> None:
+        """Wait until every deferred copy queued has been made (or its part has failed): the
+        tensors copied may change from then on."""
+        with self._lock:
+            while self._uncopied:
+                self._lock.wait()
+            copied, self._copied = self._copied, []
+        for copies in copied:
+            copies.order_after()
 
     def then(self, continuation: Continuation) -> None:
         """Run ``continuation`` on the training thread once the write is finished, with the
@@ -249,21 +389,38 @@ class BackgroundWrite:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._copies and not self._closed:
                     self._lock.wait()
-                if not self._queue:
+                copies: DeferredCopies | None = None
+                if self._copies:
+                    part, copies = self._copies.pop(0)
+                    work: Callable[[], None] = functools.partial(copies.make, self.step)
+                elif self._queue:
+                    part, work = self._queue.pop(0)
+                else:
                     return
-                part, write_file = self._queue.pop(0)
                 failed = any(error is not None for error in self._errors[:part + 1])
             try:
-                if not failed:  # a failed file stops the ones after it
-                    write_file()
+                if not failed:  # a failed file (or copy) stops the files after it
+                    work()
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                with self._lock:
-                    self._errors[part] = exc
+                self._fail(part, exc)
             finally:
                 with self._lock:
                     self._unwritten -= 1
+                    if copies is not None:  # the training thread may go on
+                        self._copied.append(copies)
+                        self._uncopied -= 1
+                        self._lock.notify_all()
+            if copies is not None:
+                try:
+                    copies.wait()  # in host memory, before the files read them
+                except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                    self._fail(part, exc)
+
+    def _fail(self, part: int, error: BaseException) -> None:
+        with self._lock:
+            self._errors[part] = self._errors[part] or error
 
     def done(self) -> bool:
         """Whether every queued file has been written or has failed (never blocks)."""
@@ -279,7 +436,7 @@ class BackgroundWrite:
         (its first part's that failed), or ``None``."""
         with self._lock:
             self._closed = True
-            self._lock.notify()
+            self._lock.notify_all()
         self._thread.join()
         memo, self.memo = self.memo, {}
         self.buffers.reuse(memo)  # the files are written: the next write's copies go there

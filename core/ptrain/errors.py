@@ -35,6 +35,12 @@ class CheckpointWriteError(CheckpointError):
     nothing saved before was replaced, and the partial file was removed."""
 
 
+class ChangedBeforeCopiedError(CheckpointError):
+    """An asynchronous save found a tensor it copies while training goes on (a parameter an
+    optimizer holds, or its state) changed in place before its copy was made: the checkpoint,
+    which would mix two steps, was not written (see ``ptrain.background_write.DeferredCopies``)."""
+
+
 class ModelError(PtrainError):
     """The user's module or data module can't be imported or used."""
 

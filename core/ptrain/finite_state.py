@@ -66,6 +66,24 @@ def _state_tensors(trainer: Trainer, optimizers: bool = True
                     yield f"optimizer {index}'s {key!r} of {owner!r}", value
 
 
+def optimized_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of what only an optimizer step changes: every parameter an optimizer
+    holds, and every tensor of its state; a DTensor's local part."""
+    names = {id(parameter): name for name, parameter in trainer.module.named_parameters()}
+    for index, optimizer in enumerate(trainer.optimizers):
+        live = _live(optimizer)
+        for group in live.param_groups:
+            for parameter in group["params"]:
+                yield (f"parameter {names.get(id(parameter), '(outside the module)')!r}",
+                       _local(parameter.detach()))
+        for parameter, state in live.state.items():
+            if isinstance(state, Mapping):
+                owner = names.get(id(parameter), "a parameter outside the module")
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        yield f"optimizer {index}'s {key!r} of {owner!r}", _local(value)
+
+
 def _checked(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in tensors:
         local = _local(tensor)

@@ -324,6 +324,9 @@ class FitLoop:
                 break
         else:
             ran_dry = state["batch"] < self.num_batches
+        # a checkpoint's deferred copies overlap the next batch only: what comes now (a
+        # validation that swaps in averaged weights, the epoch's and fit's end) may change them
+        t.wait_for_checkpoint_copies()
         if self.automatic and t.global_step == steps_before and state["batch"] > first_batch:
             raise ModelError(
                 f"{type(t.module).__qualname__}.training_step returned None for all "
@@ -426,6 +429,7 @@ class FitLoop:
         if not self.gradients_checked:
             check_gradients_reach(t.optimizers, t.module, stop=t.stops_on_unreached_optimizer)
             self.gradients_checked = True
+        t.wait_for_checkpoint_copies()
         for optimizer in t.optimizers:
             # Trainer.run_optimizer_step's steps, inlined: the hot path saves a call per batch
             if hooks.has_on_before_optimizer_step:

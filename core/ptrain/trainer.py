@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ptrain import checkpoint_io, replaced_files, run_folder
 from ptrain._version import __version__
-from ptrain.background_write import BackgroundWrite, HostBuffers, WriteAgreement, host_copy
+from ptrain.background_write import (BackgroundWrite, DeferredCopies, HostBuffers, WriteAgreement,
+                                     host_copy)
 from ptrain.builtins.loop_defaults import LoopDefaults
 from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
@@ -186,6 +187,7 @@ class Trainer:
         self._saved_state_checked = False  # see _check_saved_state
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
+        self._deferred_copies: DeferredCopies | None = None  # of the save being copied
         self._host_buffers = HostBuffers()  # what background writes copy into
         self._copies_prepared = False  # see prepare_background_copies; once per stage
         self._planning_copies = False  # inside prepare_background_copies
@@ -449,7 +451,9 @@ class Trainer:
 
         ``asynchronous``: inside a stage, where :meth:`why_not_asynchronous` finds nothing
         against it, the checkpoint is copied to host memory and written on a background thread
-        (``save_checkpoint_in_background``, :mod:`ptrain.background_write`); returns ``True``
+        (``save_checkpoint_in_background``, :mod:`ptrain.background_write`; the copies of what
+        only an optimizer step changes are made on that thread, and the next optimizer step
+        waits for them: :meth:`wait_for_checkpoint_copies`); returns ``True``
         then, ``False`` once a synchronous write is done (outside a stage no step boundary or
         stage end would finish a background write, and the process could end before it: the
         save is written before it returns). Every save first waits for a
@@ -457,7 +461,7 @@ class Trainer:
         :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
         it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
         complete."""
-        from ptrain.finite_state import check_state_finite, copy_check
+        from ptrain.finite_state import check_state_finite, copy_check, optimized_tensors
         from ptrain.fit_loop import check_losses_finite
 
         self.finish_checkpoint_write(before_step=self.global_step if asynchronous else None)
@@ -480,10 +484,18 @@ class Trainer:
             if self._background_write is None:
                 self._background_write = BackgroundWrite(self.global_step, self._host_buffers)
             write = self._background_write
-            write.begin_part()
+            first = write.begin_part()
             copied_before = len(write.memo)
-            files = self.hook.save_checkpoint_in_background(
-                trainer=self, checkpoint=checkpoint, path=str(path))
+            # the first part's copies of what only an optimizer step changes are made on the
+            # writer's thread, before its files; a later part's would wait for those files
+            self._deferred_copies = DeferredCopies(optimized_tensors(self)) if first else None
+            try:
+                files = self.hook.save_checkpoint_in_background(
+                    trainer=self, checkpoint=checkpoint, path=str(path))
+            finally:  # the memo holds their buffers: a later part may share them
+                deferred, self._deferred_copies = self._deferred_copies, None
+                if deferred:
+                    write.add_copies(deferred)
             if checks_copies:  # this save's own copies, before its files
                 check = copy_check(self, dict(islice(write.memo.items(), copied_before, None)),
                                    write.memo, weights_only)
@@ -541,13 +553,17 @@ class Trainer:
         """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor
         copied to host memory, for the background write of this checkpoint point: a tensor
         already copied for it (the weights of a top-k file and of ``last.ckpt``) is not copied
-        again. The copies are written into once more for the next checkpoint point, once this
-        one's write has finished: nothing may keep them past it. For
-        ``save_checkpoint_in_background`` implementations; see
-        :func:`ptrain.background_write.host_copy` and
+        again. The copies of what only an optimizer step changes are made later, on the
+        writer's thread before the write's functions run, and the next optimizer step waits for
+        them: read the copies only in those functions. The copies are written into once more for
+        the next checkpoint point, once this one's write has finished: nothing may keep them
+        past it. For ``save_checkpoint_in_background`` implementations; see
+        :func:`ptrain.background_write.host_copy`,
+        :class:`~ptrain.background_write.DeferredCopies` and
         :class:`~ptrain.background_write.HostBuffers`."""
         if self._background_write is not None:
-            return host_copy(obj, self._background_write.memo, self._host_buffers)
+            return host_copy(obj, self._background_write.memo, self._host_buffers,
+                             self._deferred_copies)
         if self._planning_copies:  # prepare_background_copies: recorded, not copied
             return host_copy(obj, {}, self._host_buffers)
         raise RuntimeError("copy_for_background is for save_checkpoint_in_background, while "
@@ -605,6 +621,13 @@ class Trainer:
             continuation(None)
         else:
             self._background_write.then(continuation)
+
+    def wait_for_checkpoint_copies(self) -> None:
+        """Before anything that changes the parameters the optimizers hold or their state (an
+        optimizer step): wait until the checkpoint write in flight has made its copies of them
+        (:class:`~ptrain.background_write.DeferredCopies`). Costs nothing without a write."""
+        if self._background_write is not None:
+            self._background_write.wait_for_copies()
 
     def finish_checkpoint_write(self, before_step: int | None = None) -> BaseException | None:
         """Wait for the checkpoint write in flight, if any (with ``before_step``: only one of
@@ -677,6 +700,7 @@ class Trainer:
         Manual optimization calls it through ``optimizer.step()``; the training loop does the
         same steps inline at the end of each accumulation window."""
         hooks = self.step_hooks
+        self.wait_for_checkpoint_copies()
         if hooks.has_on_before_optimizer_step:
             hooks.on_before_optimizer_step(trainer=self, optimizer=optimizer)
         if self.gradient_clip_val is not None or hooks.clips_every_step:

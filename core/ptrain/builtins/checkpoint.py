@@ -39,7 +39,8 @@ difference):
   ``--ckpt-path last`` finds this callback's newest ``last*.ckpt`` there.
 
 ``async_save``: each checkpoint point's files are copied to host memory and written on a
-background thread while training goes on (:mod:`ptrain.background_write`; where the run can't,
+background thread while training goes on (:mod:`ptrain.background_write`: what only an optimizer
+step changes is copied on that thread too, before the next optimizer step; where the run can't,
 it is said once and the files are written as before). Every promise above holds: what replaces
 or records a file (deleting the one it replaces, ``best_k_models.json``, the link of
 ``last.ckpt``) happens only once the file is complete; a refused write is found at the next

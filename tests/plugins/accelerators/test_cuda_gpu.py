@@ -7,7 +7,9 @@
   host-to-device copy raise;
 - the memory figures are logged every epoch, the memory snapshot is written in the run folder
   and loads, ``--cuda-float32-matmul-precision`` is in effect during the run, and a GPU that
-  does not exist is a clear usage error.
+  does not exist is a clear usage error;
+- a checkpoint written in the background, whose weights are copied on a stream of their own
+  while the next step runs, holds its own step's state: the same as a synchronous one's.
 
 Nothing here is faked: the recorder is an ordinary plugin object given to ``Trainer(callbacks=)``.
 """
@@ -25,6 +27,7 @@ from _cli_util import assert_ok, assert_usage_error
 from conftest import DIGITS_CONFIG, run_cli
 from ptrain.examples.digits import DigitsClassifier
 from tests.conftest import TinyRegressor
+from tests.test_async_checkpoints import WideTable, fit_both_ways
 
 
 def _why_no_gpu() -> str:
@@ -238,3 +241,11 @@ def test_more_processes_than_gpus_is_a_usage_error_naming_the_visible_count(tmp_
                      "--default-root-dir", str(tmp_path / "runs"), timeout=300)
     assert_usage_error(result, f"--devices {count + 1}", f"sees here ({count})")
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_background_checkpoints_hold_their_own_steps_state(tmp_path, manual):
+    """A save at every step of a 128 MB table: the copies are issued on a stream of their own
+    and the next optimizer step's work waits for them on the device; every file equals the
+    synchronous run's."""
+    fit_both_ways(tmp_path, WideTable(manual=manual), 1, accelerator="cuda")
