@@ -108,7 +108,7 @@ def loss_of(model, batch):
     return F.mse_loss(model(x), y)
 
 
-def mark(marks: list[tuple[float, float]]) -> None:
+def mark(marks: StepMarks) -> None:
     """A step's end: the host clock (on a GPU once the device has done the step's work) and
     the CPU time this process has used, all its threads together (a background writer's too)."""
     if DEVICE == "cuda":

@@ -1,6 +1,7 @@
 """DirectFile, the file checkpoints are written into past the page cache: the bytes on the disk
 are the bytes written, whatever the pieces' sizes and whether the disk takes direct writes or
-refuses them, its CRC-32 is the file's, and a write that failed writes nothing more."""
+refuses them, its CRC-32 is the file's, a write that failed writes nothing more, and a process
+forked while it is written does not keep it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
-from ptrain import direct_file
+from ptrain import direct_file, private_descriptors
 from ptrain.direct_file import CHUNK, DirectFile
+from tests.test_replaced_files import closed
 
 SIZES = [0, 1, 4095, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 4097]
 
@@ -201,3 +204,27 @@ def test_a_write_past_the_file_size_limit_raises_the_systems_error(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "EFBIG" and result.stdout.split()[2] == "True"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this system")
+def test_a_process_forked_while_a_checkpoint_is_written_does_not_keep_its_file(tmp_path):
+    """A DataLoader worker forked while a background save writes (a checkpoint's temporary
+    file, opened through private_descriptors) closes its copy of the descriptor at once: a
+    persistent worker would otherwise keep the file allocated after a later save replaced it.
+    A descriptor opened otherwise is inherited as usual."""
+    fd = private_descriptors.opened(lambda: os.open(tmp_path / "ckpt.tmp",
+                                                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
+    other = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT)
+    with DirectFile(fd) as f:
+        f.write(os.urandom(2 * CHUNK + 1))  # its thread writing the second chunk, maybe
+        with warnings.catch_warnings():  # the child only looks at its descriptors and exits
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0 if closed(fd) and not closed(other) else 1)
+        _, status = os.waitpid(pid, 0)
+    os.close(other)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert closed(fd)  # and here once the file was closed
+    assert (tmp_path / "ckpt.tmp").stat().st_size == 2 * CHUNK + 1
+

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ptrain import replaced_files
+from ptrain import private_descriptors, replaced_files
 from ptrain.direct_file import DirectFile
 from ptrain.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 
@@ -67,7 +67,9 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> None:
     replaced_files.wait()  # the space of the files earlier saves replaced is free again
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = private_descriptors.opened(
+            lambda: tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent),
+            fd_of=lambda made: made[0])
     except OSError as exc:
         raise write_failed(path, exc) from None
     writer: _RecordingWriter | None = None

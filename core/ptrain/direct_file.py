@@ -25,6 +25,8 @@ import weakref
 import zlib
 from typing import Any
 
+from ptrain import private_descriptors
+
 #: bytes per direct write: a multiple of every logical block size in use (512 B to 64 KiB)
 CHUNK = 8 << 20
 #: chunks a file may have on their way to the disk at once (:class:`_DiskWriter`; 64 MiB of
@@ -43,8 +45,9 @@ LOCAL_DISK_FILESYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs"
 
 class DirectFile:
     """A binary file for ``torch.save`` and torch.distributed.checkpoint to write a file once,
-    front to back, through the descriptor ``fd`` (opened for writing, at offset 0; the file
-    takes it over and closes it).
+    front to back, through the descriptor ``fd`` (opened for writing, at offset 0, with
+    :func:`ptrain.private_descriptors.opened`, so that a process forked meanwhile does not keep
+    the file; the file takes it over and closes it).
 
     Contract:
 
@@ -281,7 +284,7 @@ class _DiskWriter:
             while not self._free.empty():  # the buffers go now, whoever still holds the writer
                 self._free.get_nowait()
             if self._close_on_exit is not None:
-                os.close(self._close_on_exit)
+                private_descriptors.close(self._close_on_exit)
             self._ended.set()
 
     def finish(self) -> None:
@@ -303,7 +306,7 @@ class _DiskWriter:
             self._todo.put(None)
             return False
         self.finish()
-        os.close(fd)
+        private_descriptors.close(fd)
         return True
 
 
@@ -312,7 +315,7 @@ def _drop(fd: int, disk: list[_DiskWriter | None]) -> None:
     queued written, its descriptor closed."""
     writer = disk[0]
     if writer is None:
-        os.close(fd)
+        private_descriptors.close(fd)
         return
     writer.stop(fd)
     disk[0] = None

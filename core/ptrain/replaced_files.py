@@ -14,9 +14,10 @@ and the blocks freed, by the system.
 Only on local disks' filesystems on Linux (:func:`ptrain.direct_file.on_local_disk`): a
 network filesystem may keep a removed open file under a name of its own (NFS's ``.nfs*``),
 and Windows can't replace an open file. A process forked while files are held (a DataLoader
-worker) closes its copies of the descriptors at once, or the files would stay allocated for
-as long as it lives; a fork waits for a descriptor being opened or closed meanwhile (at most
-one file's freeing, a fraction of a second, and only when the two meet).
+worker) closes its copies of the descriptors at once (:mod:`ptrain.private_descriptors`), or
+the files would stay allocated for as long as it lives; a fork waits for a descriptor being
+opened or closed meanwhile (at most one file's freeing, a fraction of a second, and only when
+the two meet).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import stat
 import threading
 from pathlib import Path
 
+from ptrain import private_descriptors
 from ptrain.direct_file import on_local_disk
 
 #: files smaller than this are freed quickly enough where they are
@@ -38,45 +40,35 @@ MOST_HELD = 256
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
                | getattr(os, "O_NOCTTY", 0))
 
-#: guards _held and _releasing; held across each open-and-record and each close-and-forget of
-#: a descriptor, and across a fork, so that a child's _held is exactly what it inherited
+#: guards _releasing; held across a fork, so that a child's copy is not locked for good
 _lock = threading.Lock()
-#: the descriptors held now, for a forked child to close
-_held: set[int] = set()
 _releasing: list[threading.Thread] = []
 
 
-def _close_in_child() -> None:
-    for fd in _held:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _held.clear()
+def _forget_in_child() -> None:
     _releasing.clear()  # the parent's threads: none of them runs here
     _lock.release()  # taken by the parent's thread that forked, before the fork
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release,
-                        after_in_child=_close_in_child)
+                        after_in_child=_forget_in_child)
 
 
 def _large_files(path: Path) -> list[Path]:
     """The regular files of at least :data:`LARGE` bytes at ``path`` (the file, or a
     folder's files, links not followed) on the same filesystem, where that is a local disk's;
     none otherwise."""
-    with _lock:  # a child forked meanwhile would keep this descriptor too
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError:  # missing, a link, not to be opened
+    try:
+        fd = private_descriptors.opened(lambda: os.open(path, _OPEN_FLAGS))
+    except OSError:  # missing, a link, not to be opened
+        return []
+    try:
+        if not on_local_disk(fd):
             return []
-        try:
-            if not on_local_disk(fd):
-                return []
-            top = os.fstat(fd)
-        finally:
-            os.close(fd)
+        top = os.fstat(fd)
+    finally:
+        private_descriptors.close(fd)
     if stat.S_ISREG(top.st_mode):
         return [path] if top.st_size >= LARGE else []
     if not stat.S_ISDIR(top.st_mode):
@@ -101,13 +93,10 @@ def hold(path: str | Path) -> list[int]:
     missing, a link, or not on a local disk."""
     held: list[int] = []
     for file in _large_files(Path(path))[:MOST_HELD]:
-        with _lock:
-            try:
-                fd = os.open(file, _OPEN_FLAGS)
-            except OSError:
-                continue
-            _held.add(fd)
-        held.append(fd)
+        try:
+            held.append(private_descriptors.opened(lambda: os.open(file, _OPEN_FLAGS)))
+        except OSError:
+            continue
     return held
 
 
@@ -133,9 +122,7 @@ def release(held: list[int]) -> None:
 
     def close_all() -> None:
         for fd in held:
-            with _lock:
-                os.close(fd)
-                _held.discard(fd)
+            private_descriptors.close(fd)
 
     thread = threading.Thread(target=close_all, name="ptrain-checkpoint-free", daemon=True)
     with _lock:  # the thread starts closing once this is left

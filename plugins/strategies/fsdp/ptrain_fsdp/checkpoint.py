@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from ptrain import CheckpointError, CheckpointWriteError, replaced_files
+from ptrain import CheckpointError, CheckpointWriteError, private_descriptors, replaced_files
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, folder_damage,
                                   incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
@@ -150,8 +150,9 @@ class _CheckpointFiles(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        stream = _RefusalKeepingStream(self._kept(lambda: DirectFile(
-            os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), checksum=True)), self)
+        stream = _RefusalKeepingStream(self._kept(lambda: DirectFile(private_descriptors.opened(
+            lambda: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)),
+            checksum=True)), self)
         try:
             yield stream
         except BaseException:
