@@ -349,13 +349,14 @@ class WideTable(ptrain.TrainModule):
     """A table of ``mb`` MB (an embedding with sparse gradients, of which each step reads and
     changes 8 rows) and plain SGD: the copy of its weights takes the writer's thread longer than
     the next step takes to reach its optimizer step. ``manual``: automatic_optimization off, the
-    step taken in training_step."""
+    step taken in training_step. ``max_norm``: each forward renorms the rows it reads, in
+    place."""
 
-    def __init__(self, manual: bool = False, mb: int = 128):
+    def __init__(self, manual: bool = False, mb: int = 128, max_norm: float | None = None):
         super().__init__()
         self.automatic_optimization = not manual
         rows = mb * 2**20 // (64 * 4)
-        self.table = torch.nn.Embedding(rows, 64, sparse=True)
+        self.table = torch.nn.Embedding(rows, 64, sparse=True, max_norm=max_norm)
         self.head = torch.nn.Linear(64, 1)
         made = torch.Generator().manual_seed(0)
         self.data = torch.utils.data.TensorDataset(
@@ -393,27 +394,37 @@ class ZeroedAfterFit:
                 parameter.data.zero_()
 
 
-def fit_both_ways(root: Path, module: ptrain.TrainModule, every: int, *plugins,
-                  accelerator: str = "cpu") -> list[Path]:
-    """The checkpoint folders of two runs, saving every ``every`` steps (each file kept, under
-    its step's name): synchronously, then in the background; each file the same in both."""
-    folders = []
-    for mode in ("sync", "async"):
-        torch.manual_seed(0)
-        trainer = ptrain.Trainer(
-            accelerator=accelerator, max_epochs=1, seed=0, default_root_dir=str(root / mode),
-            callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", *plugins],
-            plugin_options={"checkpoint": {"every_n_train_steps": every, "save_top_k": -1,
-                                           "filename": "{step}", "async_save": mode == "async"}})
-        trainer.fit(deepcopy(module))
-        assert trainer.global_step == 4
-        folders.append(Path(trainer.plugins["checkpoint"].dirpath))
-    names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in folders]
-    assert names[0] == names[1] and len(names[0]) == 4 // every + 1, names  # and last.ckpt
-    for name in names[0]:
+def fit_saving(root: Path, module: ptrain.TrainModule, every: int, *plugins,
+               accelerator: str = "cpu", async_save: bool) -> Path:
+    """The checkpoint folder of a 4-step run saving every ``every`` steps (0: at the epoch's
+    end only), each file kept under its step's name."""
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(
+        accelerator=accelerator, max_epochs=1, seed=0, default_root_dir=str(root),
+        callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", *plugins],
+        plugin_options={"checkpoint": {"every_n_train_steps": every, "save_top_k": -1,
+                                       "filename": "{step}", "async_save": async_save}})
+    trainer.fit(deepcopy(module))
+    assert trainer.global_step == 4
+    return Path(trainer.plugins["checkpoint"].dirpath)
+
+
+def assert_same_files(folders: list[Path], names: list[str]) -> None:
+    for name in names:
         written = [safe_load(folder / name) for folder in folders]
         assert_same_tensors(written[0]["model"], written[1]["model"], f"{name}: model")
         assert_same_tensors(written[0]["optimizers"], written[1]["optimizers"], name)
+
+
+def fit_both_ways(root: Path, module: ptrain.TrainModule, every: int, *plugins,
+                  accelerator: str = "cpu") -> list[Path]:
+    """The checkpoint folders of two runs of :func:`fit_saving`: synchronously, then in the
+    background; each file the same in both."""
+    folders = [fit_saving(root / mode, module, every, *plugins, accelerator=accelerator,
+                          async_save=mode == "async") for mode in ("sync", "async")]
+    names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in folders]
+    assert names[0] == names[1] and len(names[0]) == (4 // every if every else 1) + 1, names
+    assert_same_files(folders, names[0])
     return folders
 
 
@@ -430,3 +441,37 @@ def test_what_changes_the_weights_after_the_last_save_waits_for_its_copies(tmp_p
     from there on (a callback that swaps in averaged weights) may change the weights."""
     folders = fit_both_ways(tmp_path, WideTable(mb=512), 4, ZeroedAfterFit())
     assert safe_load(folders[1] / "step=4.ckpt")["model"]["head.weight"].abs().sum() > 0
+
+
+def test_a_save_anywhere_but_between_two_steps_is_copied_before_what_follows_it(tmp_path):
+    """The save at the epoch's end is followed by the end of the training loop, where a
+    callback may change the weights through .data (which no version counter sees): only a
+    save between two training steps leaves its copies to the writer's thread."""
+    folders = fit_both_ways(tmp_path, WideTable(mb=512), 0, ZeroedAfterFit())
+    assert safe_load(folders[1] / "step=4.ckpt")["model"]["head.weight"].abs().sum() > 0
+
+
+def test_a_forward_that_renorms_the_weights_costs_a_checkpoint_one_step_and_not_the_run(
+        tmp_path, capfd):
+    """nn.Embedding(max_norm=...) renorms, in place, the rows the next step's forward reads,
+    before the writer's thread has copied the table: the save at step 2 is said lost and taken
+    again at step 3, and the run's later saves copy everything first. Should the writer's thread
+    copy the table before that forward (a scheduling chance), nothing is lost and the files are
+    those of synchronous saves."""
+    module = WideTable(mb=512, max_norm=1.0)
+    sync = fit_saving(tmp_path / "sync", module, 2, async_save=False)
+    capfd.readouterr()
+    background = fit_saving(tmp_path / "async", module, 2, async_save=True)
+    said = capfd.readouterr().err
+    names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in (sync, background)]
+    assert names[0] == ["last.ckpt", "step=2.ckpt", "step=4.ckpt"], names
+    if "was changed in place" not in said:
+        assert names[1] == names[0], said
+        assert_same_files([sync, background], names[0])
+        return
+    assert said.count("was changed in place") == 1, said
+    assert "checkpoint of step 2 was not written" in said and "'table.weight'" in said
+    assert "max_norm" in said and "taken again at the next step" in said
+    assert names[1] == ["last.ckpt", "step=3.ckpt", "step=4.ckpt"], (names, said)
+    assert safe_load(background / "step=3.ckpt")["loop"]["global_step"] == 3
+    assert_same_files([sync, background], ["last.ckpt", "step=4.ckpt"])

@@ -153,7 +153,54 @@ def test_a_tensor_changed_before_its_deferred_copy_was_made_fails_the_save_and_i
     ran = []
     write.add(lambda: ran.append(True))
     write.wait_for_copies()
+    assert write.done()  # a failed first part fails the rest: the step boundary may settle it
     error = write.finish()
     assert isinstance(error, ChangedBeforeCopiedError) and not ran  # no file of it written
     assert "step 7" in str(error) and "'net.0.weight'" in str(error)
     assert "on_before_optimizer_step" in str(error) and "async" in str(error)
+
+
+@pytest.fixture
+def one_rank_mesh(tmp_path):
+    """A device mesh of this process alone (a gloo group of one)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_parameter_changed_before_its_deferred_copy_was_made_fails_the_save(
+        one_rank_mesh):
+    """A DTensor's shard is copied, but an in-place change through the DTensor (fsdp's and
+    zero's parameters) moves the DTensor's version counter, not the shard's."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    weights = torch.nn.Parameter(distribute_tensor(torch.zeros(8), one_rank_mesh, [Shard(0)]))
+    write = BackgroundWrite(5, HostBuffers())
+    write.begin_part()
+    deferred = DeferredCopies(iter([("parameter 'w'", weights)]))
+    copy = host_copy({"w": weights}, write.memo, write.buffers, deferred)
+    assert deferred and type(copy["w"]) is type(weights.data)
+    with torch.no_grad():
+        weights.add_(1)  # through the DTensor, before the writer's thread got to the copy
+    write.add_copies(deferred)
+    write.wait_for_copies()
+    error = write.finish()
+    assert isinstance(error, ChangedBeforeCopiedError) and "'w'" in str(error)
+
+
+def test_empty_tensors_are_copied_at_once_and_never_taken_for_one_another():
+    """Every empty tensor has the address 0: one held by the optimizer (deferred) must not make
+    another empty tensor deferred, nor lend it its name."""
+    held, other = torch.empty(0), torch.empty(0, 3)
+    deferred = DeferredCopies(iter([("parameter 'empty'", held)]))
+    assert not deferred.defers(other) and not deferred.defers(held)
+    write = BackgroundWrite(1, HostBuffers())
+    copy = host_copy({"held": held, "other": other}, write.memo, write.buffers, deferred)
+    assert not deferred and copy["other"].shape == (0, 3)
+    assert write.finish() is None

@@ -2,8 +2,9 @@
 
 An asynchronous save (``Trainer.save_checkpoint(..., asynchronous=True)``) copies the checkpoint
 to host memory and hands the copy to a :class:`BackgroundWrite`, whose one thread writes it with
-the same atomic write as a synchronous save. The tensors that only an optimizer step changes (the
-parameters an optimizer holds, and its state) are copied on that thread, first
+the same atomic write as a synchronous save. For a save made between two training steps, the
+tensors that only an optimizer step changes (the parameters an optimizer holds, and its state)
+are copied on that thread, first
 (:class:`DeferredCopies`), while the next step computes its gradients: the training thread waits
 for those copies before its next optimizer step (:meth:`BackgroundWrite.wait_for_copies`), and a
 copy whose tensor changed before it was made fails the save
@@ -46,7 +47,8 @@ Continuation = Callable[[BaseException | None], None]
 
 
 def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
-              buffers: HostBuffers, deferred: DeferredCopies | None = None) -> Any:
+              buffers: HostBuffers, deferred: DeferredCopies | None = None, *,
+              whole: torch.Tensor | None = None) -> Any:
     """``obj`` (a checkpoint: dicts, lists and tuples of tensors and plain values) with every
     tensor copied to host memory (into ``buffers``), detached, and every container new, so that
     training may change the originals. A tensor whose memory ``memo`` has seen (the same
@@ -54,9 +56,12 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
     not copied twice; the memo keeps each original alive, so no other tensor can take its
     address. A state dict's ``_metadata`` (module versions, which ``load_state_dict`` reads) is
     kept. A tensor in the memory of one of ``deferred``'s tensors gets its buffer now and its
-    copy later (:class:`DeferredCopies`)."""
+    copy later (:class:`DeferredCopies`). ``whole``: the tensor ``obj`` is part of (a DTensor
+    whose shard it is), whose version counter moves when ``obj`` is changed through it."""
+    whole = obj if whole is None else whole
     if _is_dtensor(obj):  # this rank's shard is copied; the layout stays the same
-        return type(obj).from_local(host_copy(obj.to_local(), memo, buffers, deferred),
+        return type(obj).from_local(host_copy(obj.to_local(), memo, buffers, deferred,
+                                              whole=whole),
                                     obj.device_mesh, obj.placements, run_check=False,
                                     shape=obj.shape, stride=obj.stride())
     if isinstance(obj, torch.Tensor) and is_traceable_wrapper_subclass(obj):
@@ -65,7 +70,7 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
         key = copy_key(obj)
         if key not in memo:
             names, context = obj.__tensor_flatten__()
-            inner = {name: host_copy(getattr(obj, name), memo, buffers, deferred)
+            inner = {name: host_copy(getattr(obj, name), memo, buffers, deferred, whole=whole)
                      for name in names}
             memo[key] = (obj, type(obj).__tensor_unflatten__(inner, context, obj.size(),
                                                              obj.stride()))
@@ -74,7 +79,8 @@ def host_copy(obj: Any, memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]],
         key = copy_key(obj)
         if key not in memo:
             later = deferred is not None and deferred.defers(obj)
-            memo[key] = (obj, deferred.buffer_for(obj, buffers) if later else buffers.copy(obj))
+            memo[key] = (obj, deferred.buffer_for(obj, buffers, whole) if later
+                         else buffers.copy(obj))
         return memo[key][1]
     if isinstance(obj, dict):
         copy = type(obj)() if isinstance(obj, OrderedDict) else {}
@@ -94,9 +100,11 @@ class DeferredCopies:
     gradients rather than on the training thread.
 
     :meth:`buffer_for` (training thread) hands out the buffer a copy will fill and records the
-    tensor with its version counter, which every in-place change of its memory increments.
-    :meth:`make` (writer's thread) makes the copies and raises
-    :class:`ptrain.ChangedBeforeCopiedError` if a counter moved before its copy was made. Then
+    tensor with its version counter, which every in-place change through it increments (a
+    DTensor's own, for its shard). :meth:`make` (writer's thread) makes the copies and raises
+    :class:`ptrain.ChangedBeforeCopiedError` if a counter moved before a copy was made, or
+    while it was being made where the change ended first (a best effort: a change begun
+    during the copy and still running after it goes unseen). Then
     :meth:`order_after` (training thread, before it changes the tensors) and :meth:`wait`
     (writer's thread, before the files) wait for them.
 
@@ -105,16 +113,18 @@ class DeferredCopies:
     them on the device (no host sync): the device copies while it computes the next step's
     gradients. There the counters say whether a tensor changed before its copy was issued (not
     made). Tensors elsewhere (MPS, XLA, HPU) are copied on the training thread. A change made
-    through ``.data`` moves no counter: the trainer waits for the copies before anything but
-    the next step's forward and backward passes runs (an optimizer step, a validation, the end
-    of an epoch)."""
+    through ``.data`` moves no counter: the trainer defers the copies of a save made between
+    two training steps only, and waits for them before anything but the next step's forward
+    and backward passes runs (its optimizer step, the end of the epoch)."""
 
     def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         #: storage (device, address) -> the name of the tensor there, for the error
         self._names = {_storage(plain): name for name, tensor in tensors
                        for plain in _plain_tensors(tensor)
-                       if plain.device.type in ("cpu", "cuda")}
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+                       # an empty tensor has no memory (address 0) and nothing to copy
+                       if plain.device.type in ("cpu", "cuda") and _storage(plain)[1]}
+        #: (tensor, its buffer, the tensor whose version counter is watched, that counter)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
         #: per CUDA device: (the training stream's work so far, the copies' completion)
         self._events: dict[torch.device, tuple[Any, Any]] = {}
 
@@ -122,14 +132,19 @@ class DeferredCopies:
         """Whether ``tensor`` lies in the memory of a tensor only an optimizer step changes."""
         return _storage(tensor) in self._names
 
-    def buffer_for(self, tensor: torch.Tensor, buffers: HostBuffers) -> torch.Tensor:
-        """The buffer ``tensor``'s copy will be made in, by :meth:`make`."""
+    def buffer_for(self, tensor: torch.Tensor, buffers: HostBuffers,
+                   whole: torch.Tensor | None = None) -> torch.Tensor:
+        """The buffer ``tensor``'s copy will be made in, by :meth:`make`. ``whole``: the
+        tensor ``tensor`` is part of (a DTensor, for its shard), whose version counter moves
+        when it is changed; ``tensor`` itself by default."""
         buffer = buffers.buffer_for(tensor)
         if tensor.device.type == "cuda" and tensor.device not in self._events:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tensor.device))
-            self._events[tensor.device] = (ready, torch.cuda.Event())
-        self._pending.append((tensor, buffer, tensor._version))
+            # blocking: the writer's thread sleeps in wait() rather than spinning on a core
+            self._events[tensor.device] = (ready, torch.cuda.Event(blocking=True))
+        whole = tensor if whole is None else whole
+        self._pending.append((tensor, buffer, whole, whole._version))
         return buffer
 
     def __bool__(self) -> bool:
@@ -144,21 +159,21 @@ class DeferredCopies:
             streams[device] = torch.cuda.Stream(device)
             streams[device].wait_event(ready)
         try:
-            for tensor, buffer, version in pending:
+            for tensor, buffer, whole, version in pending:
                 stream = streams.get(tensor.device)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     buffer.copy_(tensor.detach(), non_blocking=stream is not None)
-                if tensor._version != version:  # changed before or while it was copied
+                if whole._version != version:  # changed before (or while) it was copied
                     raise ChangedBeforeCopiedError(
                         f"the checkpoint of step {step} was not written: "
                         f"{self._names[_storage(tensor)]} was changed in place after the save "
-                        f"and before the copy of it was made. An asynchronous save copies what "
-                        f"the optimizers hold while the next step computes its gradients, and "
-                        f"waits for those copies only before the next optimizer step, so nothing "
-                        f"else may change them in place in between (in training_step, a forward "
-                        f"hook, or a callback's on_train_batch_start). Change them in "
-                        f"on_before_optimizer_step or later, or save synchronously (without "
-                        f"--checkpoint-async-save).")
+                        f"and before the copy of it was made. An asynchronous save made between "
+                        f"two steps copies what the optimizers hold while the next step computes "
+                        f"its gradients, so nothing before the next optimizer step may change "
+                        f"them in place (training_step, a forward that renorms its weights such "
+                        f"as nn.Embedding(max_norm=...), a forward hook, a callback's "
+                        f"on_train_batch_start). Change them in on_before_optimizer_step or "
+                        f"later, or save synchronously (async_save off).")
         finally:  # what the training thread orders itself after: every copy issued
             for device, stream in streams.items():
                 self._events[device][1].record(stream)
@@ -182,7 +197,9 @@ def _plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         yield tensor
         return
     for name in tensor.__tensor_flatten__()[0]:
-        yield from _plain_tensors(getattr(tensor, name))
+        inner = getattr(tensor, name)
+        if isinstance(inner, torch.Tensor):  # a DTensor's device mesh is flattened too
+            yield from _plain_tensors(inner)
 
 
 def _storage(tensor: torch.Tensor) -> tuple[torch.device, int]:
@@ -406,26 +423,31 @@ class BackgroundWrite:
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 self._fail(part, exc)
             finally:
-                with self._lock:
-                    self._unwritten -= 1
-                    if copies is not None:  # the training thread may go on
+                if copies is not None:  # made or issued: the training thread may go on
+                    with self._lock:
                         self._copied.append(copies)
                         self._uncopied -= 1
                         self._lock.notify_all()
-            if copies is not None:
-                try:
+            try:
+                if copies is not None and not failed:
                     copies.wait()  # in host memory, before the files read them
-                except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                    self._fail(part, exc)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                self._fail(part, exc)
+            finally:
+                with self._lock:
+                    self._unwritten -= 1
 
     def _fail(self, part: int, error: BaseException) -> None:
         with self._lock:
             self._errors[part] = self._errors[part] or error
 
     def done(self) -> bool:
-        """Whether every queued file has been written or has failed (never blocks)."""
+        """Whether every queued file has been written or has failed, or the first part has
+        failed, which fails the rest (never blocks; :meth:`finish` may still wait a moment for
+        the thread to skip them)."""
         with self._lock:
-            return self._unwritten == 0
+            first_failed = bool(self._errors) and self._errors[0] is not None
+            return self._unwritten == 0 or (first_failed and self._uncopied == 0)
 
     def finish(self, agree: Callable[[list[BaseException | None]],
                                      list[BaseException | None]] | None = None
@@ -475,11 +497,11 @@ class WriteAgreement:
         """Per part (every rank has as many: one per save), the error of the first rank whose
         files of it failed, the same on every rank (``None``: every rank wrote its files): its
         own error on that rank, the rank's message on the others, as a
-        :class:`CheckpointWriteError` where it was a refused write."""
+        :class:`CheckpointWriteError` where it was a refused write and a
+        :class:`ChangedBeforeCopiedError` where it was one."""
         group = self._ranks()
-        seen: list[list[tuple[bool, str] | None] | None] = [None] * dist.get_world_size(group)
-        mine = [None if error is None else (isinstance(error, CheckpointWriteError), str(error))
-                for error in errors]
+        seen: list[list[tuple[str, str] | None] | None] = [None] * dist.get_world_size(group)
+        mine = [None if error is None else (_agreed_kind(error), str(error)) for error in errors]
         dist.all_gather_object(seen, mine, group=group)
         agreed: list[BaseException | None] = []
         for part, error in enumerate(errors):
@@ -487,12 +509,20 @@ class WriteAgreement:
             if not failed:
                 agreed.append(None)
                 continue
-            rank, (refused, message) = failed[0]
+            rank, (kind, message) = failed[0]
             if rank == dist.get_rank():
                 agreed.append(error)
-            elif refused:
-                agreed.append(CheckpointWriteError(f"rank {rank}: {message}"))
+            elif kind in _AGREED_KINDS:
+                agreed.append(_AGREED_KINDS[kind](f"rank {rank}: {message}"))
             else:
                 agreed.append(RuntimeError(f"rank {rank}'s part of the checkpoint write "
                                            f"failed: {message}"))
         return agreed
+
+
+#: the errors of a rank's write that the other ranks raise as the same kind (by name)
+_AGREED_KINDS = {kind.__name__: kind for kind in (CheckpointWriteError, ChangedBeforeCopiedError)}
+
+
+def _agreed_kind(error: BaseException) -> str:
+    return next((name for name, kind in _AGREED_KINDS.items() if isinstance(error, kind)), "")

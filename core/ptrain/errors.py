@@ -38,7 +38,9 @@ class CheckpointWriteError(CheckpointError):
 class ChangedBeforeCopiedError(CheckpointError):
     """An asynchronous save found a tensor it copies while training goes on (a parameter an
     optimizer holds, or its state) changed in place before its copy was made: the checkpoint,
-    which would mix two steps, was not written (see ``ptrain.background_write.DeferredCopies``)."""
+    which would mix two steps, was not written (see ``ptrain.background_write.DeferredCopies``).
+    The trainer's later saves copy everything before training goes on; the checkpoint callback
+    says so and takes the checkpoint again at the next step."""
 
 
 class ModelError(PtrainError):

@@ -312,8 +312,14 @@ class FitLoop:
             if validated_last:
                 self._validate()
                 ran_check = True
-            self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
-                                               loss=loss)
+            # a background save here may copy the optimized tensors while the next batch's
+            # forward and backward run (Trainer.save_checkpoint); one anywhere else may not
+            t._between_steps = True
+            try:
+                self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
+                                                   loss=loss)
+            finally:
+                t._between_steps = False
             if ran_check:  # after on_train_batch_end: a stop a callback asks for there counts
                 self.agree_on_stop()
             if t.max_steps is not None and 0 <= t.max_steps <= t.global_step:  # -1: no limit
@@ -324,8 +330,8 @@ class FitLoop:
                 break
         else:
             ran_dry = state["batch"] < self.num_batches
-        # a checkpoint's deferred copies overlap the next batch only: what comes now (a
-        # validation that swaps in averaged weights, the epoch's and fit's end) may change them
+        # a checkpoint's deferred copies overlap the next batch only: what comes now (the
+        # epoch's and fit's end, a callback that swaps in averaged weights) may change them
         t.wait_for_checkpoint_copies()
         if self.automatic and t.global_step == steps_before and state["batch"] > first_batch:
             raise ModelError(

@@ -832,10 +832,10 @@ def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
     done here, on the training thread, is the training stall: copy what the next step changes
     with ``trainer.copy_for_background(obj)`` (tensors to host memory; a tensor two files of one
     checkpoint point share is copied once; the copies are the next point's buffers once this one
-    is written, so the functions must not keep them). The copies of what only an optimizer step
-    changes (the parameters the optimizers hold, and their state) are made on the writer's
-    thread, before the functions run, while the next step computes its gradients: read the
-    copies only in the functions. The functions returned run in order on one
+    is written, so the functions must not keep them). For a save between two training steps
+    (``on_train_batch_end``), the copies of what only an optimizer step changes (the parameters
+    the optimizers hold, and their state) are made on the writer's thread, before the functions
+    run, while the next step computes its gradients: read the copies only in the functions. The functions returned run in order on one
     thread, after those of the same checkpoint point saved before and before those of any later
     point. What they raise reaches the checkpoint callback at a step boundary, as a synchronous
     write's error would; under several processes every process gets the same error (a refused

@@ -30,8 +30,8 @@ from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
 from ptrain.config import core_options
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
-from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError, ModelError,
-                           NoCheckpointYetError, PluginError)
+from ptrain.errors import (ChangedBeforeCopiedError, CheckpointError, CheckpointWriteError,
+                           ConfigError, ModelError, NoCheckpointYetError, PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
 from ptrain.hook_methods import adapt_callbacks, is_hook_method_callback, module_plugins
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
@@ -188,6 +188,10 @@ class Trainer:
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
         self._deferred_copies: DeferredCopies | None = None  # of the save being copied
+        #: set by the fit loop around on_train_batch_end: a save there is followed by the next
+        #: step's forward and backward passes only, before anything waits for its copies
+        self._between_steps = False
+        self._defers_copies = True  # off once a tensor changed before its deferred copy
         self._host_buffers = HostBuffers()  # what background writes copy into
         self._copies_prepared = False  # see prepare_background_copies; once per stage
         self._planning_copies = False  # inside prepare_background_copies
@@ -451,9 +455,12 @@ class Trainer:
 
         ``asynchronous``: inside a stage, where :meth:`why_not_asynchronous` finds nothing
         against it, the checkpoint is copied to host memory and written on a background thread
-        (``save_checkpoint_in_background``, :mod:`ptrain.background_write`; the copies of what
-        only an optimizer step changes are made on that thread, and the next optimizer step
-        waits for them: :meth:`wait_for_checkpoint_copies`); returns ``True``
+        (``save_checkpoint_in_background``, :mod:`ptrain.background_write`; for a save made
+        between two training steps (in ``on_train_batch_end``), the copies of what only an
+        optimizer step changes are made on that thread, and the next optimizer step waits for
+        them: :meth:`wait_for_checkpoint_copies`. Once such a copy found its tensor changed
+        before it was made, the save fails with :class:`ChangedBeforeCopiedError` and this
+        trainer's later saves copy everything on the training thread); returns ``True``
         then, ``False`` once a synchronous write is done (outside a stage no step boundary or
         stage end would finish a background write, and the process could end before it: the
         save is written before it returns). Every save first waits for a
@@ -487,8 +494,10 @@ class Trainer:
             first = write.begin_part()
             copied_before = len(write.memo)
             # the first part's copies of what only an optimizer step changes are made on the
-            # writer's thread, before its files; a later part's would wait for those files
-            self._deferred_copies = DeferredCopies(optimized_tensors(self)) if first else None
+            # writer's thread, before its files, when the save is made between two steps; a
+            # later part's would wait for those files
+            defers = first and self._between_steps and self._defers_copies
+            self._deferred_copies = DeferredCopies(optimized_tensors(self)) if defers else None
             try:
                 files = self.hook.save_checkpoint_in_background(
                     trainer=self, checkpoint=checkpoint, path=str(path))
@@ -553,11 +562,11 @@ class Trainer:
         """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor
         copied to host memory, for the background write of this checkpoint point: a tensor
         already copied for it (the weights of a top-k file and of ``last.ckpt``) is not copied
-        again. The copies of what only an optimizer step changes are made later, on the
-        writer's thread before the write's functions run, and the next optimizer step waits for
-        them: read the copies only in those functions. The copies are written into once more for
-        the next checkpoint point, once this one's write has finished: nothing may keep them
-        past it. For ``save_checkpoint_in_background`` implementations; see
+        again. For a save between two training steps, the copies of what only an optimizer
+        step changes are made later, on the writer's thread before the write's functions run,
+        and the next optimizer step waits for them: read the copies only in those functions.
+        The copies are written into once more for the next checkpoint point, once this one's
+        write has finished: nothing may keep them past it. For ``save_checkpoint_in_background`` implementations; see
         :func:`ptrain.background_write.host_copy`,
         :class:`~ptrain.background_write.DeferredCopies` and
         :class:`~ptrain.background_write.HostBuffers`."""
@@ -638,6 +647,8 @@ class Trainer:
             return None
         self._background_write = None
         error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
+        if isinstance(error, ChangedBeforeCopiedError):  # e.g. a forward that renorms weights
+            self._defers_copies = False
         if error is None and write.checks_state:
             self.finite_state_step = max(write.step, self.finite_state_step or 0)
         return error

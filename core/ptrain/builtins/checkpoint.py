@@ -39,9 +39,12 @@ difference):
   ``--ckpt-path last`` finds this callback's newest ``last*.ckpt`` there.
 
 ``async_save``: each checkpoint point's files are copied to host memory and written on a
-background thread while training goes on (:mod:`ptrain.background_write`: what only an optimizer
-step changes is copied on that thread too, before the next optimizer step; where the run can't,
-it is said once and the files are written as before). Every promise above holds: what replaces
+background thread while training goes on (:mod:`ptrain.background_write`: for a save between two
+steps, what only an optimizer step changes is copied on that thread too, before the next
+optimizer step; should the next step's forward change it first, as ``nn.Embedding(max_norm=...)``
+does, that checkpoint is said lost and taken again at the next step, and the run's later saves
+copy everything first; where the run can't write in the background, it is said once and the
+files are written as before). Every promise above holds: what replaces
 or records a file (deleting the one it replaces, ``best_k_models.json``, the link of
 ``last.ckpt``) happens only once the file is complete; a refused write is found at the next
 optimizer step at the latest, and then stops the run or, with ``on_write_error="warn"``, puts
@@ -77,8 +80,8 @@ import torch
 from ptrain import replaced_files
 from ptrain.config import to_seconds
 from ptrain.checkpoint_io import new_file_mode, write_failed
-from ptrain.errors import (CheckpointError, CheckpointWriteError, ConfigError,
-                           NoCheckpointYetError, NonFiniteLossError)
+from ptrain.errors import (ChangedBeforeCopiedError, CheckpointError, CheckpointWriteError,
+                           ConfigError, NoCheckpointYetError, NonFiniteLossError)
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
 
@@ -245,6 +248,7 @@ class ModelCheckpoint:
         self.last_model_path = ""
         self.current_score: float | None = None
         self._last_step_saved = -1  # step of the last step/time-triggered checkpoint
+        self._take_again = False  # a background write's copies failed: the next step saves
         # (step, monitored value) of the last ranking: the same one is not ranked twice
         self._last_ranked: tuple[int, float | None] | None = None
         self._last_time_checked: float | None = None
@@ -354,13 +358,19 @@ class ModelCheckpoint:
             self._last_global_step_saved = trainer.global_step
             self._last_written_step = None
             self._wrote_this_fit = False
+            self._take_again = False
 
     @hookimpl
     def on_loop_end(self, trainer, loop: str) -> None:
+        if loop != "train" or not self._writes:
+            return
+        if self.async_save:  # a write whose copies failed is taken again: no step follows
+            trainer.finish_checkpoint_write()
+            if self._take_again:
+                self._take(trainer, check_now=False)
         # save_last: a fit that trained but whose triggers never came due still ends with a
         # last.ckpt (one that trained nothing, stopped by a finder, rewrites nothing)
-        if loop == "train" and self.save_last and self._writes \
-                and not self._wrote_this_fit \
+        if self.save_last and not self._wrote_this_fit \
                 and trainer.global_step != self._last_global_step_saved:
             self._write_last(trainer)
 
@@ -386,7 +396,7 @@ class ModelCheckpoint:
         due = bool(n) and step % n == 0 and step != self._last_step_saved
         if not due and self.train_time_interval is not None and step != self._last_step_saved:
             due = self._time_due(trainer, step)
-        if due:
+        if due or self._take_again:
             self._last_step_saved = step
             self._last_time_checked = time.monotonic()
             self._take(trainer, check_now=False)
@@ -726,9 +736,21 @@ class ModelCheckpoint:
 
     def _written(self, trainer, error: BaseException | None,
                  undo: Callable[[], None] | None) -> None:
-        """A background write ended: a refusal is handled as a synchronous one is; any other
-        error is raised (a bug)."""
+        """A background write ended: a refusal is handled as a synchronous one is; a tensor
+        changed before its copy was made is said, and the checkpoint taken again at the next
+        step boundary (the trainer copies everything on the training thread from then on);
+        any other error is raised (a bug)."""
         if error is None:
+            return
+        if isinstance(error, ChangedBeforeCopiedError):
+            if trainer.is_global_zero and not self._take_again:  # once for the write's files
+                print(f"ptrain: warning: {error} Training goes on; the checkpoint is taken "
+                      f"again at the next step, and this run's later background saves copy "
+                      f"everything before training goes on (a longer stall).",
+                      file=sys.stderr, flush=True)
+            if undo is not None:
+                undo()
+            self._take_again = True
             return
         if not isinstance(error, CheckpointWriteError):
             raise error
@@ -745,6 +767,7 @@ class ModelCheckpoint:
         trainer.after_checkpoint_write(lambda error: effect() if error is None else None)
 
     def _saved(self, trainer, path: str | Path, weights_only: bool = False) -> None:
+        self._take_again = False
         self._last_global_step_saved = trainer.global_step
         self._wrote_this_fit = True
         if not weights_only:
