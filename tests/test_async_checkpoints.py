@@ -380,32 +380,40 @@ class WideTable(ptrain.TrainModule):
         return torch.utils.data.DataLoader(self.data, batch_size=8)
 
 
+def zero_through_data(module: torch.nn.Module) -> None:
+    """Set the weights to zero through ``.data`` (which no version counter sees), as a callback
+    that swaps in averaged weights does; the last first (the writer's thread copies them in
+    order)."""
+    for parameter in reversed(list(module.parameters())):
+        parameter.data.zero_()
+
+
 class ZeroedAfterFit:
-    """Sets the weights to zero through ``.data`` (which no version counter sees) once fit's
-    training loop ends, as a callback that swaps in averaged weights does; the last first (the
-    writer's thread copies them in order)."""
+    """:func:`zero_through_data` once fit's training loop ends."""
 
     name = "zeroed-after-fit"
 
     @ptrain.hookimpl
     def on_loop_end(self, trainer, loop):
         if loop == "train":
-            for parameter in reversed(list(trainer.module.parameters())):
-                parameter.data.zero_()
+            zero_through_data(trainer.module)
 
 
 def fit_saving(root: Path, module: ptrain.TrainModule, every: int, *plugins,
-               accelerator: str = "cpu", async_save: bool) -> Path:
-    """The checkpoint folder of a 4-step run saving every ``every`` steps (0: at the epoch's
-    end only), each file kept under its step's name."""
+               accelerator: str = "cpu", async_save: bool, steps: int = 4,
+               **options) -> Path:
+    """The checkpoint folder of a run of ``steps`` steps (one epoch, unless ``options``, the
+    trainer's, say otherwise) saving every ``every`` steps (0: at the epoch's end only), each
+    file kept under its step's name."""
     torch.manual_seed(0)
     trainer = ptrain.Trainer(
-        accelerator=accelerator, max_epochs=1, seed=0, default_root_dir=str(root),
+        accelerator=accelerator, seed=0, default_root_dir=str(root),
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", *plugins],
         plugin_options={"checkpoint": {"every_n_train_steps": every, "save_top_k": -1,
-                                       "filename": "{step}", "async_save": async_save}})
+                                       "filename": "{step}", "async_save": async_save}},
+        **{"max_epochs": 1, **options})
     trainer.fit(deepcopy(module))
-    assert trainer.global_step == 4
+    assert trainer.global_step == steps
     return Path(trainer.plugins["checkpoint"].dirpath)
 
 
@@ -417,13 +425,15 @@ def assert_same_files(folders: list[Path], names: list[str]) -> None:
 
 
 def fit_both_ways(root: Path, module: ptrain.TrainModule, every: int, *plugins,
-                  accelerator: str = "cpu") -> list[Path]:
+                  accelerator: str = "cpu", steps: int = 4, **options) -> list[Path]:
     """The checkpoint folders of two runs of :func:`fit_saving`: synchronously, then in the
     background; each file the same in both."""
     folders = [fit_saving(root / mode, module, every, *plugins, accelerator=accelerator,
-                          async_save=mode == "async") for mode in ("sync", "async")]
+                          async_save=mode == "async", steps=steps, **options)
+               for mode in ("sync", "async")]
     names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in folders]
-    assert names[0] == names[1] and len(names[0]) == (4 // every if every else 1) + 1, names
+    assert names[0] == names[1], names
+    assert len(names[0]) == (steps // every if every else 1) + 1, names  # and last.ckpt
     assert_same_files(folders, names[0])
     return folders
 
@@ -451,6 +461,35 @@ def test_a_save_anywhere_but_between_two_steps_is_copied_before_what_follows_it(
     assert safe_load(folders[1] / "step=4.ckpt")["model"]["head.weight"].abs().sum() > 0
 
 
+class ValidatedTable(WideTable):
+    def validation_step(self, batch, batch_idx):
+        rows, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.head(self.table(rows)), y))
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=16)
+
+
+class ZeroedAtValidation:
+    """:func:`zero_through_data` at the start of each validation (after the sanity check)."""
+
+    name = "zeroed-at-validation"
+
+    @ptrain.hookimpl
+    def on_loop_start(self, trainer, loop):
+        if loop == "validate" and not trainer.sanity_checking:
+            zero_through_data(trainer.module)
+
+
+def test_a_validation_in_the_middle_of_an_accumulation_window_waits_for_the_copies(tmp_path):
+    """The save at step 1 (batch 2) is still copying when batch 3, which takes no optimizer
+    step, runs a validation: the copies are waited for after that batch's backward."""
+    folders = fit_both_ways(tmp_path, ValidatedTable(mb=512), 1, ZeroedAtValidation(),
+                            steps=2, accumulate_grad_batches=2, val_check_interval=3,
+                            num_sanity_val_steps=0)
+    assert safe_load(folders[1] / "step=1.ckpt")["model"]["head.weight"].abs().sum() > 0
+
+
 def test_a_forward_that_renorms_the_weights_costs_a_checkpoint_one_step_and_not_the_run(
         tmp_path, capfd):
     """nn.Embedding(max_norm=...) renorms, in place, the rows the next step's forward reads,
@@ -475,3 +514,34 @@ def test_a_forward_that_renorms_the_weights_costs_a_checkpoint_one_step_and_not_
     assert names[1] == ["last.ckpt", "step=3.ckpt", "step=4.ckpt"], (names, said)
     assert safe_load(background / "step=3.ckpt")["loop"]["global_step"] == 3
     assert_same_files([sync, background], ["last.ckpt", "step=4.ckpt"])
+
+
+class ChangedInPlaceAtTheEnd:
+    """After the checkpoint callback's on_train_batch_end of the last step (trylast), changes
+    the table in place (by a factor of 1: the values stay), as a weight constraint applied
+    there would: the save of that step is found lost only at the end of the training loop."""
+
+    name = "changed-in-place-at-the-end"
+
+    @ptrain.hookimpl(trylast=True)
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss):
+        if trainer.global_step == 4:
+            with torch.no_grad():
+                trainer.module.table.weight.mul_(1.0)
+
+
+def test_a_save_lost_at_the_last_step_is_taken_again_at_the_end_of_the_loop(tmp_path, capfd):
+    """No step follows the lost save: the end of the training loop takes it again, at the same
+    step, top-k file and last.ckpt alike (nothing of the lost save counts as written). Should
+    the writer's thread copy the table before the change (a scheduling chance), nothing is lost
+    either."""
+    module = WideTable(mb=512)
+    sync = fit_saving(tmp_path / "sync", module, 4, async_save=False)
+    capfd.readouterr()
+    background = fit_saving(tmp_path / "async", module, 4, ChangedInPlaceAtTheEnd(),
+                            async_save=True)
+    said = capfd.readouterr().err
+    assert "was changed in place" not in said or "checkpoint of step 4 was not written" in said
+    names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in (sync, background)]
+    assert names[0] == names[1] == ["last.ckpt", "step=4.ckpt"], (names, said)
+    assert_same_files([sync, background], names[0])

@@ -5,8 +5,9 @@ to host memory and hands the copy to a :class:`BackgroundWrite`, whose one threa
 the same atomic write as a synchronous save. For a save made between two training steps, the
 tensors that only an optimizer step changes (the parameters an optimizer holds, and its state)
 are copied on that thread, first
-(:class:`DeferredCopies`), while the next step computes its gradients: the training thread waits
-for those copies before its next optimizer step (:meth:`BackgroundWrite.wait_for_copies`), and a
+(:class:`DeferredCopies`), while the next batch computes its gradients: the training thread waits
+for those copies before that batch's optimizer step, or after its backward pass where it takes
+none (:meth:`BackgroundWrite.wait_for_copies`), and a
 copy whose tensor changed before it was made fails the save
 (:class:`ptrain.ChangedBeforeCopiedError`). Everything else (buffers, frozen parameters, what a
 plugin made) is copied on the training thread: that is the stall left. The files of one
@@ -114,8 +115,9 @@ class DeferredCopies:
     gradients. There the counters say whether a tensor changed before its copy was issued (not
     made). Tensors elsewhere (MPS, XLA, HPU) are copied on the training thread. A change made
     through ``.data`` moves no counter: the trainer defers the copies of a save made between
-    two training steps only, and waits for them before anything but the next step's forward
-    and backward passes runs (its optimizer step, the end of the epoch)."""
+    two training steps only, and waits for them before anything but the next batch's forward
+    and backward passes runs (its optimizer step; the end of that batch when it takes none,
+    mid-way through an accumulation window; the end of the epoch)."""
 
     def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         #: storage (device, address) -> the name of the tensor there, for the error
@@ -396,7 +398,9 @@ class BackgroundWrite:
 
     def then(self, continuation: Continuation) -> None:
         """Run ``continuation`` on the training thread once the write is finished, with the
-        error of the part begun last (``None``: its files, and those before, were written)."""
+        error of the part begun last (``None``: its files, and those before, were written).
+        Those of written parts run first, in order; then those of failed parts, in reverse
+        order, so that each can put back what its save changed after the one before."""
         self._continuations.append((len(self._errors) - 1, continuation))
 
     def discard_continuations(self) -> None:
@@ -468,8 +472,12 @@ class BackgroundWrite:
             first = first or error
             effective.append(first)
         continuations, self._continuations = self._continuations, []
-        for part, continuation in continuations:
-            continuation(effective[part] if part >= 0 else None)
+        error_of = [effective[part] if part >= 0 else None for part, _ in continuations]
+        written = [(c, e) for (_, c), e in zip(continuations, error_of) if e is None]
+        failed = [(c, e) for (_, c), e in zip(continuations, error_of) if e is not None]
+        # what waited on failed parts undoes what their saves did, the last save's first
+        for continuation, error in written + failed[::-1]:
+            continuation(error)
         return first
 
 

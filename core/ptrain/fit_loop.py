@@ -295,6 +295,11 @@ class FitLoop:
         ran_dry = False  # a loader without a length ended its epoch
         for batch_idx, batch in self._batches(state["batch"]):
             loss = self.train_batch(batch, batch_idx)
+            # a checkpoint's deferred copies overlap this batch's forward and backward only:
+            # a batch that took no optimizer step (mid-window, or manual optimization) waits
+            # here, before its hooks and a validation (which may swap weights through .data);
+            # after a step this costs a lock (the step waited)
+            t.wait_for_checkpoint_copies()
             pending_grads = self.automatic and not t.sync_gradients
             state["batch"] = batch_idx + 1
             if state["batch"] == self.num_batches and self.last_batch_schedulers:

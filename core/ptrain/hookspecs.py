@@ -835,12 +835,13 @@ def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
     is written, so the functions must not keep them). For a save between two training steps
     (``on_train_batch_end``), the copies of what only an optimizer step changes (the parameters
     the optimizers hold, and their state) are made on the writer's thread, before the functions
-    run, while the next step computes its gradients: read the copies only in the functions. The functions returned run in order on one
-    thread, after those of the same checkpoint point saved before and before those of any later
-    point. What they raise reaches the checkpoint callback at a step boundary, as a synchronous
-    write's error would; under several processes every process gets the same error (a refused
-    write: :class:`ptrain.CheckpointWriteError`). A collective in them goes over a process group
-    of the plugin's own, never one the training thread uses. Once per stage, before the first
+    run, while the next step computes its gradients: read the copies only in the functions.
+    The functions returned run in order on one thread, after those of the same checkpoint
+    point saved before and before those of any later point. What they raise reaches the
+    checkpoint callback at a step boundary, as a synchronous write's error would; under several
+    processes every process gets the same error (a refused write:
+    :class:`ptrain.CheckpointWriteError`). A collective in them goes over a process group of
+    the plugin's own, never one the training thread uses. Once per stage, before the first
     such save, it is also called to learn what would be copied
     (``Trainer.prepare_background_copies``): ``trainer.copy_for_background`` then records its
     argument and returns it uncopied, ``path`` is ``os.devnull``, and the functions returned

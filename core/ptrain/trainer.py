@@ -457,8 +457,9 @@ class Trainer:
         against it, the checkpoint is copied to host memory and written on a background thread
         (``save_checkpoint_in_background``, :mod:`ptrain.background_write`; for a save made
         between two training steps (in ``on_train_batch_end``), the copies of what only an
-        optimizer step changes are made on that thread, and the next optimizer step waits for
-        them: :meth:`wait_for_checkpoint_copies`. Once such a copy found its tensor changed
+        optimizer step changes are made on that thread, and the next batch waits for them
+        before its optimizer step or, taking none, after its backward pass:
+        :meth:`wait_for_checkpoint_copies`. Once such a copy found its tensor changed
         before it was made, the save fails with :class:`ChangedBeforeCopiedError` and this
         trainer's later saves copy everything on the training thread); returns ``True``
         then, ``False`` once a synchronous write is done (outside a stage no step boundary or
@@ -564,9 +565,10 @@ class Trainer:
         already copied for it (the weights of a top-k file and of ``last.ckpt``) is not copied
         again. For a save between two training steps, the copies of what only an optimizer
         step changes are made later, on the writer's thread before the write's functions run,
-        and the next optimizer step waits for them: read the copies only in those functions.
-        The copies are written into once more for the next checkpoint point, once this one's
-        write has finished: nothing may keep them past it. For ``save_checkpoint_in_background`` implementations; see
+        and the next batch waits for them (before its optimizer step): read the copies only in
+        those functions. The copies are written into once more for the next checkpoint point,
+        once this one's write has finished: nothing may keep them past it. For
+        ``save_checkpoint_in_background`` implementations; see
         :func:`ptrain.background_write.host_copy`,
         :class:`~ptrain.background_write.DeferredCopies` and
         :class:`~ptrain.background_write.HostBuffers`."""

@@ -367,6 +367,7 @@ class ModelCheckpoint:
         if self.async_save:  # a write whose copies failed is taken again: no step follows
             trainer.finish_checkpoint_write()
             if self._take_again:
+                self._take_again = False
                 self._take(trainer, check_now=False)
         # save_last: a fit that trained but whose triggers never came due still ends with a
         # last.ckpt (one that trained nothing, stopped by a finder, rewrites nothing)
@@ -397,6 +398,7 @@ class ModelCheckpoint:
         if not due and self.train_time_interval is not None and step != self._last_step_saved:
             due = self._time_due(trainer, step)
         if due or self._take_again:
+            self._take_again = False  # once: a retake that saves nothing is not retried
             self._last_step_saved = step
             self._last_time_checked = time.monotonic()
             self._take(trainer, check_now=False)
@@ -745,11 +747,14 @@ class ModelCheckpoint:
         if isinstance(error, ChangedBeforeCopiedError):
             if trainer.is_global_zero and not self._take_again:  # once for the write's files
                 print(f"ptrain: warning: {error} Training goes on; the checkpoint is taken "
-                      f"again at the next step, and this run's later background saves copy "
-                      f"everything before training goes on (a longer stall).",
+                      f"again at the next step (or at the end of the training loop), and this "
+                      f"run's later background saves copy everything before training goes on "
+                      f"(a longer stall).",
                       file=sys.stderr, flush=True)
             if undo is not None:
                 undo()
+            # not taken: the retake at this same step (the loop's end) ranks and writes again
+            self._last_ranked = self._last_written_step = None
             self._take_again = True
             return
         if not isinstance(error, CheckpointWriteError):
