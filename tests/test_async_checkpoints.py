@@ -298,6 +298,76 @@ def test_an_asynchronous_save_after_fit_is_written_before_it_returns(tmp_path):
     assert not list(tmp_path.glob(".after.ckpt.*"))
 
 
+class SavesItself(TinyRegressor):
+    """Saves in the background itself: at each validation's end (inference mode) and after
+    step ``at_step``; with ``listens``, it registers a continuation for each save, which
+    collects the write's error (``None``: written) in ``heard``."""
+
+    def __init__(self, root: Path, at_step: int | None = None, listens: bool = False):
+        super().__init__()
+        self.root, self.at_step, self.listens, self.heard = root, at_step, listens, []
+
+    def _save(self, name: str) -> None:
+        assert self.trainer.save_checkpoint(self.root / name, asynchronous=True) is True
+        if self.listens:
+            self.trainer.after_checkpoint_write(self.heard.append)
+
+    def on_validation_epoch_end(self):
+        self._save(f"{self.trainer.stage}-{self.trainer.global_step}.ckpt")
+
+    test_step = TinyRegressor.validation_step
+    test_dataloader = predict_dataloader = TinyRegressor.val_dataloader
+    on_test_epoch_end = on_predict_epoch_end = on_validation_epoch_end
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.global_step == self.at_step:
+            self._save(f"step-{self.at_step}.ckpt")
+
+
+def trainer_of(root: Path, *plugins, **options) -> ptrain.Trainer:
+    return ptrain.Trainer(accelerator="cpu", seed=0, default_root_dir=str(root),
+                          callbacks=["no:progress-bar", "no:tensorboard", "no:checkpoint",
+                                     *plugins], **options)
+
+
+def test_a_background_save_in_a_validation_leaves_memory_the_next_one_can_copy_into(tmp_path):
+    """A validation runs in inference mode, where new tensors are inference tensors; the
+    next save, between two steps, copies into the same memory outside it."""
+    module = SavesItself(tmp_path, at_step=10)
+    trainer_of(tmp_path, max_epochs=2, num_sanity_val_steps=0).fit(module)
+    steps = {name: safe_load(tmp_path / name)["loop"]["global_step"]
+             for name in ("validate-8.ckpt", "step-10.ckpt", "validate-16.ckpt")}
+    assert steps == {"validate-8.ckpt": 8, "step-10.ckpt": 10, "validate-16.ckpt": 16}
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_a_stage_other_than_fit_returns_with_its_background_save_written(tmp_path, stage):
+    module = SavesItself(tmp_path, listens=True)
+    getattr(trainer_of(tmp_path), stage)(module)
+    assert module.heard == [None]  # the write was finished, on this thread, before returning
+    assert safe_load(tmp_path / f"{stage}-0.ckpt")["loop"]["global_step"] == 0
+    assert not list(tmp_path.glob(f".{stage}-0.ckpt.*"))
+
+
+@pytest.mark.parametrize("listens", [False, True], ids=["unheard", "heard"])
+def test_a_users_own_background_save_that_fails_is_never_dropped_silently(tmp_path, listens):
+    """Nothing waits on the save: its refusal stops the run where its write is finished, as
+    the synchronous save would have; a continuation that waits on it gets it instead."""
+    module = SavesItself(tmp_path, at_step=3, listens=listens)
+    trainer = trainer_of(tmp_path, BackgroundWriter(refuse=(3,)), max_epochs=1,
+                         num_sanity_val_steps=0)
+    if listens:
+        trainer.fit(module)
+        assert [type(e) for e in module.heard] == [CheckpointWriteError, type(None)]
+    else:
+        with pytest.raises(CheckpointWriteError, match="step-3.ckpt.*refused"):
+            trainer.fit(module)
+    assert not (tmp_path / "step-3.ckpt").exists()
+
+
 class RefusesWhileCopying(BackgroundWriter):
     """A background writer that refuses every save while it copies (a full disk it checks
     first), its planning call included."""

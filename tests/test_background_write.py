@@ -204,3 +204,25 @@ def test_empty_tensors_are_copied_at_once_and_never_taken_for_one_another():
     copy = host_copy({"held": held, "other": other}, write.memo, write.buffers, deferred)
     assert not deferred and copy["other"].shape == (0, 3)
     assert write.finish() is None
+
+
+def test_what_waited_on_written_parts_runs_in_order_then_the_failed_parts_undo_last_first():
+    """Each failed part's continuation puts back what its save changed after the one before:
+    the later save's first. A part after a failed one fails with its error; a part nothing
+    waited on is the unheard one."""
+    write = BackgroundWrite(4, HostBuffers())
+    ran: list[tuple[str, BaseException | None]] = []
+    refused = OSError("no space left")
+
+    def refuse() -> None:
+        raise refused
+
+    for name, write_file in (("top-k", lambda: None), ("last", refuse), ("extra", lambda: None)):
+        write.begin_part()
+        write.add(write_file)
+        write.then(lambda error, name=name: ran.append((name, error)))
+    write.begin_part()  # a save nothing waits on
+    write.add(lambda: None)
+    assert write.finish() is refused
+    assert ran == [("top-k", None), ("extra", refused), ("last", refused)]
+    assert write.unheard_error is refused

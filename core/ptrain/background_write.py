@@ -265,7 +265,10 @@ class HostBuffers:
             buffer = free.pop()
         else:
             pinned = tensor.device.type == "cuda"
-            buffer = torch.empty_like(tensor, device="cpu", pin_memory=pinned)
+            # made in a validation (inference mode), an inference tensor could not be copied
+            # into by a later save made outside it
+            with torch.inference_mode(False):
+                buffer = torch.empty_like(tensor, device="cpu", pin_memory=pinned)
             self._pinned |= pinned
         return buffer
 
@@ -358,6 +361,9 @@ class BackgroundWrite:
         self._closed = False
         self._errors: list[BaseException | None] = []  # each part's own
         self._continuations: list[tuple[int, Continuation]] = []
+        #: set by :meth:`finish`: the error of the first failed part that no continuation
+        #: waited on (its save's caller has not heard of it), or None
+        self.unheard_error: BaseException | None = None
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="ptrain-checkpoint-write",
                                         daemon=True)
@@ -459,7 +465,8 @@ class BackgroundWrite:
         """Wait for the queued files, then run the continuations in order (on this thread),
         each with its part's error; with ``agree``, the parts' errors are first replaced by
         what it makes of them (the job's, under several processes). Return the write's error
-        (its first part's that failed), or ``None``."""
+        (its first part's that failed), or ``None``; :attr:`unheard_error` is the one no
+        continuation was given."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -472,6 +479,9 @@ class BackgroundWrite:
             first = first or error
             effective.append(first)
         continuations, self._continuations = self._continuations, []
+        heard = {part for part, _ in continuations}
+        self.unheard_error = next((error for part, error in enumerate(effective)
+                                   if error is not None and part not in heard), None)
         error_of = [effective[part] if part >= 0 else None for part, _ in continuations]
         written = [(c, e) for (_, c), e in zip(continuations, error_of) if e is None]
         failed = [(c, e) for (_, c), e in zip(continuations, error_of) if e is not None]

@@ -468,7 +468,9 @@ class Trainer:
         background write of an earlier step (one in flight at most);
         :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
         it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
-        complete."""
+        complete, with the write's error; without one, a failed background save raises its
+        error where its write is finished: at the next save, step boundary that settles it, or
+        stage end."""
         from ptrain.finite_state import check_state_finite, copy_check, optimized_tensors
         from ptrain.fit_loop import check_losses_finite
 
@@ -627,7 +629,8 @@ class Trainer:
     def after_checkpoint_write(self, continuation: Callable[[BaseException | None], None]
                                ) -> None:
         """Run ``continuation`` with the write's error (``None``: written) once the checkpoint
-        write in flight is finished, on this thread; at once when none is in flight."""
+        write in flight is finished, on this thread; at once when none is in flight. The error
+        is then the continuation's to handle (or raise): the save is not raised again."""
         if self._background_write is None:
             continuation(None)
         else:
@@ -640,20 +643,23 @@ class Trainer:
         if self._background_write is not None:
             self._background_write.wait_for_copies()
 
-    def finish_checkpoint_write(self, before_step: int | None = None) -> BaseException | None:
+    def finish_checkpoint_write(self, before_step: int | None = None) -> None:
         """Wait for the checkpoint write in flight, if any (with ``before_step``: only one of
-        an earlier step), and run what waited on it (:meth:`after_checkpoint_write`); its
-        error, or ``None``."""
+        an earlier step), and run what waited on it (:meth:`after_checkpoint_write`). A save
+        whose files failed, and that nothing waited on, raises its error here (as it would have
+        from ``save_checkpoint`` had it been synchronous): its caller would not hear of it
+        otherwise."""
         write = self._background_write
         if write is None or (before_step is not None and write.step >= before_step):
-            return None
+            return
         self._background_write = None
         error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
         if isinstance(error, ChangedBeforeCopiedError):  # e.g. a forward that renorms weights
             self._defers_copies = False
         if error is None and write.checks_state:
             self.finite_state_step = max(write.step, self.finite_state_step or 0)
-        return error
+        if write.unheard_error is not None:
+            raise write.unheard_error
 
     def settle_checkpoint_write(self) -> None:
         """At a step boundary: a checkpoint write that has ended (under several processes, on
@@ -880,12 +886,13 @@ class Trainer:
                     deterministic_algorithms(self.deterministic):
                 if stage == "fit":
                     FitLoop(self, checkpoint).run()
-                    self.finish_checkpoint_write()  # fit returns with its files complete
                 elif stage == "predict":
                     self.predictions = run_prediction(self)
-                    return self.predictions
                 else:
                     run_evaluation(self, stage)
+                self.finish_checkpoint_write()  # a stage returns with its files complete
+            if stage == "predict":
+                return self.predictions
             return {k: float(v) for k, v in self.callback_metrics.items()}
         except BaseException as exc:
             self.exception = exc
