@@ -97,6 +97,17 @@ class ShardNet(ptrain.TrainModule):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
 
 
+class ValidatedShardNet(ShardNet):
+    """:class:`ShardNet` with a validation over its training data, in order."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def val_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size)
+
+
 class RunProbe:
     """Records, on every rank, :func:`ptrain.distributed.held_bytes` at each
     ``on_before_optimizer_step`` (gradients complete, state of the steps before present) and

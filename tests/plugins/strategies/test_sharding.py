@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ptrain
-from _shard_models import RunProbe, SetupProbe, ShardNet
+from _shard_models import RunProbe, SetupProbe, ShardNet, ValidatedShardNet
 from _shard_resume_script import (EVERY_N_TRAIN_STEPS, MAX_EPOCHS as RESUME_EPOCHS,
                                   MODEL_ARGS as RESUME_MODEL_ARGS)
 from ptrain import CheckpointError
@@ -461,6 +461,22 @@ def test_consolidated_checkpoint_resumes_single_device(resume_runs, consolidated
                for s in trainer.optimizers[0].state_dict()["state"].values())
     assert trainer.lr_schedulers[0]["scheduler"].last_epoch == start + 8
     assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+
+
+def test_a_sharded_checkpoint_validates_with_no_optimizer_to_restore(resume_runs, consolidated,
+                                                                   tmp_path):
+    """``validate`` from a sharded folder (fsdp, 2 ranks) gives the metrics of the same weights
+    validated in one process from the consolidated file."""
+    last = resume_runs.reference_root / "version_0" / "checkpoints" / "last.ckpt"
+    proc = subprocess.run([sys.executable, str(TESTS / "_shard_validate_script.py"), str(last),
+                           str(tmp_path / "sharded.json")], cwd=REPO, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [sharded] = json.loads((tmp_path / "sharded.json").read_text())
+    [whole] = ptrain.Trainer(accelerator="cpu", seed=0, default_root_dir=str(tmp_path / "one"),
+                           callbacks=QUIET).validate(ValidatedShardNet(**RESUME_MODEL_ARGS),
+                                                     ckpt_path=str(consolidated))
+    assert sharded["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-5)
 
 
 def test_consolidate_refuses_a_path_that_is_not_sharded(consolidated, tmp_path):

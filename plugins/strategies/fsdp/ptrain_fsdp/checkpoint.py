@@ -252,11 +252,12 @@ def load(trainer, path: str | Path) -> dict[str, Any]:
                               f"optimizer states; the model configures {len(trainer.optimizers)}.")
     optimizers = [] if meta.get("weights_only") else trainer.optimizers
     with optimizer_state_ready(optimizers):
-        shards = {"model": trainer.module.state_dict(),
-                  "optimizers": [get_optimizer_state_dict(trainer.module, opt)
-                                 for opt in optimizers]}
+        shards: dict[str, Any] = {"model": trainer.module.state_dict()}
+        if optimizers:  # an evaluation has none; dcp.load requires every key it is given
+            shards["optimizers"] = [get_optimizer_state_dict(trainer.module, opt)
+                                    for opt in optimizers]
         dcp.load(shards, checkpoint_id=path)
-        for optimizer, state in zip(optimizers, shards["optimizers"]):
+        for optimizer, state in zip(optimizers, shards.get("optimizers", [])):
             set_optimizer_state_dict(trainer.module, optimizer, state)
     meta["model"] = shards["model"]
     meta["optimizers"] = [opt.state_dict() for opt in optimizers]
