@@ -21,10 +21,16 @@ from ptrain.testing import TinyModule
 
 
 class RecordedDecoder(Decoder):
-    def __init__(self, record_dir: str = "", **kwargs):
+    """The decoder, recording each step's loss and float8 layers under ``record_dir``; with
+    ``validates``, validated on its training data after each epoch."""
+
+    def __init__(self, record_dir: str = "", validates: bool = False, **kwargs):
         kwargs.setdefault("build", "init")
         super().__init__(**kwargs)
-        self.record_dir = record_dir
+        self.record_dir, self.validates = record_dir, validates
+
+    def val_dataloader(self):
+        return self.train_dataloader() if self.validates else None
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)

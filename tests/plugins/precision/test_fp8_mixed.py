@@ -103,14 +103,65 @@ def test_trains_the_decoder_to_bf16_mixed_losses(tmp_path, bf16_losses, recipe, 
     assert {t.dtype for t in state.values()} == {torch.float32}
 
 
-def test_a_later_stage_evaluates_the_layers_fit_converted(tmp_path, capsys):
+def float8_layers(module: torch.nn.Module) -> list[str]:
+    return [name for name, m in module.named_modules() if type(m).__name__ == "Float8Linear"]
+
+
+def test_the_module_leaves_each_stage_plain_and_a_later_one_converts_it_its_own_way(
+        tmp_path, capsys):
+    """Between stages the layers are plain Linear layers holding the same Parameters: a later
+    fp8-mixed stage converts them again (with its own options), and one under another
+    precision computes what the plain model computes."""
     _, trainer, module = fit(tmp_path, "fp8-mixed", EMULATED, max_epochs=1)
-    layers = [m for m in module.modules() if type(m).__name__ == "Float8Linear"]
+    assert not float8_layers(module) and {type(m) for m in module.modules()} >= {torch.nn.Linear}
+    assert all(p is q for p, q in zip(module.parameters(), trainer.optimizers[0].param_groups[0][
+        "params"]))  # the optimizer's Parameters are the module's still
     tokens = torch.arange(8).view(1, 8)
-    metrics = trainer.validate(module, dataloaders=DataLoader(TensorDataset(tokens, tokens)))
-    assert metrics[0]["val_loss"] > 0
-    assert [m for m in module.modules() if type(m).__name__ == "Float8Linear"] == layers
-    assert capsys.readouterr().out.count("13 of 15 Linear layers compute in float8") == 2
+    data = DataLoader(TensorDataset(tokens, tokens))
+
+    class ConvertedDuring:
+        name = "converted-during"
+        seen: list[list[str]] = []
+
+        @ptrain.hookimpl
+        def on_loop_start(self, trainer, loop):
+            self.seen.append(float8_layers(trainer.module))
+
+    again = ptrain.Trainer(accelerator="cpu", precision="fp8-mixed", callbacks=[
+        *QUIET, ConvertedDuring()], default_root_dir=str(tmp_path / "again"),
+        plugin_options={"fp8-mixed": {"emulate": True, "keep_ends": False}})
+    again.validate(module, dataloaders=data)
+    assert len(ConvertedDuring.seen[0]) == 15 and not float8_layers(module)  # its own options
+    said = capsys.readouterr().out
+    assert "13 of 15 Linear layers" in said and "15 of 15 Linear layers" in said
+    plain = RecordedDecoder(**SIZE)
+    plain.load_state_dict(module.state_dict())
+    as_plain = ptrain.Trainer(accelerator="cpu", precision="32-true", callbacks=QUIET,
+                              default_root_dir=str(tmp_path / "plain"))
+    assert as_plain.validate(module, dataloaders=data) == \
+        as_plain.validate(plain, dataloaders=data)
+
+
+def test_layers_left_converted_by_an_earlier_stage_refuse_other_options():
+    """Layers whose weights were sharded or split in place stay converted after their stage;
+    a later stage that asks for other options is told so rather than silently given the old
+    ones."""
+    from ptrain_fp8_precision._torchao import float8_training
+    from ptrain_fp8_precision.plugin import CONVERTED
+
+    Float8Linear = float8_training().Float8Linear
+
+    module = RecordedDecoder(**SIZE)
+    earlier = FP8MixedPrecision(emulate=True)
+    earlier._choice(module, Float8Linear)
+    assert module.__dict__[CONVERTED].options["recipe"] == "tensorwise"
+    assert earlier._choice(module, Float8Linear) is module.__dict__[CONVERTED]  # same options
+    with pytest.raises(ConfigError, match=r"RecordedDecoder's layers were converted to float8 "
+                                          r"by an earlier fp8-mixed stage with "
+                                          r"recipe='tensorwise'.*this stage asks for "
+                                          r"recipe='rowwise'.*Give this stage the same "
+                                          r"fp8-mixed options"):
+        FP8MixedPrecision(recipe="rowwise", emulate=True)._choice(module, Float8Linear)
 
 
 def test_the_layer_choice_keeps_what_it_must_and_says_why():
@@ -123,6 +174,51 @@ def test_the_layer_choice_keeps_what_it_must_and_says_why():
     with_ends = choose_layers(model, keep_ends=True, skip=[])
     assert with_ends.kept["layers.0.attention.wq"] == "first"
     assert with_ends.kept["output"] == "last"
+
+
+class ScaledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class Unusual(torch.nn.Module):
+    """Every kind of Linear layer fp8-mixed must keep, between two it converts."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 32)
+        self.scaled = ScaledLinear(32, 32)
+        self.attention = torch.nn.MultiheadAttention(32, 2, batch_first=True)
+        self.shared = torch.nn.Linear(32, 32)
+        self.shared_again = self.shared
+        self.tied = torch.nn.Linear(32, 32)
+        self.tied.weight = self.scaled.weight  # to a layer kept in high precision
+        self.converted = torch.nn.Linear(32, 32)
+        self.tied_to_converted = torch.nn.Linear(32, 32)
+        self.tied_to_converted.weight = self.converted.weight
+        self.plain = torch.nn.Linear(32, 32)
+        self.out = torch.nn.Linear(32, 16)
+
+
+@pytest.mark.parametrize("all_gather", [False, True])
+def test_linear_layers_that_must_not_be_converted_are_kept_and_named(all_gather):
+    choice = choose_layers(Unusual(), keep_ends=True, skip=[], all_gather=all_gather)
+    kept = {"inp": "first", "scaled": "a ScaledLinear, not a plain Linear",
+            "attention.out_proj": "a NonDynamicallyQuantizableLinear, not a plain Linear",
+            "shared": "also registered as shared_again", "out": "last"}
+    if all_gather:  # each converted layer's float8 weight would be its own: ties broken
+        kept.update({"tied": "its weight is also scaled.weight",
+                     "converted": "its weight is also tied_to_converted.weight",
+                     "tied_to_converted": "its weight is also converted.weight"})
+        kept = {name: why + (", which --fp8-mixed-all-gather would untie"
+                             if why.startswith("its weight") else "")
+                for name, why in kept.items()}
+    assert choice.kept == kept
+    assert choice.convert == ([] if all_gather else ["tied", "converted", "tied_to_converted"]) \
+        + ["plain"]
+    # a skip pattern may name a layer by any of its paths
+    assert choose_layers(Unusual(), keep_ends=True, skip=["shared_again"]).kept["shared"] == \
+        "--fp8-mixed-skip"
 
 
 def test_a_checkpoint_loads_into_a_bf16_model_and_exports(tmp_path):
@@ -159,6 +255,18 @@ def test_fsdp_on_two_processes_trains_to_bf16_mixed_losses(tmp_path, bf16_losses
     assert len(records) == EPOCHS * 16
     assert_follows(records, bf16_losses)
 
+
+
+@pytest.mark.slow
+@TWO_PROCESS_RUNS
+def test_zero2_with_float8_all_gather_trains_on_after_a_validation(tmp_path):
+    """zero2 keeps what a forward gathered until its backward, and a validation has none:
+    under float8 all-gather the gathered weights are float8 tensors, which the epoch's end
+    (its state check) can't read. The strategy reshards them when the validation ends."""
+    options = {"fp8-mixed": {"emulate": True, "all_gather": True}}
+    records, trainer, _ = fit(tmp_path, "fp8-mixed", options, strategy="zero2", devices=2,
+                              max_epochs=2, model={"batch_size": 8, "validates": True})
+    assert len(records) == 2 * 16 and all(r["float8_layers"] == 13 for r in records)
 
 
 @pytest.mark.slow

@@ -22,11 +22,12 @@ class LayerChoice:
     """``convert``: the names of the Linear layers to convert, in the model's order; ``kept``:
     every other Linear layer's name with the reason it stays in high precision; ``converted``:
     the names of ``convert`` converted so far (before a tensor-parallel plan, or with the
-    model)."""
+    model); ``options``: the plugin options it was made and converted with."""
 
     convert: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
     converted: set[str] = field(default_factory=set)
+    options: dict[str, object] = field(default_factory=dict)
 
     def kept_reasons(self) -> str:
         """Each kept layer with its reason, in the model's order."""
@@ -39,21 +40,40 @@ class LayerChoice:
         return line + (f"; kept in high precision: {self.kept_reasons()}" if self.kept else "")
 
 
-def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str]) -> LayerChoice:
+def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str],
+                  all_gather: bool = False) -> LayerChoice:
     """The Linear layers of ``model`` to convert: all of them except
 
     - the first and the last in the order the model registers them, when ``keep_ends`` (the
       input and output layers are the most sensitive to float8's 3 mantissa bits);
     - those whose name matches a pattern of ``skip`` (``fnmatch``: ``*`` matches across dots);
-    - those with a dimension that is not a multiple of 16, which float8 matmuls can't take.
+    - those with a dimension that is not a multiple of 16, which float8 matmuls can't take;
+    - a subclass of ``nn.Linear``: its own forward, or a parent that reads its weight directly
+      (``nn.MultiheadAttention``'s ``out_proj``), would be lost or never compute in float8;
+    - a layer registered in more than one place: converted at one, it would be two layers;
+    - with ``all_gather``, a layer whose weight another module holds too (tied, e.g. an
+      output layer to the embedding): the float8 all-gather gives each converted layer a
+      weight of its own, which would untie them.
 
-    A pattern of ``skip`` that matches no Linear layer is a :class:`ptrain.ConfigError` (it
-    would otherwise be ignored silently), and so is a choice that converts nothing."""
-    linears = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear)]
+    A layer is named by its first path; a pattern of ``skip`` may name any. A pattern that
+    matches no Linear layer is a :class:`ptrain.ConfigError` (it would otherwise be ignored
+    silently), and so is a choice that converts nothing."""
+    paths: dict[int, list[str]] = {}
+    linears = []
+    holders: dict[int, dict[int, str]] = {}  # a parameter's modules: the path of its first
+    for name, module in model.named_modules(remove_duplicate=False):
+        for key, parameter in module._parameters.items():
+            if parameter is not None:
+                holders.setdefault(id(parameter), {}).setdefault(
+                    id(module), f"{name}.{key}" if name else key)
+        if isinstance(module, nn.Linear):
+            if id(module) not in paths:
+                linears.append((name, module))
+            paths.setdefault(id(module), []).append(name)
     names = [name for name, _ in linears]
     for pattern in skip:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+        if not any(fnmatch.fnmatchcase(path, pattern) for group in paths.values()
+                   for path in group):
             raise ConfigError(
                 f"--fp8-mixed-skip {pattern!r} matches no Linear layer of "
                 f"{type(model).__name__}; its Linear layers are: {_listed(names)}. Give a "
@@ -62,20 +82,31 @@ def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str]) -> LayerCh
     choice = LayerChoice()
     ends = {names[0], names[-1]} if keep_ends and names else set()
     for name, module in linears:
+        elsewhere = paths[id(module)][1:]
+        tied = [path for holder, path in holders[id(module.weight)].items()
+                if holder != id(module)]
         if name in ends:
             choice.kept[name] = "first" if name == names[0] else "last"
-        elif any(fnmatch.fnmatchcase(name, pattern) for pattern in skip):
+        elif any(fnmatch.fnmatchcase(path, pattern) for path in paths[id(module)]
+                 for pattern in skip):
             choice.kept[name] = "--fp8-mixed-skip"
+        elif type(module) is not nn.Linear:
+            choice.kept[name] = f"a {type(module).__name__}, not a plain Linear"
+        elif elsewhere:
+            choice.kept[name] = f"also registered as {', '.join(elsewhere)}"
         elif module.in_features % MULTIPLE or module.out_features % MULTIPLE:
             choice.kept[name] = (f"{module.in_features}x{module.out_features}, not multiples "
                                  f"of {MULTIPLE}")
+        elif all_gather and tied:
+            choice.kept[name] = (f"its weight is also {tied[0]}, which --fp8-mixed-all-gather "
+                                 f"would untie")
         else:
             choice.convert.append(name)
     if not choice.convert:
         why = ("it has no Linear layer" if not names else
                f"none of its Linear layers can be: {choice.kept_reasons()}")
         hint = (" --no-fp8-mixed-keep-ends converts the first and last ones too."
-                if keep_ends and len(names) <= 2 else "")
+                if keep_ends and 0 < len(names) <= 2 else "")
         raise ConfigError(
             f"--precision fp8-mixed would convert no layer of {type(model).__name__} to float8: "
             f"{why}.{hint} Use --precision bf16-mixed for a model without float8-sized "

@@ -90,8 +90,9 @@ class FP8MixedPrecision(BF16MixedPrecision):
                 f"--precision fp8-mixed computes matmuls in float8, which needs an NVIDIA GPU "
                 f"of compute capability {_dotted(FLOAT8_CAPABILITY)} or newer (Ada, Hopper, "
                 f"Blackwell); this run trains on the {device.type!r} device. Use --precision "
-                f"bf16-mixed, or add --fp8-mixed-emulate to emulate float8 in high "
-                f"precision (for tests and debugging: slower than bf16-mixed).")
+                f"bf16-mixed, or add --fp8-mixed-emulate (in Python: plugin_options="
+                f"{{'fp8-mixed': {{'emulate': True}}}}) to emulate float8 in high precision "
+                f"(for tests and debugging: slower than bf16-mixed).")
         capability = torch.cuda.get_device_capability(device)
         if capability < FLOAT8_CAPABILITY:
             raise ConfigError(
@@ -161,8 +162,19 @@ class FP8MixedPrecision(BF16MixedPrecision):
         finds its layers converted; the model is checked for layers it can't convert."""
         choice = module.__dict__.get(CONVERTED)
         if choice is None:
-            choice = choose_layers(module, self.keep_ends, self.skip)
+            # layers the model converted itself would be named as kept subclasses: said first
+            _refuse_converted_or_parallel(module, LayerChoice(), float8_linear)
+            choice = choose_layers(module, self.keep_ends, self.skip, self.all_gather)
+            choice.options = self._options()
             module.__dict__[CONVERTED] = choice  # a plain attribute: not a submodule
+        elif choice.options != self._options():  # left converted by an earlier stage
+            raise ConfigError(
+                f"{type(module).__name__}'s layers were converted to float8 by an earlier "
+                f"fp8-mixed stage with {_described(choice.options)}, and stay so (their "
+                f"weights were sharded or split in place); this stage asks for "
+                f"{_described(self._options())}. Give this stage the same fp8-mixed options, "
+                f"or load the checkpoint into a new {type(module).__name__} to convert it "
+                f"otherwise.")
         late = [name for name, layer in module.named_modules() if isinstance(layer, nn.Linear)
                 and name not in choice.convert and name not in choice.kept]
         if late:
@@ -173,6 +185,23 @@ class FP8MixedPrecision(BF16MixedPrecision):
                 f"configure_model before applying a plan.")
         _refuse_converted_or_parallel(module, choice, float8_linear)
         return choice
+
+    def _options(self) -> dict[str, object]:
+        return {"recipe": self.recipe, "emulate": self.emulate, "keep_ends": self.keep_ends,
+                "skip": self.skip, "all_gather": self.all_gather}
+
+    @hookimpl
+    def teardown(self, trainer, stage: str) -> None:
+        """The module leaves the stage with plain Linear layers again, holding the same
+        Parameters, so that a later stage under another precision computes as it asks, and a
+        later fp8-mixed stage converts them anew, with its own options. Layers whose weights
+        were sharded or split in place (a sharding strategy in this process, a tensor-parallel
+        plan) can't go back: they stay converted, and a later stage must ask for the same
+        options (:meth:`_choice`)."""
+        module = trainer.module
+        if module is not None and module.__dict__.get(CONVERTED) is not None:
+            if _unconvert(module, float8_training().Float8Linear):
+                del module.__dict__[CONVERTED]
 
     def _convert(self, module: nn.Module, names: list[str]) -> None:
         """Swaps the Linear layers ``names`` of ``module`` for torchao's float8 layers."""
@@ -207,6 +236,32 @@ def _plain_weights(module: nn.Module, state_dict: dict, prefix: str, metadata: d
         state_dict[key] = local._tensor if not isinstance(value, DTensor) else \
             DTensor.from_local(local._tensor, value.device_mesh, value.placements,
                                run_check=False, shape=value.shape, stride=value.stride())
+
+
+def _unconvert(model: nn.Module, float8_linear: type) -> bool:
+    """Swaps each of ``model``'s float8 layers for a plain Linear holding its Parameters;
+    ``False``, changing nothing, where a weight is no longer a plain tensor (a DTensor, or
+    torchao's wrapper for the float8 all-gather)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    layers = [(name, layer) for name, layer in model.named_modules(remove_duplicate=False)
+              if isinstance(layer, float8_linear)]
+    if any(isinstance(layer.weight, DTensor) or is_traceable_wrapper_subclass(layer.weight)
+           for _, layer in layers):
+        return False
+    for name, layer in layers:
+        with torch.device("meta"):  # no memory: the layer's own Parameters take their place
+            plain = nn.Linear(layer.in_features, layer.out_features, bias=False)
+        plain.weight, plain.bias = layer.weight, layer.bias
+        plain.train(layer.training)
+        parent, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(parent), attribute, plain)
+    return True
+
+
+def _described(options: dict[str, object]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in options.items())
 
 
 def _refuse_converted_or_parallel(model: nn.Module, choice: LayerChoice,

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
+                                    fully_shard)
 
 from ptrain import ConfigError, hookimpl
 from ptrain.config import positive
@@ -28,6 +29,10 @@ def _replicas(value: Any) -> int | str:
         return positive(to_int)(value)
     except ValueError as exc:
         raise ValueError(f"{exc}; or nodes, for one replica per node") from None
+
+
+#: the loops whose forwards no backward follows (see FSDPStrategy.on_loop_end)
+EVALUATION_LOOPS = ("validate", "test", "predict")
 
 
 class FSDPStrategy(ProcessGroupStrategy):
@@ -164,6 +169,19 @@ class FSDPStrategy(ProcessGroupStrategy):
         fully_shard(model, **settings)  # the root: everything not in a unit above
         materialize(model, torch.device("cpu") if self.cpu_offload else trainer.device)
         return model
+
+    @hookimpl
+    def on_loop_end(self, trainer, loop: str) -> None:
+        """Without resharding after forward (``zero2``, ``--no-fsdp-reshard-after-forward``) the
+        backward reshards what a forward gathered, and an evaluation pass has none: its gathered
+        parameters are resharded here, so that between steps the module's parameters are the
+        shards again (what checkpoints, the state check and the next optimizer step see; under
+        fp8-mixed's float8 all-gather the gathered ones are float8 tensors) and the gathered
+        copies' memory is freed."""
+        if loop in EVALUATION_LOOPS and not self.reshard_after_forward and trainer.model:
+            for module in trainer.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def share_rank_zero_values(self, trainer, model: nn.Module) -> None:
         """Every parameter and buffer of ``model``, built whole on every rank, set to rank
