@@ -368,6 +368,55 @@ def test_a_users_own_background_save_that_fails_is_never_dropped_silently(tmp_pa
     assert not (tmp_path / "step-3.ckpt").exists()
 
 
+class NormedRegressor(TinyRegressor):
+    """:class:`TinyRegressor` with a batch norm first: every forward in training changes its
+    running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+
+
+class SavesTwiceAStep:
+    """Saves at each batch's end and again in the next batch's on_before_optimizer_step: the
+    same global step, after a forward that moved the batch norm's statistics."""
+
+    name = "saves-twice-a-step"
+
+    def __init__(self, root: Path, asynchronous: bool):
+        self.root, self.asynchronous = root, asynchronous
+
+    def _save(self, trainer, name: str) -> None:
+        trainer.save_checkpoint(self.root / f"{name}-{trainer.global_step}.ckpt",
+                                asynchronous=self.asynchronous)
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer):
+        self._save(trainer, "end")
+
+    @ptrain.hookimpl
+    def on_before_optimizer_step(self, trainer):
+        self._save(trainer, "before-step")
+
+
+def test_two_saves_at_one_step_each_hold_the_state_of_their_own_moment(tmp_path):
+    """Only the saves of one checkpoint point (a top-k file and last.ckpt) share a host copy;
+    a later save at the same step copies what it writes."""
+    folders = []
+    for asynchronous in (False, True):
+        root = tmp_path / ("async" if asynchronous else "sync")
+        root.mkdir()
+        trainer_of(root, SavesTwiceAStep(root, asynchronous), max_epochs=1,
+                   num_sanity_val_steps=0).fit(NormedRegressor())
+        folders.append(root)
+    names = sorted(p.name for p in folders[0].glob("*.ckpt"))
+    assert len(names) == 8 + 8 and names == sorted(p.name for p in folders[1].glob("*.ckpt"))
+    for name in names:
+        sync, background = (safe_load(folder / name) for folder in folders)
+        assert_same_tensors(sync["model"], background["model"], name)
+        assert_same_tensors(sync["optimizers"], background["optimizers"], name)
+
+
 class RefusesWhileCopying(BackgroundWriter):
     """A background writer that refuses every save while it copies (a full disk it checks
     first), its planning call included."""
@@ -549,6 +598,35 @@ class ZeroedAtValidation:
     def on_loop_start(self, trainer, loop):
         if loop == "validate" and not trainer.sanity_checking:
             zero_through_data(trainer.module)
+
+
+class ClampedAfterTheCheckpoint:
+    """Clamps the weights through ``.data`` (which no version counter sees) in its
+    on_train_batch_end, which runs after the checkpoint callback's (WGAN-style clipping), and
+    keeps what the next batch starts from."""
+
+    name = "clamped-after-the-checkpoint"
+
+    def __init__(self):
+        self.starts: dict[int, dict[str, torch.Tensor]] = {}
+
+    @ptrain.hookimpl(trylast=True)
+    def on_train_batch_end(self, trainer):
+        for parameter in trainer.module.parameters():
+            parameter.data.clamp_(-0.01, 0.01)
+        self.starts[trainer.global_step] = {
+            name: tensor.clone() for name, tensor in trainer.module.state_dict().items()}
+
+
+def test_a_later_callbacks_change_through_data_is_never_half_in_a_background_file(tmp_path):
+    """The copies made while the next step runs start once every on_train_batch_end
+    implementation has run: the file holds the weights the next step starts from, whole, not
+    some tensors (or part of one) before the change and the rest after it."""
+    clamped = ClampedAfterTheCheckpoint()
+    folder = fit_saving(tmp_path, WideTable(mb=256), 1, clamped, async_save=True)
+    for step in range(1, 5):
+        written = safe_load(folder / f"step={step}.ckpt")["model"]
+        assert_same_tensors(written, clamped.starts[step], f"step={step}.ckpt")
 
 
 def test_a_validation_in_the_middle_of_an_accumulation_window_waits_for_the_copies(tmp_path):

@@ -361,7 +361,10 @@ def test_bad_options_from_python(kwargs, needles):
      ["'val_acc'", "not logged", "val_loss", "train_loss", "--checkpoint-filename"]),
     (["--checkpoint-save-top-k", "3"], ["save_top_k=3 needs a monitor", "--checkpoint-monitor"]),
     (["--checkpoint-monitor", "val_acc"], ["'val_acc' was not logged", "val_loss"]),
-    (["--checkpoint-monitor", "val_loss", "--checkpoint-mode", "avg"], ["'avg'", "min, max"]),
+    # the flag and the config key are named, not a source the option can't know (a flag here)
+    (["--checkpoint-monitor", "val_loss", "--checkpoint-mode", "avg"],
+     ["'avg' for --checkpoint-mode (config key 'mode' in [plugins.checkpoint]); valid "
+      "choices: min, max"]),
 ], ids=["filename-metric", "top-k-without-monitor", "monitor", "mode"])
 def test_usage_errors_through_the_cli(tmp_path, flags, needles):
     result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "1",

@@ -4,16 +4,18 @@ An asynchronous save (``Trainer.save_checkpoint(..., asynchronous=True)``) copie
 to host memory and hands the copy to a :class:`BackgroundWrite`, whose one thread writes it with
 the same atomic write as a synchronous save. For a save made between two training steps, the
 tensors that only an optimizer step changes (the parameters an optimizer holds, and its state)
-are copied on that thread, first
-(:class:`DeferredCopies`), while the next batch computes its gradients: the training thread waits
+are copied on that thread, first, once the saving hook is over
+(:class:`DeferredCopies`, :meth:`BackgroundWrite.release_copies`), while the next batch computes
+its gradients: the training thread waits
 for those copies before that batch's optimizer step, or after its backward pass where it takes
 none (:meth:`BackgroundWrite.wait_for_copies`), and a
 copy whose tensor changed before it was made fails the save
 (:class:`ptrain.ChangedBeforeCopiedError`). Everything else (buffers, frozen parameters, what a
 plugin made) is copied on the training thread: that is the stall left. The files of one
-checkpoint point (a top-k file and ``last.ckpt`` at one step) are one write, written in order
-from copies that share their tensors; at most one write is in flight per process: a save at a
-later step first waits for it (:meth:`Trainer.finish_checkpoint_write`).
+checkpoint point (a top-k file and ``last.ckpt``, saved inside one
+:meth:`Trainer.checkpoint_point`) are one write, written in order from copies that share their
+tensors; at most one write is in flight per process: any other save, at the same step too,
+first waits for it (:meth:`Trainer.finish_checkpoint_write`) and copies what it writes.
 
 What depends on a file being complete (deleting the file it replaces, the top-k record, a link to
 it) is registered with :meth:`BackgroundWrite.then` and runs on the training thread once the
@@ -345,8 +347,11 @@ class BackgroundWrite:
     later parts fail with its error. What waits on the write (:meth:`then`) waits on the part
     begun last, as it would have waited on that save had it been synchronous."""
 
-    def __init__(self, step: int, buffers: HostBuffers) -> None:
+    def __init__(self, step: int, buffers: HostBuffers, point: object | None = None) -> None:
         self.step = step  # the global step the files hold
+        #: the checkpoint point whose saves share this write (Trainer.checkpoint_point), or
+        #: None: one save's alone
+        self.point = point
         #: whether a part's copies of the whole state (parameters and optimizer state) are
         #: checked finite before its files (finite_state.copy_check): the step is then known
         #: finite once the write has no error
@@ -358,6 +363,7 @@ class BackgroundWrite:
         self._copied: list[DeferredCopies] = []  # made (issued, on a CUDA device)
         self._unwritten = 0  # files and copies queued or being made
         self._uncopied = 0  # copies queued or being made
+        self._copies_held = True  # until release_copies: the writer makes none, nor any file
         self._closed = False
         self._errors: list[BaseException | None] = []  # each part's own
         self._continuations: list[tuple[int, Continuation]] = []
@@ -392,10 +398,20 @@ class BackgroundWrite:
             self._uncopied += 1
             self._lock.notify_all()
 
+    def release_copies(self) -> None:
+        """Let the writer make the deferred copies queued, and from then on any added: held
+        until now, they are made of the state as it is once the saving hook (every
+        implementation of it) is over."""
+        with self._lock:
+            self._copies_held = False
+            self._lock.notify_all()
+
     def wait_for_copies(self) -> None:
         """Wait until every deferred copy queued has been made (or its part has failed): the
-        tensors copied may change from then on."""
+        tensors copied may change from then on. Releases them first."""
         with self._lock:
+            self._copies_held = False
+            self._lock.notify_all()
             while self._uncopied:
                 self._lock.wait()
             copied, self._copied = self._copied, []
@@ -416,7 +432,8 @@ class BackgroundWrite:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._copies and not self._closed:
+                while not self._closed and (self._copies_held and self._copies or
+                                            not self._queue and not self._copies):
                     self._lock.wait()
                 copies: DeferredCopies | None = None
                 if self._copies:

@@ -319,12 +319,9 @@ class FitLoop:
                 ran_check = True
             # a background save here may copy the optimized tensors while the next batch's
             # forward and backward run (Trainer.save_checkpoint); one anywhere else may not
-            t._between_steps = True
-            try:
+            with t._between_two_steps():
                 self.step_hooks.on_train_batch_end(trainer=t, batch=batch, batch_idx=batch_idx,
                                                    loss=loss)
-            finally:
-                t._between_steps = False
             if ran_check:  # after on_train_batch_end: a stop a callback asks for there counts
                 self.agree_on_stop()
             if t.max_steps is not None and 0 <= t.max_steps <= t.global_step:  # -1: no limit

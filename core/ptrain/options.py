@@ -103,22 +103,24 @@ class Option:
     flag: str = ""
 
     def convert(self, value: Any, source: str) -> Any:
-        """Return ``value`` converted, or raise :class:`ConfigError` naming ``source``."""
+        """Return ``value`` converted, or raise :class:`ConfigError` naming ``source`` (where
+        the value came from; ``""`` where that is not known here)."""
+        origin = f" ({source})" if source else ""
         if value is None:
             if self.required:
-                given = "" if source == "default" else f" ({source} gave None)"
+                given = "" if source in ("default", "") else f" ({source} gave None)"
                 raise ConfigError(f"{self.describe()} is required and was not given{given}: "
                                   f"{self.help}")
             return None
         try:
             converted = self.type(value)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid value for {self.describe()} ({source}): {exc}.") from None
+            raise ConfigError(f"invalid value for {self.describe()}{origin}: {exc}.") from None
         if self.choices is not None and converted not in self.choices:
             valid = ", ".join(str(c) for c in self.choices)
             hint = closest(str(converted), [str(c) for c in self.choices])
             raise ConfigError(
-                f"invalid value {converted!r} for {self.describe()} ({source}); valid choices: "
+                f"invalid value {converted!r} for {self.describe()}{origin}; valid choices: "
                 f"{valid}.{hint}"
             )
         return converted

@@ -188,9 +188,11 @@ class Trainer:
         self._overridden_on_resume: dict[str, dict[str, Any]] = {}  # see _report_overridden
         self._background_write: BackgroundWrite | None = None  # see save_checkpoint
         self._deferred_copies: DeferredCopies | None = None  # of the save being copied
-        #: set by the fit loop around on_train_batch_end: a save there is followed by the next
-        #: step's forward and backward passes only, before anything waits for its copies
+        #: set by the fit loop around on_train_batch_end (see _between_two_steps): a save there
+        #: is followed by the next step's forward and backward passes only, before anything
+        #: waits for its copies
         self._between_steps = False
+        self._point: object | None = None  # see checkpoint_point
         self._defers_copies = True  # off once a tensor changed before its deferred copy
         self._host_buffers = HostBuffers()  # what background writes copy into
         self._copies_prepared = False  # see prepare_background_copies; once per stage
@@ -274,7 +276,9 @@ class Trainer:
                                       f"options to its constructor, not in plugin_options.")
                 plugins[plugin.name] = plugin.target
                 continue
-            resolved = plugin.options.resolve(given, "config")
+            # merged from flags, a config file and plugin_options: the message names the flag
+            # and the config key, not which of them gave the value
+            resolved = plugin.options.resolve(given, "")
             created = instantiate(plugin.target, plugin.name, resolved)
             if plugin.info is None and is_hook_method_callback(created):  # -p MODULE:CLASS
                 # a class named on the command line: refused where it keeps a hook of
@@ -464,8 +468,9 @@ class Trainer:
         trainer's later saves copy everything on the training thread); returns ``True``
         then, ``False`` once a synchronous write is done (outside a stage no step boundary or
         stage end would finish a background write, and the process could end before it: the
-        save is written before it returns). Every save first waits for a
-        background write of an earlier step (one in flight at most);
+        save is written before it returns). Every save first waits for the
+        background write in flight (one at most), unless both are of one
+        :meth:`checkpoint_point`;
         :meth:`finish_checkpoint_write` waits for it, :meth:`settle_checkpoint_write` finishes
         it once it has ended, and :meth:`after_checkpoint_write` runs what needs the file
         complete, with the write's error; without one, a failed background save raises its
@@ -474,7 +479,10 @@ class Trainer:
         from ptrain.finite_state import check_state_finite, copy_check, optimized_tensors
         from ptrain.fit_loop import check_losses_finite
 
-        self.finish_checkpoint_write(before_step=self.global_step if asynchronous else None)
+        write = self._background_write
+        if not (asynchronous and write is not None and write.point is not None
+                and write.point is self._point):
+            self.finish_checkpoint_write()  # one write in flight: another point's waits
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return False
@@ -492,7 +500,8 @@ class Trainer:
             self._saved_state_checked = not weights_only
         if background:
             if self._background_write is None:
-                self._background_write = BackgroundWrite(self.global_step, self._host_buffers)
+                self._background_write = BackgroundWrite(self.global_step, self._host_buffers,
+                                                         self._point)
             write = self._background_write
             first = write.begin_part()
             copied_before = len(write.memo)
@@ -643,14 +652,46 @@ class Trainer:
         if self._background_write is not None:
             self._background_write.wait_for_copies()
 
-    def finish_checkpoint_write(self, before_step: int | None = None) -> None:
-        """Wait for the checkpoint write in flight, if any (with ``before_step``: only one of
-        an earlier step), and run what waited on it (:meth:`after_checkpoint_write`). A save
-        whose files failed, and that nothing waited on, raises its error here (as it would have
-        from ``save_checkpoint`` had it been synchronous): its caller would not hear of it
-        otherwise."""
+    @contextlib.contextmanager
+    def checkpoint_point(self) -> Iterator[None]:
+        """Inside, the saves made are one checkpoint point (a top-k file and ``last.ckpt``):
+        nothing may change the state between them, so the background ones share one write and
+        one host copy. Any other save, even at the same step (the state may have changed since:
+        a forward's batch norm statistics, a callback), first waits for the write in flight and
+        copies what it writes. Nested, it is the outer point."""
+        if self._point is not None:
+            yield
+            return
+        self._point = object()
+        try:
+            yield
+        finally:
+            self._point = None
+
+    @contextlib.contextmanager
+    def _between_two_steps(self) -> Iterator[None]:
+        """Around the fit loop's ``on_train_batch_end``: a background save made inside leaves
+        its copies of what only an optimizer step changes to the writer's thread, which starts
+        them once every implementation has run (a later one may change the weights through
+        ``.data``, which no version counter sees: the file then holds them as the next step
+        does, never some before the change and some after)."""
+        self._between_steps = True
+        try:
+            yield
+        finally:
+            self._between_steps = False
+            if self._background_write is not None:
+                self._background_write.release_copies()
+
+    def finish_checkpoint_write(self, unless_this_point: bool = False) -> None:
+        """Wait for the checkpoint write in flight, if any (with ``unless_this_point``: unless
+        it is the :meth:`checkpoint_point`'s being made), and run what waited on it
+        (:meth:`after_checkpoint_write`). A save whose files failed, and that nothing waited
+        on, raises its error here (as it would have from ``save_checkpoint`` had it been
+        synchronous): its caller would not hear of it otherwise."""
         write = self._background_write
-        if write is None or (before_step is not None and write.step >= before_step):
+        if write is None or (unless_this_point and write.point is not None
+                             and write.point is self._point):
             return
         self._background_write = None
         error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)

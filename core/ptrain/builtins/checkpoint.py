@@ -364,16 +364,17 @@ class ModelCheckpoint:
     def on_loop_end(self, trainer, loop: str) -> None:
         if loop != "train" or not self._writes:
             return
-        if self.async_save:  # a write whose copies failed is taken again: no step follows
-            trainer.finish_checkpoint_write()
-            if self._take_again:
-                self._take_again = False
-                self._take(trainer, check_now=False)
-        # save_last: a fit that trained but whose triggers never came due still ends with a
-        # last.ckpt (one that trained nothing, stopped by a finder, rewrites nothing)
-        if self.save_last and not self._wrote_this_fit \
-                and trainer.global_step != self._last_global_step_saved:
-            self._write_last(trainer)
+        with trainer.checkpoint_point():
+            if self.async_save:  # a write whose copies failed is taken again: no step follows
+                trainer.finish_checkpoint_write()
+                if self._take_again:
+                    self._take_again = False
+                    self._take(trainer, check_now=False)
+            # save_last: a fit that trained but whose triggers never came due still ends with
+            # a last.ckpt (one that trained nothing, stopped by a finder, rewrites nothing)
+            if self.save_last and not self._wrote_this_fit \
+                    and trainer.global_step != self._last_global_step_saved:
+                self._write_last(trainer)
 
     @hookimpl
     def unused_step_hooks(self) -> list[str] | None:
@@ -401,7 +402,8 @@ class ModelCheckpoint:
             self._take_again = False  # once: a retake that saves nothing is not retried
             self._last_step_saved = step
             self._last_time_checked = time.monotonic()
-            self._take(trainer, check_now=False)
+            with trainer.checkpoint_point():
+                self._take(trainer, check_now=False)
 
     def _time_due(self, trainer, step: int) -> bool:
         elapsed = time.monotonic() - self._last_time_checked >= self.train_time_interval
@@ -422,19 +424,21 @@ class ModelCheckpoint:
         self._metrics_published = True
         if self._topk_on_epoch_end or not self._epoch_due(trainer):
             return
-        self._save_topk(trainer, check_now=True)
+        with trainer.checkpoint_point():
+            self._save_topk(trainer, check_now=True)
 
     @hookimpl
     def on_epoch_end(self, trainer) -> None:
         self._metrics_published = True
         if not self._epoch_due(trainer):
             return
-        if self._topk_on_epoch_end:
-            self._save_topk(trainer, check_now=True)
-        # written again even when a validation at this step wrote it: the state after the
-        # epoch's end resumes into the next epoch, the same with any number of processes
-        if self._keeps_last:
-            self._write_last(trainer)
+        with trainer.checkpoint_point():
+            if self._topk_on_epoch_end:
+                self._save_topk(trainer, check_now=True)
+            # written again even when a validation at this step wrote it: the state after the
+            # epoch's end resumes into the next epoch, the same with any number of processes
+            if self._keeps_last:
+                self._write_last(trainer)
 
     @hookimpl
     def teardown(self, trainer, stage: str) -> None:
@@ -764,7 +768,7 @@ class ModelCheckpoint:
     def _settle(self, trainer) -> None:
         """Before a checkpoint point changes the top-k: the write of an earlier point is
         finished and settled (a refusal undone), so that undoing it can't touch this one."""
-        trainer.finish_checkpoint_write(before_step=trainer.global_step)
+        trainer.finish_checkpoint_write(unless_this_point=True)
 
     def _when_written(self, trainer, effect: Callable[[], None]) -> None:
         """Run ``effect`` (it replaces or records a file) once the files being written are
