@@ -664,6 +664,33 @@ def test_a_forward_that_renorms_the_weights_costs_a_checkpoint_one_step_and_not_
     assert_same_files([sync, background], ["last.ckpt", "step=4.ckpt"])
 
 
+class SavesEachStepItself:
+    """Saves ``own-<step>.ckpt`` in the background itself at each step, waiting on none."""
+
+    name = "saves-each-step-itself"
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer):
+        trainer.save_checkpoint(self.root / f"own-{trainer.global_step}.ckpt",
+                                asynchronous=True)
+
+
+def test_a_users_own_save_lost_to_a_renorming_forward_is_said_and_the_run_goes_on(tmp_path,
+                                                                                  capfd):
+    """Unlike a refused write, a tensor changed before its deferred copy is the background
+    copy's own limit, which a synchronous save never meets: said, not raised."""
+    trainer = trainer_of(tmp_path, SavesEachStepItself(tmp_path), max_epochs=1)
+    trainer.fit(WideTable(mb=64, max_norm=1.0))
+    said = [line for line in capfd.readouterr().err.splitlines()
+            if "was not written" in line and "Training goes on" in line]
+    written = sorted(p.name for p in tmp_path.glob("own-*.ckpt"))
+    assert trainer.global_step == 4 and said and "own-4.ckpt" in written
+    assert len(written) == 4 - len(said)
+
+
 class ChangedInPlaceAtTheEnd:
     """After the checkpoint callback's on_train_batch_end of the last step (trylast), changes
     the table in place (by a factor of 1: the values stay), as a weight constraint applied

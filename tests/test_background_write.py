@@ -13,6 +13,7 @@ import torch
 
 from ptrain import ChangedBeforeCopiedError
 from ptrain.background_write import BackgroundWrite, DeferredCopies, HostBuffers, host_copy
+from tests.conftest import REPO
 
 
 def test_a_finished_writes_copies_are_the_next_writes_buffers():
@@ -226,3 +227,30 @@ def test_what_waited_on_written_parts_runs_in_order_then_the_failed_parts_undo_l
     assert write.finish() is refused
     assert ran == [("top-k", None), ("extra", refused), ("last", refused)]
     assert write.unheard_error is refused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listening", [[0], []], ids=["rank-0-listens", "none-listens"])
+def test_under_two_processes_a_failed_write_is_raised_on_every_rank_or_on_none(tmp_path,
+                                                                              listening):
+    """Which ranks wait on a write is a rank's own choice (``if trainer.is_global_zero:
+    trainer.after_checkpoint_write(...)``): its error is unheard on every rank when no rank
+    waited on it, and on none when one did, so that no rank raises while another goes on to
+    its next collective."""
+    import json
+    import subprocess
+    import sys
+
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests._agreement_ranks", str(rank),
+                               str(tmp_path), json.dumps(listening)], cwd=str(REPO))
+             for rank in (0, 1)]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [s["error"] for s in seen] == ["CheckpointWriteError"] * 2
+    if listening:
+        assert [s["heard"] for s in seen] == [["CheckpointWriteError"], []]
+        assert [s["unheard"] for s in seen] == [None, None]
+    else:
+        assert [s["unheard"] for s in seen] == [
+            "could not write checkpoint 'a.ckpt': no space left",
+            "rank 0: could not write checkpoint 'a.ckpt': no space left"]

@@ -112,7 +112,8 @@ class DeferredCopies:
     (writer's thread, before the files) wait for them.
 
     On a CUDA device the copies are issued on a stream of their own, after the work the
-    training thread had issued when the save began, and the training thread's stream waits for
+    training thread had issued when they were released (:meth:`mark_ready`: the saving hook
+    is over), and the training thread's stream waits for
     them on the device (no host sync): the device copies while it computes the next step's
     gradients. There the counters say whether a tensor changed before its copy was issued (not
     made). Tensors elsewhere (MPS, XLA, HPU) are copied on the training thread. A change made
@@ -153,6 +154,14 @@ class DeferredCopies:
 
     def __bool__(self) -> bool:
         return bool(self._pending)
+
+    def mark_ready(self) -> None:
+        """On the training thread, once the saving hook is over: on a CUDA device the copies
+        will start after the work issued until now (what the hook's later implementations
+        did to the tensors through ``.data`` included), not only after what was issued when
+        the save began."""
+        for device, (ready, _) in self._events.items():
+            ready.record(torch.cuda.current_stream(device))
 
     def make(self, step: int) -> None:
         """Make the copies (the checkpoint of global step ``step``), in order; on a CUDA
@@ -399,10 +408,16 @@ class BackgroundWrite:
             self._lock.notify_all()
 
     def release_copies(self) -> None:
-        """Let the writer make the deferred copies queued, and from then on any added: held
-        until now, they are made of the state as it is once the saving hook (every
-        implementation of it) is over."""
+        """On the training thread: let the writer make the deferred copies queued, and from
+        then on any added. Held until now, they are made of the state as it is once the saving
+        hook (every implementation of it) is over."""
         with self._lock:
+            self._release()
+
+    def _release(self) -> None:  # holding the lock
+        if self._copies_held:
+            for _, copies in self._copies:
+                copies.mark_ready()
             self._copies_held = False
             self._lock.notify_all()
 
@@ -410,8 +425,7 @@ class BackgroundWrite:
         """Wait until every deferred copy queued has been made (or its part has failed): the
         tensors copied may change from then on. Releases them first."""
         with self._lock:
-            self._copies_held = False
-            self._lock.notify_all()
+            self._release()
             while self._uncopied:
                 self._lock.wait()
             copied, self._copied = self._copied, []
@@ -476,12 +490,13 @@ class BackgroundWrite:
             first_failed = bool(self._errors) and self._errors[0] is not None
             return self._unwritten == 0 or (first_failed and self._uncopied == 0)
 
-    def finish(self, agree: Callable[[list[BaseException | None]],
-                                     list[BaseException | None]] | None = None
+    def finish(self, agree: Callable[[list[BaseException | None], set[int]],
+                                     tuple[list[BaseException | None], set[int]]] | None = None
                ) -> BaseException | None:
         """Wait for the queued files, then run the continuations in order (on this thread),
-        each with its part's error; with ``agree``, the parts' errors are first replaced by
-        what it makes of them (the job's, under several processes). Return the write's error
+        each with its part's error; with ``agree``, the parts' errors and which parts a
+        continuation waited on are first replaced by what it makes of them (the job's, under
+        several processes: :meth:`WriteAgreement.first_errors`). Return the write's error
         (its first part's that failed), or ``None``; :attr:`unheard_error` is the one no
         continuation was given."""
         with self._lock:
@@ -490,13 +505,13 @@ class BackgroundWrite:
         self._thread.join()
         memo, self.memo = self.memo, {}
         self.buffers.reuse(memo)  # the files are written: the next write's copies go there
-        errors = self._errors if agree is None else agree(self._errors)
+        continuations, self._continuations = self._continuations, []
+        heard = {part for part, _ in continuations}
+        errors, heard = (self._errors, heard) if agree is None else agree(self._errors, heard)
         effective, first = [], None  # a part after a failed one fails with its error
         for error in errors:
             first = first or error
             effective.append(first)
-        continuations, self._continuations = self._continuations, []
-        heard = {part for part, _ in continuations}
         self.unheard_error = next((error for part, error in enumerate(effective)
                                    if error is not None and part not in heard), None)
         error_of = [effective[part] if part >= 0 else None for part, _ in continuations]
@@ -528,19 +543,25 @@ class WriteAgreement:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._ranks())
         return bool(flag.item())
 
-    def first_errors(self, errors: list[BaseException | None]) -> list[BaseException | None]:
+    def first_errors(self, errors: list[BaseException | None], heard: set[int]
+                     ) -> tuple[list[BaseException | None], set[int]]:
         """Per part (every rank has as many: one per save), the error of the first rank whose
         files of it failed, the same on every rank (``None``: every rank wrote its files): its
         own error on that rank, the rank's message on the others, as a
         :class:`CheckpointWriteError` where it was a refused write and a
-        :class:`ChangedBeforeCopiedError` where it was one."""
+        :class:`ChangedBeforeCopiedError` where it was one. With them, the parts some rank's
+        continuation waited on (``heard`` on this rank): an error no rank heard is raised on
+        every rank, one that some rank heard on none."""
         group = self._ranks()
-        seen: list[list[tuple[str, str] | None] | None] = [None] * dist.get_world_size(group)
+        seen: list[tuple[list[tuple[str, str] | None], list[int]] | None] = \
+            [None] * dist.get_world_size(group)
         mine = [None if error is None else (_agreed_kind(error), str(error)) for error in errors]
-        dist.all_gather_object(seen, mine, group=group)
+        dist.all_gather_object(seen, (mine, sorted(heard)), group=group)
+        heard_by_any = {part for _, parts in seen for part in parts}
         agreed: list[BaseException | None] = []
         for part, error in enumerate(errors):
-            failed = [(rank, views[part]) for rank, views in enumerate(seen) if views[part]]
+            failed = [(rank, views[part]) for rank, (views, _) in enumerate(seen)
+                      if views[part]]
             if not failed:
                 agreed.append(None)
                 continue
@@ -552,7 +573,7 @@ class WriteAgreement:
             else:
                 agreed.append(RuntimeError(f"rank {rank}'s part of the checkpoint write "
                                            f"failed: {message}"))
-        return agreed
+        return agreed, heard_by_any
 
 
 #: the errors of a rank's write that the other ranks raise as the same kind (by name)

@@ -687,8 +687,10 @@ class Trainer:
         """Wait for the checkpoint write in flight, if any (with ``unless_this_point``: unless
         it is the :meth:`checkpoint_point`'s being made), and run what waited on it
         (:meth:`after_checkpoint_write`). A save whose files failed, and that nothing waited
-        on, raises its error here (as it would have from ``save_checkpoint`` had it been
-        synchronous): its caller would not hear of it otherwise."""
+        on (on any process), raises its error here (as it would have from ``save_checkpoint``
+        had it been synchronous): its caller would not hear of it otherwise. A
+        :class:`ChangedBeforeCopiedError`, which a synchronous save can't meet, is said in a
+        warning instead, and the run goes on."""
         write = self._background_write
         if write is None or (unless_this_point and write.point is not None
                              and write.point is self._point):
@@ -699,8 +701,16 @@ class Trainer:
             self._defers_copies = False
         if error is None and write.checks_state:
             self.finite_state_step = max(write.step, self.finite_state_step or 0)
-        if write.unheard_error is not None:
-            raise write.unheard_error
+        unheard = write.unheard_error
+        if isinstance(unheard, ChangedBeforeCopiedError):
+            # the background copy's own limit, which a synchronous save doesn't have: said,
+            # and the run goes on (its later saves copy everything first)
+            if self.is_global_zero:
+                print(f"ptrain: warning: {unheard} Training goes on; this run's later "
+                      f"background saves copy everything before training goes on.",
+                      file=sys.stderr, flush=True)
+        elif unheard is not None:
+            raise unheard
 
     def settle_checkpoint_write(self) -> None:
         """At a step boundary: a checkpoint write that has ended (under several processes, on

@@ -130,8 +130,10 @@ def test_the_module_leaves_each_stage_plain_and_a_later_one_converts_it_its_own_
     again = ptrain.Trainer(accelerator="cpu", precision="fp8-mixed", callbacks=[
         *QUIET, ConvertedDuring()], default_root_dir=str(tmp_path / "again"),
         plugin_options={"fp8-mixed": {"emulate": True, "keep_ends": False}})
+    before = dict(module.named_modules())
     again.validate(module, dataloaders=data)
     assert len(ConvertedDuring.seen[0]) == 15 and not float8_layers(module)  # its own options
+    assert dict(module.named_modules()) == before  # the very modules, hooks and all
     said = capsys.readouterr().out
     assert "13 of 15 Linear layers" in said and "15 of 15 Linear layers" in said
     plain = RecordedDecoder(**SIZE)
@@ -181,6 +183,13 @@ class ScaledLinear(torch.nn.Linear):
         return 2 * super().forward(x)
 
 
+class ZeroInitLinear(torch.nn.Linear):
+    """A subclass for its initialization alone: a Linear layer in every other way."""
+
+    def reset_parameters(self):
+        torch.nn.init.zeros_(self.weight)
+
+
 class Unusual(torch.nn.Module):
     """Every kind of Linear layer fp8-mixed must keep, between two it converts."""
 
@@ -197,14 +206,15 @@ class Unusual(torch.nn.Module):
         self.tied_to_converted = torch.nn.Linear(32, 32)
         self.tied_to_converted.weight = self.converted.weight
         self.plain = torch.nn.Linear(32, 32)
+        self.zero_init = ZeroInitLinear(32, 32)
         self.out = torch.nn.Linear(32, 16)
 
 
 @pytest.mark.parametrize("all_gather", [False, True])
 def test_linear_layers_that_must_not_be_converted_are_kept_and_named(all_gather):
     choice = choose_layers(Unusual(), keep_ends=True, skip=[], all_gather=all_gather)
-    kept = {"inp": "first", "scaled": "a ScaledLinear, not a plain Linear",
-            "attention.out_proj": "a NonDynamicallyQuantizableLinear, not a plain Linear",
+    kept = {"inp": "first", "scaled": "a ScaledLinear, with a forward of its own",
+            "attention.out_proj": "MultiheadAttention reads its weight directly",
             "shared": "also registered as shared_again", "out": "last"}
     if all_gather:  # each converted layer's float8 weight would be its own: ties broken
         kept.update({"tied": "its weight is also scaled.weight",
@@ -215,7 +225,7 @@ def test_linear_layers_that_must_not_be_converted_are_kept_and_named(all_gather)
                 for name, why in kept.items()}
     assert choice.kept == kept
     assert choice.convert == ([] if all_gather else ["tied", "converted", "tied_to_converted"]) \
-        + ["plain"]
+        + ["plain", "zero_init"]
     # a skip pattern may name a layer by any of its paths
     assert choose_layers(Unusual(), keep_ends=True, skip=["shared_again"]).kept["shared"] == \
         "--fp8-mixed-skip"
@@ -261,9 +271,11 @@ def test_fsdp_on_two_processes_trains_to_bf16_mixed_losses(tmp_path, bf16_losses
 @TWO_PROCESS_RUNS
 def test_zero2_with_float8_all_gather_trains_on_after_a_validation(tmp_path):
     """zero2 keeps what a forward gathered until its backward, and a validation has none:
-    under float8 all-gather the gathered weights are float8 tensors, which the epoch's end
-    (its state check) can't read. The strategy reshards them when the validation ends."""
-    options = {"fp8-mixed": {"emulate": True, "all_gather": True}}
+    under float8 all-gather the gathered weights are float8 tensors, which the state check of
+    a save at the validation's end, and of the epoch's end, can't read. The strategy reshards
+    them once the validation's batches and epoch-end hooks are done."""
+    options = {"fp8-mixed": {"emulate": True, "all_gather": True},
+               "checkpoint": {"monitor": "val_loss", "save_on_train_epoch_end": False}}
     records, trainer, _ = fit(tmp_path, "fp8-mixed", options, strategy="zero2", devices=2,
                               max_epochs=2, model={"batch_size": 8, "validates": True})
     assert len(records) == 2 * 16 and all(r["float8_layers"] == 13 for r in records)

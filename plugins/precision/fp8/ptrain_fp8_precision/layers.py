@@ -10,6 +10,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ptrain import ConfigError
 
@@ -22,12 +23,15 @@ class LayerChoice:
     """``convert``: the names of the Linear layers to convert, in the model's order; ``kept``:
     every other Linear layer's name with the reason it stays in high precision; ``converted``:
     the names of ``convert`` converted so far (before a tensor-parallel plan, or with the
-    model); ``options``: the plugin options it was made and converted with."""
+    model); ``options``: the plugin options it was made and converted with; ``originals``:
+    the Linear modules converted, by name."""
 
     convert: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
     converted: set[str] = field(default_factory=set)
     options: dict[str, object] = field(default_factory=dict)
+    #: the converted layers' own modules, by name, put back when the stage ends
+    originals: dict[str, nn.Module] = field(default_factory=dict)
 
     def kept_reasons(self) -> str:
         """Each kept layer with its reason, in the model's order."""
@@ -48,8 +52,9 @@ def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str],
       input and output layers are the most sensitive to float8's 3 mantissa bits);
     - those whose name matches a pattern of ``skip`` (``fnmatch``: ``*`` matches across dots);
     - those with a dimension that is not a multiple of 16, which float8 matmuls can't take;
-    - a subclass of ``nn.Linear``: its own forward, or a parent that reads its weight directly
-      (``nn.MultiheadAttention``'s ``out_proj``), would be lost or never compute in float8;
+    - a subclass of ``nn.Linear`` with a ``forward`` of its own, which would be lost, and
+      ``nn.MultiheadAttention``'s ``out_proj``, whose weight attention reads directly (it
+      would never compute in float8);
     - a layer registered in more than one place: converted at one, it would be two layers;
     - with ``all_gather``, a layer whose weight another module holds too (tied, e.g. an
       output layer to the embedding): the float8 all-gather gives each converted layer a
@@ -90,8 +95,10 @@ def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str],
         elif any(fnmatch.fnmatchcase(path, pattern) for path in paths[id(module)]
                  for pattern in skip):
             choice.kept[name] = "--fp8-mixed-skip"
-        elif type(module) is not nn.Linear:
-            choice.kept[name] = f"a {type(module).__name__}, not a plain Linear"
+        elif type(module).forward is not nn.Linear.forward:
+            choice.kept[name] = f"a {type(module).__name__}, with a forward of its own"
+        elif isinstance(module, NonDynamicallyQuantizableLinear):
+            choice.kept[name] = "MultiheadAttention reads its weight directly"
         elif elsewhere:
             choice.kept[name] = f"also registered as {', '.join(elsewhere)}"
         elif module.in_features % MULTIPLE or module.out_features % MULTIPLE:

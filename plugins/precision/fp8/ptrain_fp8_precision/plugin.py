@@ -199,9 +199,9 @@ class FP8MixedPrecision(BF16MixedPrecision):
         plan) can't go back: they stay converted, and a later stage must ask for the same
         options (:meth:`_choice`)."""
         module = trainer.module
-        if module is not None and module.__dict__.get(CONVERTED) is not None:
-            if _unconvert(module, float8_training().Float8Linear):
-                del module.__dict__[CONVERTED]
+        choice = None if module is None else module.__dict__.get(CONVERTED)
+        if choice is not None and _unconvert(module, choice):
+            del module.__dict__[CONVERTED]
 
     def _convert(self, module: nn.Module, names: list[str]) -> None:
         """Swaps the Linear layers ``names`` of ``module`` for torchao's float8 layers."""
@@ -212,9 +212,11 @@ class FP8MixedPrecision(BF16MixedPrecision):
             torchao.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
             enable_fsdp_float8_all_gather=self.all_gather)
         wanted = set(names)
+        choice = module.__dict__[CONVERTED]
+        choice.originals.update((name, module.get_submodule(name)) for name in names)
         torchao.convert_to_float8_training(module, config=config,
                                            module_filter_fn=lambda _, name: name in wanted)
-        module.__dict__[CONVERTED].converted.update(names)
+        choice.converted.update(names)
         if self.all_gather and not module.__dict__.get(PLAIN_WEIGHTS):
             module.register_state_dict_post_hook(_plain_weights)
             module.__dict__[PLAIN_WEIGHTS] = True
@@ -238,25 +240,20 @@ def _plain_weights(module: nn.Module, state_dict: dict, prefix: str, metadata: d
                                run_check=False, shape=value.shape, stride=value.stride())
 
 
-def _unconvert(model: nn.Module, float8_linear: type) -> bool:
-    """Swaps each of ``model``'s float8 layers for a plain Linear holding its Parameters;
-    ``False``, changing nothing, where a weight is no longer a plain tensor (a DTensor, or
-    torchao's wrapper for the float8 all-gather)."""
+def _unconvert(model: nn.Module, choice: LayerChoice) -> bool:
+    """Puts each converted layer's own Linear module back in its place, holding its
+    Parameters (the float8 layer shared them, or wrapped them for the float8 all-gather);
+    ``False``, changing nothing, where a weight was sharded or split in place (a DTensor)."""
     from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    layers = [(name, layer) for name, layer in model.named_modules(remove_duplicate=False)
-              if isinstance(layer, float8_linear)]
-    if any(isinstance(layer.weight, DTensor) or is_traceable_wrapper_subclass(layer.weight)
-           for _, layer in layers):
+    layers = [(name, model.get_submodule(name)) for name in choice.converted]
+    if any(isinstance(layer.weight, DTensor) for _, layer in layers):
         return False
     for name, layer in layers:
-        with torch.device("meta"):  # no memory: the layer's own Parameters take their place
-            plain = nn.Linear(layer.in_features, layer.out_features, bias=False)
-        plain.weight, plain.bias = layer.weight, layer.bias
-        plain.train(layer.training)
+        original = choice.originals[name]
+        original.train(layer.training)
         parent, _, attribute = name.rpartition(".")
-        setattr(model.get_submodule(parent), attribute, plain)
+        setattr(model.get_submodule(parent), attribute, original)
     return True
 
 

@@ -31,7 +31,7 @@ def _replicas(value: Any) -> int | str:
         raise ValueError(f"{exc}; or nodes, for one replica per node") from None
 
 
-#: the loops whose forwards no backward follows (see FSDPStrategy.on_loop_end)
+#: the passes whose forwards no backward follows (see FSDPStrategy.on_epoch_metrics)
 EVALUATION_LOOPS = ("validate", "test", "predict")
 
 
@@ -170,15 +170,16 @@ class FSDPStrategy(ProcessGroupStrategy):
         materialize(model, torch.device("cpu") if self.cpu_offload else trainer.device)
         return model
 
-    @hookimpl
-    def on_loop_end(self, trainer, loop: str) -> None:
+    @hookimpl(trylast=True)
+    def on_epoch_metrics(self, trainer, stage: str) -> None:
         """Without resharding after forward (``zero2``, ``--no-fsdp-reshard-after-forward``) the
-        backward reshards what a forward gathered, and an evaluation pass has none: its gathered
-        parameters are resharded here, so that between steps the module's parameters are the
-        shards again (what checkpoints, the state check and the next optimizer step see; under
-        fp8-mixed's float8 all-gather the gathered ones are float8 tensors) and the gathered
-        copies' memory is freed."""
-        if loop in EVALUATION_LOOPS and not self.reshard_after_forward and trainer.model:
+        backward reshards what a forward gathered, and an evaluation pass has none: once its
+        batches and epoch-end hooks are done (last of this hook, before ``on_validation_end``,
+        where a checkpoint may be saved), its gathered parameters are resharded, so that the
+        module's parameters are the shards again (what checkpoints, the state check and the
+        next optimizer step see; under fp8-mixed's float8 all-gather the gathered ones are
+        float8 tensors) and the gathered copies' memory is freed."""
+        if stage in EVALUATION_LOOPS and not self.reshard_after_forward and trainer.model:
             for module in trainer.model.modules():
                 if isinstance(module, FSDPModule):
                     module.reshard()
