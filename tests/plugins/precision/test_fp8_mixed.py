@@ -144,6 +144,21 @@ def test_the_module_leaves_each_stage_plain_and_a_later_one_converts_it_its_own_
         as_plain.validate(plain, dataloaders=data)
 
 
+def test_a_model_built_on_the_meta_device_leaves_its_stage_with_the_weights_it_trained(
+        tmp_path):
+    """The strategy gives a meta model's Parameters memory after fp8-mixed converted its
+    layers: the layers put back hold those, the optimizer's, not the meta ones."""
+    trainer = ptrain.Trainer(accelerator="cpu", precision="fp8-mixed", max_epochs=1,
+                             callbacks=QUIET, plugin_options=EMULATED,
+                             default_root_dir=str(tmp_path))
+    with trainer.init_module(empty_init=True):
+        module = RecordedDecoder(**{**SIZE, "samples": 32})
+    trainer.fit(module)
+    assert not float8_layers(module) and not any(p.is_meta for p in module.parameters())
+    optimized = {id(p) for p in trainer.optimizers[0].param_groups[0]["params"]}
+    assert {id(p) for p in module.parameters() if p.requires_grad} == optimized
+
+
 def test_layers_left_converted_by_an_earlier_stage_refuse_other_options():
     """Layers whose weights were sharded or split in place stay converted after their stage;
     a later stage that asks for other options is told so rather than silently given the old

@@ -241,20 +241,33 @@ def _plain_weights(module: nn.Module, state_dict: dict, prefix: str, metadata: d
 
 
 def _unconvert(model: nn.Module, choice: LayerChoice) -> bool:
-    """Puts each converted layer's own Linear module back in its place, holding its
-    Parameters (the float8 layer shared them, or wrapped them for the float8 all-gather);
-    ``False``, changing nothing, where a weight was sharded or split in place (a DTensor)."""
-    from torch.distributed.tensor import DTensor
-
+    """Puts each converted layer's own Linear module back in its place (its hooks and
+    identity), holding the float8 layer's Parameters as they are now (a strategy may have
+    given them memory: a model built on the meta device); ``False``, changing nothing, where
+    a weight was sharded or split in place (a DTensor) or is wrapped in another way."""
     layers = [(name, model.get_submodule(name)) for name in choice.converted]
-    if any(isinstance(layer.weight, DTensor) for _, layer in layers):
+    weights = [_own_parameter(layer.weight) for _, layer in layers]
+    if any(weight is None for weight in weights):
         return False
-    for name, layer in layers:
+    for (name, layer), weight in zip(layers, weights):
         original = choice.originals[name]
+        original.weight, original.bias = weight, layer.bias
         original.train(layer.training)
         parent, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent), attribute, original)
     return True
+
+
+def _own_parameter(weight: nn.Parameter) -> nn.Parameter | None:
+    """A float8 layer's weight as a plain Parameter: itself, or the Parameter the float8
+    all-gather's wrapper holds; ``None`` for a DTensor or another wrapper."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(weight, DTensor):
+        return None
+    inner = getattr(weight, "_tensor", None) if is_traceable_wrapper_subclass(weight) else weight
+    return inner if isinstance(inner, nn.Parameter) else None
 
 
 def _described(options: dict[str, object]) -> str:
