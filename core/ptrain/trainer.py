@@ -479,10 +479,8 @@ class Trainer:
         from ptrain.finite_state import check_state_finite, copy_check, optimized_tensors
         from ptrain.fit_loop import check_losses_finite
 
-        write = self._background_write
-        if not (asynchronous and write is not None and write.point is not None
-                and write.point is self._point):
-            self.finish_checkpoint_write()  # one write in flight: another point's waits
+        # one write in flight: a synchronous save, or another point's, waits for it
+        self.finish_checkpoint_write(unless_this_point=asynchronous)
         check_losses_finite(self)
         if self.fast_dev_run:  # a debugging run writes nothing
             return False

@@ -7,6 +7,7 @@ made (and refused) before the library is loaded.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import KeysView
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -21,17 +22,20 @@ MULTIPLE = 16
 @dataclass
 class LayerChoice:
     """``convert``: the names of the Linear layers to convert, in the model's order; ``kept``:
-    every other Linear layer's name with the reason it stays in high precision; ``converted``:
-    the names of ``convert`` converted so far (before a tensor-parallel plan, or with the
-    model); ``options``: the plugin options it was made and converted with; ``originals``:
-    the Linear modules converted, by name."""
+    every other Linear layer's name with the reason it stays in high precision; ``options``:
+    the plugin options it was made and converted with; ``originals``: the Linear modules of
+    ``convert`` converted so far (before a tensor-parallel plan, or with the model), by name,
+    put back when the stage ends."""
 
     convert: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
-    converted: set[str] = field(default_factory=set)
     options: dict[str, object] = field(default_factory=dict)
-    #: the converted layers' own modules, by name, put back when the stage ends
     originals: dict[str, nn.Module] = field(default_factory=dict)
+
+    @property
+    def converted(self) -> KeysView[str]:
+        """The names of the layers converted so far."""
+        return self.originals.keys()
 
     def kept_reasons(self) -> str:
         """Each kept layer with its reason, in the model's order."""

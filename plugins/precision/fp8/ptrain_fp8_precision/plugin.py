@@ -192,9 +192,10 @@ class FP8MixedPrecision(BF16MixedPrecision):
 
     @hookimpl
     def teardown(self, trainer, stage: str) -> None:
-        """The module leaves the stage with plain Linear layers again, holding the same
-        Parameters, so that a later stage under another precision computes as it asks, and a
-        later fp8-mixed stage converts them anew, with its own options. Layers whose weights
+        """The module leaves the stage with its own Linear modules back in their places,
+        holding the Parameters they trained, so that a later stage under another precision
+        computes as it asks, and a later fp8-mixed stage converts them anew, with its own
+        options. Layers whose weights
         were sharded or split in place (a sharding strategy in this process, a tensor-parallel
         plan) can't go back: they stay converted, and a later stage must ask for the same
         options (:meth:`_choice`)."""
@@ -213,10 +214,10 @@ class FP8MixedPrecision(BF16MixedPrecision):
             enable_fsdp_float8_all_gather=self.all_gather)
         wanted = set(names)
         choice = module.__dict__[CONVERTED]
-        choice.originals.update((name, module.get_submodule(name)) for name in names)
+        originals = {name: module.get_submodule(name) for name in names}
         torchao.convert_to_float8_training(module, config=config,
                                            module_filter_fn=lambda _, name: name in wanted)
-        choice.converted.update(names)
+        choice.originals.update(originals)
         if self.all_gather and not module.__dict__.get(PLAIN_WEIGHTS):
             module.register_state_dict_post_hook(_plain_weights)
             module.__dict__[PLAIN_WEIGHTS] = True

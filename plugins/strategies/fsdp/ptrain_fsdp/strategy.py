@@ -32,7 +32,7 @@ def _replicas(value: Any) -> int | str:
 
 
 #: the passes whose forwards no backward follows (see FSDPStrategy.on_epoch_metrics)
-EVALUATION_LOOPS = ("validate", "test", "predict")
+EVALUATION_STAGES = ("validate", "test", "predict")
 
 
 class FSDPStrategy(ProcessGroupStrategy):
@@ -179,7 +179,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         module's parameters are the shards again (what checkpoints, the state check and the
         next optimizer step see; under fp8-mixed's float8 all-gather the gathered ones are
         float8 tensors) and the gathered copies' memory is freed."""
-        if stage in EVALUATION_LOOPS and not self.reshard_after_forward and trainer.model:
+        if stage in EVALUATION_STAGES and not self.reshard_after_forward and trainer.model:
             for module in trainer.model.modules():
                 if isinstance(module, FSDPModule):
                     module.reshard()
