@@ -368,6 +368,31 @@ def test_a_users_own_background_save_that_fails_is_never_dropped_silently(tmp_pa
     assert not (tmp_path / "step-3.ckpt").exists()
 
 
+class SignalledAfterItsSave(SavesItself):
+    """Saves in the background after step ``at_step``, then is sent SIGTERM at once: the
+    stop comes at that same step boundary, with the save's write still unfinished."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        if self.trainer.global_step == self.at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_signal_saves_the_run_before_raising_a_users_failed_background_save(
+        tmp_path, capfd):
+    """The user's save, refused, would stop the run where its write is finished, which is in
+    the stop's own save: the run's checkpoint is written first, then the refusal raised."""
+    module = SignalledAfterItsSave(tmp_path, at_step=3)
+    trainer = trainer_of(tmp_path, BackgroundWriter(refuse=(3,)), max_epochs=1,
+                         num_sanity_val_steps=0)
+    with pytest.raises(CheckpointWriteError, match="step-3.ckpt.*refused"):
+        trainer.fit(module)
+    assert not (tmp_path / "step-3.ckpt").exists()
+    assert safe_load(trainer.last_checkpoint_path)["loop"]["global_step"] == 3
+    err = capfd.readouterr().err
+    assert f"SIGTERM: the run was saved to {trainer.last_checkpoint_path} at step 3" in err
+
+
 class NormedRegressor(TinyRegressor):
     """:class:`TinyRegressor` with a batch norm first: every forward in training changes its
     running statistics."""

@@ -19,6 +19,12 @@ was signalled (the signal may reach one rank only: ``kill -TERM`` of rank 0).
 Under SLURM (``SLURM_JOB_ID`` set), ``requeue`` runs ``requeue_command`` (default
 ``scontrol requeue {job_id}``) on rank 0 after the checkpoint is written, as Lightning's SLURM
 plugin does, so the job comes back and resumes with ``--ckpt-path last``.
+
+A background checkpoint write still in flight is finished first. Where it failed and its error
+would stop the run (a user's own ``save_checkpoint(..., asynchronous=True)`` that nothing
+waited on, or a periodic checkpoint under the ``stop`` write-error policy), ``last.ckpt`` is
+still written, and then that error is raised instead of ``Interrupted`` (no requeue: the run
+failed). If the stop's own save fails too, its error is raised, chained to the earlier one.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ptrain.errors import ConfigError, Interrupted
+from ptrain.errors import Interrupted
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool, to_str_list
 
@@ -165,6 +171,18 @@ class StopSignals:
             self._posted = None
         received = self.received or signal.SIGTERM
         path = trainer.last_checkpoint_path
+        try:
+            # a background write in flight that failed (a user's own save, to another disk
+            # perhaps) must not cost the run its stop checkpoint: its error comes after it
+            trainer.finish_checkpoint_write()
+        except Exception:  # every rank alike: the ranks agree on write errors
+            trainer.save_checkpoint(path)  # its own refusal is raised from the earlier one
+            if trainer.is_global_zero and not trainer.fast_dev_run:
+                print(f"ptrain: {received.name}: the run was saved to {path} at step "
+                      f"{trainer.global_step} (resume it with --ckpt-path last); an earlier "
+                      f"checkpoint write had failed, and its error stops the run.",
+                      file=sys.stderr, flush=True)
+            raise
         trainer.save_checkpoint(path)
         written = None if trainer.fast_dev_run else str(path)
         if written and self.requeue and trainer.is_global_zero and "SLURM_JOB_ID" in os.environ:
