@@ -29,7 +29,7 @@ def main(rank: int, out: str, listening: list[int]) -> None:
         write.add(refuse if rank == 0 else (lambda: None))
         if rank in listening:
             write.then(lambda error: heard.append(type(error).__name__))
-        error = write.finish(WriteAgreement().first_errors)
+        error = write.finish(WriteAgreement().agreed_outcome)
         Path(out, f"rank{rank}.json").write_text(json.dumps({
             "error": type(error).__name__, "heard": heard,
             "unheard": None if write.unheard_error is None else str(write.unheard_error)}))

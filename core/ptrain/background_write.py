@@ -26,7 +26,7 @@ its error.
 
 Under several processes the write is one write of the job: the ranks learn together that it has
 ended (:meth:`WriteAgreement.all_ended`, at each step boundary) and run what waited on it with the
-same errors (:meth:`WriteAgreement.first_errors`), so that every rank makes the same decisions
+same errors (:meth:`WriteAgreement.agreed_outcome`), so that every rank makes the same decisions
 (stop, or undo a refused save) at the same step.
 """
 
@@ -496,7 +496,7 @@ class BackgroundWrite:
         """Wait for the queued files, then run the continuations in order (on this thread),
         each with its part's error; with ``agree``, the parts' errors and which parts a
         continuation waited on are first replaced by what it makes of them (the job's, under
-        several processes: :meth:`WriteAgreement.first_errors`). Return the write's error
+        several processes: :meth:`WriteAgreement.agreed_outcome`). Return the write's error
         (its first part's that failed), or ``None``; :attr:`unheard_error` is the one no
         continuation was given."""
         with self._lock:
@@ -543,7 +543,7 @@ class WriteAgreement:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._ranks())
         return bool(flag.item())
 
-    def first_errors(self, errors: list[BaseException | None], heard: set[int]
+    def agreed_outcome(self, errors: list[BaseException | None], heard: set[int]
                      ) -> tuple[list[BaseException | None], set[int]]:
         """Per part (every rank has as many: one per save), the error of the first rank whose
         files of it failed, the same on every rank (``None``: every rank wrote its files): its

@@ -339,8 +339,9 @@ class Trainer:
             ckpt_path: str | None = None, *, train_dataloaders: Any = None,
             val_dataloaders: Any = None) -> None:
         """Train ``module``; with ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resume
-        exactly; ``"auto"``: from ``"last"`` when there is one, else from the start. Dataloaders given here are used instead of the module's (or the datamodule's)
-        for their stage."""
+        exactly; ``"auto"``: from ``"last"`` when there is one, else from the start.
+        Dataloaders given here are used instead of the module's (or the datamodule's) for
+        their stage."""
         self._run("fit", module, datamodule, ckpt_path,
                   {"train": train_dataloaders, "validate": val_dataloaders})
 
@@ -450,7 +451,8 @@ class Trainer:
         loss went non-finite, and with :class:`NonFiniteStateError` when a parameter or
         optimizer state tensor is (:mod:`ptrain.finite_state`; an asynchronous save in a single
         process whose files hold copies of the state checks those on the writer's thread
-        instead, and its refusal comes as a failed write's does). Under ``fast_dev_run`` nothing is written.
+        instead, and its refusal comes as a failed write's does). Under ``fast_dev_run``
+        nothing is written.
 
         ``weights_only``: the module's weights, class, hyperparameters and counters only (no
         optimizer, scheduler, random or plugin state; ``checkpoint["weights_only"]`` is
@@ -694,7 +696,7 @@ class Trainer:
                              and write.point is self._point):
             return
         self._background_write = None
-        error = write.finish(self._write_agreement.first_errors if self.world_size > 1 else None)
+        error = write.finish(self._write_agreement.agreed_outcome if self.world_size > 1 else None)
         if isinstance(error, ChangedBeforeCopiedError):  # e.g. a forward that renorms weights
             self._defers_copies = False
         if error is None and write.checks_state:
@@ -1196,7 +1198,8 @@ class Trainer:
         place); otherwise a new ``version_N`` folder, reserved by creating it
         (:mod:`ptrain.run_folder`)."""
         origin = None
-        if checkpoint_file is not None and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
+        if checkpoint_file is not None \
+                and checkpoint_file.parent.name == LAST_CHECKPOINT.parent.name:
             run = checkpoint_file.parent.parent
             if run_folder.is_run_folder(run):
                 under_root = run.resolve().parent == Path(self.run_root).resolve()
