@@ -745,3 +745,55 @@ def test_a_save_lost_at_the_last_step_is_taken_again_at_the_end_of_the_loop(tmp_
     names = [sorted(p.name for p in folder.glob("*.ckpt")) for folder in (sync, background)]
     assert names[0] == names[1] == ["last.ckpt", "step=4.ckpt"], (names, said)
     assert_same_files([sync, background], names[0])
+
+
+class ChangedInPlaceAt:
+    """After the checkpoint callback's on_train_batch_end of step ``step`` (trylast), changes
+    the table in place (by a factor of 1: the values stay): the save of that step is lost."""
+
+    name = "changed-in-place-at"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @ptrain.hookimpl(trylast=True)
+    def on_train_batch_end(self, trainer, batch, batch_idx, loss):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                trainer.module.table.weight.mul_(1.0)
+
+
+class ScoredTable(WideTable):
+    """Logs ``score`` = ``SCORES[step]`` at each step (the step its optimizer step makes)."""
+
+    SCORES = {1: 9.0, 2: 1.0, 3: 9.0, 4: 3.0, 5: 9.0, 6: 0.5, 7: 2.0, 8: 5.0, 9: 0.1,
+              10: 5.0, 11: 5.0, 12: 5.0}
+
+    def training_step(self, batch, batch_idx):
+        self.log("score", self.SCORES[self.trainer.global_step + 1])
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_lost_save_is_taken_again_once_and_the_triggers_go_on_as_before(tmp_path, capfd):
+    """The top-1 save at step 6 (score 0.5) is lost: the top-k goes back to step 2's file,
+    step 7 takes it again and ranks its own score (2.0, not kept), and from there only the
+    triggers' steps rank (8, 10, 12), not step 9, whose 0.1 would have been kept. Should the
+    writer's thread copy the table before the change (a scheduling chance), nothing is lost
+    and step 6's file is kept."""
+    torch.manual_seed(0)
+    trainer = ptrain.Trainer(
+        accelerator="cpu", seed=0, default_root_dir=str(tmp_path), max_epochs=3,
+        callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",
+                   ChangedInPlaceAt(6)],
+        plugin_options={"checkpoint": {
+            "every_n_train_steps": 2, "save_top_k": 1, "monitor": "score", "mode": "min",
+            "save_last": False, "filename": "{step}", "async_save": True}})
+    trainer.fit(ScoredTable(mb=256))
+    said = capfd.readouterr().err
+    folder = Path(trainer.plugins["checkpoint"].dirpath)
+    names = sorted(p.name for p in folder.glob("*.ckpt"))
+    if "was changed in place" not in said:
+        assert names == ["step=6.ckpt"], said
+        return
+    assert "checkpoint of step 6 was not written" in said
+    assert names == ["step=2.ckpt"], (names, said)
