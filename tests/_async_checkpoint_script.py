@@ -8,8 +8,10 @@ where the checkpoint write just started is still in flight: ``kill`` (SIGKILL), 
 as the second epoch's checkpoint point begins (after its validation, before the checkpoint
 callback's saves), so that its background write is refused with EFBIG wherever it has got to:
 ``fill`` (a file-size limit of 1 MiB for this process), ``fill-warn`` (the same under
-``on_write_error="warn"``, with the top 2 by validation loss kept); or ``none``. ``ROOT/saboteur.json`` says at which step it acted and what the run ended
-with; ``ROOT/final.pt`` holds the final weights of a run that completed. ``--resume`` resumes
+``on_write_error="warn"``, with the top 2 by validation loss kept); ``change`` (one epoch,
+a checkpoint every 2 steps, each kept as ``step=N``: after the callback's save at step 2, the
+last rank changes its first parameter in place, before its deferred copy is made); or
+``none``. ``ROOT/saboteur.json`` says at which step it acted and what the run ended with; ``ROOT/final.pt`` holds the final weights of a run that completed. ``--resume`` resumes
 from ``last``. ``--strategy S`` (``ddp``, ``fsdp``): a job of 2 processes, every one running this
 script (the script launcher), with twice the data, so that an epoch has as many steps; global
 rank 0 acts, a kill being of the whole job (this script's process group: start it in a session
@@ -78,6 +80,13 @@ class Saboteur:
         elif self.action == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
 
+    @ptrain.hookimpl(trylast=True)  # after the checkpoint callback's save at this step
+    def on_train_batch_end(self, trainer) -> None:
+        if self.action == "change" and trainer.global_step == 2 \
+                and trainer.global_rank == trainer.world_size - 1:
+            with torch.no_grad():
+                next(trainer.module.parameters()).mul_(1.0)  # the values stay
+
     def write(self, **entries) -> None:
         old = json.loads(self.record.read_text()) if self.record.exists() else {}
         self.record.write_text(json.dumps({**old, **entries}))
@@ -91,7 +100,10 @@ def main(action: str, root: Path, resume: bool, strategy: str | None) -> int:
     checkpoint = {"async_save": True}
     if action == "fill-warn":
         checkpoint.update(on_write_error="warn", monitor="val_loss", save_top_k=2)
-    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=EPOCHS, seed=0,
+    if action == "change":
+        checkpoint.update(every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1 if action == "change" else EPOCHS,
+                             seed=0,
                              default_root_dir=str(root), devices=processes,
                              **({} if strategy is None else {"strategy": strategy}),
                              callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",

@@ -120,3 +120,20 @@ def test_under_a_tensor_parallel_plan_the_background_checkpoint_equals_the_synch
     for index, state in states[0].items():
         for key, value in state.items():
             assert torch.equal(value, states[1][index][key]), (index, key)
+
+
+def test_a_copy_lost_on_one_rank_is_every_ranks_loss_and_taken_again_at_the_next_step(
+        tmp_path):
+    """Under ``fsdp`` the folder is written by every rank's writer thread together: the last
+    rank's deferred copy finds its shard changed in place, and rank 0's thread, whose copies
+    were made, must not wait for it in the write's collectives (it did, and the job hung).
+    Every rank drops the save of step 2 and takes it again at step 3."""
+    changed = run("change", tmp_path / "change", strategy="fsdp")
+    assert changed.code == 0 and changed.record["ended"] == "complete", changed.output
+    said = [line for line in changed.output.splitlines() if "was changed in place" in line]
+    assert len(said) == 1 and said[0].startswith("ptrain: warning: rank 1: the checkpoint of "
+                                                 "step 2 was not written"), said
+    folder = last(changed.root).parent
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step=3.ckpt",
+                                                         "step=4.ckpt"]
+    assert step_of(folder / "step=3.ckpt") == 3

@@ -27,7 +27,9 @@ its error.
 Under several processes the write is one write of the job: the ranks learn together that it has
 ended (:meth:`WriteAgreement.all_ended`, at each step boundary) and run what waited on it with the
 same errors (:meth:`WriteAgreement.agreed_outcome`), so that every rank makes the same decisions
-(stop, or undo a refused save) at the same step.
+(stop, or undo a refused save) at the same step. A file that the ranks' writer threads write
+together (a sharded folder) is a :class:`CollectiveWrite`: it runs on a rank whose save failed
+already too, to fail there with the others rather than leave them in a collective.
 """
 
 from __future__ import annotations
@@ -457,10 +459,14 @@ class BackgroundWrite:
                     part, work = self._queue.pop(0)
                 else:
                     return
-                failed = any(error is not None for error in self._errors[:part + 1])
+                failed = next((error for error in self._errors[:part + 1]
+                               if error is not None), None)
             try:
-                if not failed:  # a failed file (or copy) stops the files after it
+                if failed is None:
                     work()
+                elif isinstance(work, CollectiveWrite):  # the other ranks' threads wait for it
+                    work.write(failed)
+                # else: a failed file (or copy) stops the files after it
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 self._fail(part, exc)
             finally:
@@ -470,7 +476,7 @@ class BackgroundWrite:
                         self._uncopied -= 1
                         self._lock.notify_all()
             try:
-                if copies is not None and not failed:
+                if copies is not None and failed is None:
                     copies.wait()  # in host memory, before the files read them
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 self._fail(part, exc)
@@ -566,18 +572,51 @@ class WriteAgreement:
                 agreed.append(None)
                 continue
             rank, (kind, message) = failed[0]
-            if rank == dist.get_rank():
-                agreed.append(error)
-            elif kind in _AGREED_KINDS:
-                agreed.append(_AGREED_KINDS[kind](f"rank {rank}: {message}"))
-            else:
-                agreed.append(RuntimeError(f"rank {rank}'s part of the checkpoint write "
-                                           f"failed: {message}"))
+            agreed.append(error if rank == dist.get_rank() else _as_agreed(rank, kind, message))
         return agreed, heard_by_any
+
+
+class CollectiveWrite:
+    """A file of a checkpoint that every rank's writer thread writes together (collectives over
+    a group of their own), as ``save_checkpoint_in_background`` may return it in place of a
+    plain function. A plain function is skipped on a rank whose save failed already (a copy of
+    a tensor changed before it was made, an earlier file of the write), which would leave the
+    other ranks waiting in its first collective; ``write(failed)`` is called there too, with
+    that error (``None`` where nothing failed), and must raise on every rank when it is not
+    ``None`` on some: :func:`agree_to_write` first does that."""
+
+    def __init__(self, write: Callable[[BaseException | None], None]) -> None:
+        self.write = write
+
+    def __call__(self) -> None:
+        self.write(None)
+
+
+def agree_to_write(failed: BaseException | None, group: Any = None) -> None:
+    """On every rank of ``group`` (all ranks; ``None``: the default group) at once: return when
+    ``failed`` is ``None`` on every rank, else raise the first failing rank's error on every
+    rank (its own there, one of the same kind naming that rank on the others)."""
+    views: list[tuple[str, str] | None] = [None] * dist.get_world_size(group)
+    mine = None if failed is None else (_agreed_kind(failed), str(failed))
+    dist.all_gather_object(views, mine, group=group)
+    rank, view = next(((r, v) for r, v in enumerate(views) if v is not None), (None, None))
+    if view is None:
+        return
+    if rank == dist.get_rank():
+        assert failed is not None
+        raise failed
+    raise _as_agreed(rank, *view)
 
 
 #: the errors of a rank's write that the other ranks raise as the same kind (by name)
 _AGREED_KINDS = {kind.__name__: kind for kind in (CheckpointWriteError, ChangedBeforeCopiedError)}
+
+
+def _as_agreed(rank: int, kind: str, message: str) -> BaseException:
+    """On another rank, the error rank ``rank`` failed with (its kind's name and message)."""
+    if kind in _AGREED_KINDS:
+        return _AGREED_KINDS[kind](f"rank {rank}: {message}")
+    return RuntimeError(f"rank {rank}'s part of the checkpoint write failed: {message}")
 
 
 def _agreed_kind(error: BaseException) -> str:

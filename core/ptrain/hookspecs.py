@@ -841,7 +841,11 @@ def save_checkpoint_in_background(trainer: Trainer, checkpoint: dict[str, Any],
     checkpoint callback at a step boundary, as a synchronous write's error would; under several
     processes every process gets the same error (a refused write:
     :class:`ptrain.CheckpointWriteError`). A collective in them goes over a process group of
-    the plugin's own, never one the training thread uses. Once per stage, before the first
+    the plugin's own, never one the training thread uses; a function whose collectives every
+    rank must join is returned as a :class:`ptrain.background_write.CollectiveWrite`, which
+    runs on a rank whose save failed already too (a copy of a tensor changed before it was
+    made, an earlier file), told so, where a plain function would be skipped there and leave
+    the other ranks waiting. Once per stage, before the first
     such save, it is also called to learn what would be copied
     (``Trainer.prepare_background_copies``): ``trainer.copy_for_background`` then records its
     argument and returns it uncopied, ``path`` is ``os.devnull``, and the functions returned

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 from ptrain import CheckpointError, CheckpointWriteError, private_descriptors, replaced_files
+from ptrain.background_write import CollectiveWrite, agree_to_write
 from ptrain.checkpoint_io import (FOLDER_CHECKSUMS, atomic_save, folder_damage,
                                   incomplete_sharded_folder, load_weights_only, sharded_meta,
                                   write_failed)
@@ -65,9 +66,9 @@ def save_in_background(trainer, checkpoint: dict[str, Any], path: str | Path,
     (``trainer.copy_for_background``); the function returned writes them, to run on the
     background writer's thread, its collectives over ``group`` (every rank, a group the
     training thread does not use). A refusal raises from that function as :func:`save`'s
-    does."""
+    does; so does a rank's failed copy, on every rank (a :class:`CollectiveWrite`)."""
     shards, meta = trainer.copy_for_background(_parts(trainer, checkpoint))
-    return lambda: _write(Path(path), shards, meta, group)
+    return CollectiveWrite(lambda failed: _write(Path(path), shards, meta, group, failed))
 
 
 def _parts(trainer, checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,24 +85,29 @@ def _parts(trainer, checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[st
 
 
 def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
-           group: dist.ProcessGroup | None = None) -> None:
+           group: dist.ProcessGroup | None = None, failed: BaseException | None = None
+           ) -> None:
     """Write the shards and ``meta.pt`` into ``.PATH.tmp``, then swap it into place (see
     :func:`_swap_into_place`); every rank, its collectives over ``group`` (``None``: the
-    default group)."""
+    default group). ``failed``: this rank's part of the save failed already (a background
+    write's copy): nothing is written, and every rank raises it."""
     tmp = _tmp(path)
     rank0 = dist.get_rank() == 0
-    refused: list[str | None] = [None]
-    if rank0:
+    refused = failed
+    if rank0 and failed is None:
         replaced_files.wait()  # the space of the checkpoints earlier saves replaced is free
         _recover(path)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a write that was killed
         try:
             tmp.mkdir(parents=True)
         except OSError as exc:
-            refused = [str(write_failed(path, exc))]
-    dist.broadcast_object_list(refused, src=0, group=group)  # also: the folder is there
-    if refused[0] is not None:
-        raise CheckpointWriteError(refused[0])
+            refused = write_failed(path, exc)
+    try:
+        agree_to_write(refused, group)  # also: the folder is there
+    except BaseException:
+        if rank0:  # made here for a write another rank's failed copy stops
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     files = _CheckpointFiles()
     writer = FileSystemWriter(tmp, sync_files=False)  # each file fsyncs as it closes
     writer.fs = files
