@@ -107,6 +107,24 @@ def test_top_k_files_last_and_attributes_match_lightning(tmp_path, save_last):
         assert os.path.realpath(folder / "last.ckpt") == str(folder / "epoch=3-score=0.5.ckpt")
 
 
+def test_last_is_written_beside_a_kept_top_k_file_only_as_lightning_does(tmp_path):
+    """Top 1 by score (3, 1, 2): epoch 2's value is not kept, and Lightning 2.6 then leaves
+    last.ckpt at epoch 1's state, which ckpt_path="last" validates."""
+    def run(pl, name):
+        folder = tmp_path / name / "ckpts"
+        callback = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="score", save_top_k=1,
+                                                save_last=True)
+        trainer = fit(pl, tmp_path / name, [callback], max_epochs=3)
+        last = torch.load(folder / "last.ckpt", weights_only=False)
+        validated = trainer.validate(ckpt_path="last", verbose=False)
+        return (last["epoch"], last["global_step"], list(listing(folder)),
+                Path(callback.last_model_path).name, validated)
+
+    lightning, ours = both(run)
+    assert lightning[:2] == (1, 4)
+    assert ours == lightning
+
+
 def test_the_default_callback_and_its_folder_match_lightnings(tmp_path):
     def run(pl, name):
         root = tmp_path / name

@@ -437,7 +437,7 @@ class ModelCheckpoint:
                 self._save_topk(trainer, check_now=True)
             # written again even when a validation at this step wrote it: the state after the
             # epoch's end resumes into the next epoch, the same with any number of processes
-            if self._keeps_last:
+            if self._keeps_last and not self._last_beside_topk_only():
                 self._write_last(trainer)
 
     @hookimpl
@@ -508,7 +508,8 @@ class ModelCheckpoint:
 
     def _take(self, trainer, check_now: bool) -> None:
         self._save_topk(trainer, check_now)
-        if self._keeps_last and self._last_written_step != trainer.global_step:
+        if self._keeps_last and not self._last_beside_topk_only() \
+                and self._last_written_step != trainer.global_step:
             self._write_last(trainer)
 
     # -- what ------------------------------------------------------------------------------------
@@ -695,6 +696,12 @@ class ModelCheckpoint:
         ``best_model_path`` names ``last.ckpt``. A subclass writing both returns ``False``."""
         return (self.save_top_k == 1 and self.save_last is True and self.filename is None
                 and not self.save_weights_only)
+
+    def _last_beside_topk_only(self) -> bool:
+        """Whether ``last.ckpt`` is written beside a kept top-k file only
+        (:meth:`_after_topk_write`), not at every checkpoint point. ptrain's is at every point
+        (it resumes the newest state); a subclass may choose otherwise (Lightning's)."""
+        return False
 
     def _after_topk_write(self, trainer) -> None:
         """``last.ckpt`` follows each top-k file (before a dropped file is deleted)."""

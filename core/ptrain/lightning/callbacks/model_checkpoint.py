@@ -27,7 +27,8 @@ class ModelCheckpoint(_Checkpoint):
     """Lightning's ``ModelCheckpoint``, as ptrain's ``checkpoint`` callback (it replaces the
     default one). As in Lightning: files go to ``dirpath``, by default the logger's
     ``<log_dir>/checkpoints``, or ``<default_root_dir>/checkpoints`` without a logger;
-    ``save_last=None`` writes no ``last.ckpt`` and ``"link"`` makes it a link to the newest
+    ``save_last=None`` writes no ``last.ckpt``, ``True`` writes it beside each top-k file (not
+    at a point whose monitored value is not kept) and ``"link"`` makes it a link to the newest
     top-k file; scores (``best_model_score``, ``current_score``, ``best_k_models``' values) are
     tensors; a filename field that was never logged shows 0 (said once); ``state_dict()`` and
     ``load_state_dict()`` are Lightning's (absolute paths, a changed ``dirpath`` restores only
@@ -144,6 +145,11 @@ class ModelCheckpoint(_Checkpoint):
 
     def _newest_is_last(self) -> bool:
         return False  # Lightning writes the newest top-k file beside last.ckpt
+
+    def _last_beside_topk_only(self) -> bool:
+        # Lightning 2.6: save_last=True writes last.ckpt beside a kept top-k file only; "link"
+        # follows the newest one anyway, and weights-only files keep ptrain's resumable last
+        return self.save_last is True and not self.save_weights_only
 
     def _own_folder(self, trainer: Any) -> Optional[Path]:
         """Lightning's: ``dirpath``; without it, ``<default_root_dir>/checkpoints`` when the run
