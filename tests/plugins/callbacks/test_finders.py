@@ -141,6 +141,44 @@ def test_lr_finder_puts_the_training_state_back_bit_for_bit(make_trainer):
     assert trainer.global_step == 1
 
 
+class SampleCount:
+    """A metric object (what the core takes for a torchmetrics.Metric): the samples seen."""
+
+    def __init__(self):
+        self.total = torch.tensor(0.0)
+
+    def update(self, batch_size: int) -> None:
+        self.total = self.total + batch_size
+
+    def __call__(self, batch_size: int) -> torch.Tensor:
+        self.update(batch_size)
+        return torch.tensor(float(batch_size))
+
+    def compute(self) -> torch.Tensor:
+        return self.total
+
+    def reset(self) -> None:
+        self.total = torch.tensor(0.0)
+
+
+class CountsSamples(TinyRegressor):
+    def __init__(self):
+        super().__init__(n=64, batch_size=8)
+        self.samples = SampleCount()
+
+    def training_step(self, batch, batch_idx):
+        self.samples(len(batch[0]))
+        self.log("samples", self.samples, on_step=False, on_epoch=True)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_metric_object_the_search_logged_counts_the_first_epochs_batches_only(make_trainer):
+    """The search's steps log into the module's metric object too; the first epoch's value is
+    of its own 64 samples, not of the search's 12 batches as well."""
+    trainer = fit(make_trainer, CountsSamples(), LRFinder(num_steps=12))
+    assert float(trainer.callback_metrics["samples"]) == 64.0
+
+
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
 def test_snapshot_restores_what_real_steps_changed(make_trainer, precision):
     """A snapshot taken in ``setup``, then real steps at a learning rate that wrecks the model:

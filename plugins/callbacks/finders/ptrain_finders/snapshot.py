@@ -7,9 +7,13 @@ logs from ``training_step``), and the state other plugins keep per step (a loss 
 :class:`TrainingSnapshot` copies all of that once and can restore it any number of times (the
 batch-size finder restores after every trial).
 
+A metric object (torchmetrics) that the search's steps logged first is reset and forgotten, so
+the first epoch after the search counts its own batches only.
+
 What it does not cover: Python attributes a module changes on itself in ``training_step``, and
 state inside wrappers that is not tensors (DDP's reducer counters); neither affects the
-numbers of the run that follows.
+numbers of the run that follows. Nor the inside of a metric object logged before the snapshot
+was taken (a finder takes it before the stage's first training step, where none has been).
 """
 
 from __future__ import annotations
@@ -133,6 +137,8 @@ def _metric_state(store: Any) -> dict[str, Any]:
     return {"step_values": dict(store.step_values),
             "epoch_sums": {stage: {k: list(v) for k, v in sums.items()}
                            for stage, sums in store.epoch_sums.items()},
+            "epoch_objects": {stage: dict(objects)
+                              for stage, objects in store.epoch_objects.items()},
             "prog_bar": set(store.prog_bar),
             "callback_metrics": dict(store.callback_metrics)}
 
@@ -143,6 +149,14 @@ def _restore_metric_state(store: Any, saved: dict[str, Any]) -> None:
     store.epoch_sums.clear()
     store.epoch_sums.update({stage: {k: list(v) for k, v in sums.items()}
                              for stage, sums in saved["epoch_sums"].items()})
+    for stage, objects in store.epoch_objects.items():
+        before = saved["epoch_objects"].get(stage, {})
+        for name, metric in objects.items():
+            if before.get(name) is not metric:  # logged by the search's steps: counts nothing
+                metric.reset()
+    store.epoch_objects.clear()
+    store.epoch_objects.update({stage: dict(objects)
+                                for stage, objects in saved["epoch_objects"].items()})
     store.prog_bar.clear()
     store.prog_bar.update(saved["prog_bar"])
     store.callback_metrics.clear()
