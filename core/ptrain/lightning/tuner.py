@@ -147,6 +147,9 @@ class Tuner:
         from ptrain.trainer import Trainer as NativeTrainer
 
         scratch = Path(tempfile.mkdtemp(prefix="ptrain-tuner-"))
+        # the Tuner says what it sets, as Lightning's does; the finder's line would name its
+        # own suggestion and a plot in the scratch folder, deleted when the search returns
+        finder.prints = False
         try:
             given = dict(self._trainer._init_kwargs)
             if isinstance(self._trainer, pl.Trainer):

@@ -30,6 +30,9 @@ class Finder:
 
     #: the plugin's name (the entry point's), used when it is given as an object from Python
     name = "finder"
+    #: whether :meth:`report` prints its line (it logs it always); off for a search run for
+    #: someone who says what the search found in words of their own (the Lightning Tuner)
+    prints = True
 
     def __init__(self, then: str = "fit"):
         if then not in THEN:
@@ -68,10 +71,11 @@ class Finder:
         return tuple(p for p in trainer.plugins.values() if isinstance(p, Finder))
 
     def report(self, trainer: Any, line: str) -> None:
-        """Print ``line`` once (global rank 0) and log it."""
+        """Print ``line`` once (global rank 0; unless :attr:`prints` is off) and log it."""
         if trainer.is_global_zero:
             log.info(line)
-            print(line, flush=True)
+            if self.prints:
+                print(line, flush=True)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
