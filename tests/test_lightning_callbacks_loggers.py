@@ -156,6 +156,30 @@ def test_a_users_logger_receives_what_lightning_gives_it(tmp_path):
     assert kind(ours, "log_hyperparams")[0] is ours[0]  # first, as in Lightning
 
 
+@pytest.mark.parametrize("logger", [None, False], ids=["default", "off"])
+def test_fast_dev_run_gives_the_module_a_logger_that_records_nothing_as_lightning_does(
+        tmp_path, logger):
+    """Lightning's fast_dev_run stands a DummyLogger in for the loggers it turns off: code that
+    writes through self.logger runs and records nothing (none without a logger at all)."""
+    seen = []
+    for framework in (pl, ppl):
+        class Writes(model_class(framework)):
+            def training_step(self, batch, batch_idx):
+                if self.logger is not None:
+                    self.logger.experiment.add_scalar("custom", 1.0, self.global_step)
+                    self.logger.log_hyperparams({"a": 1})
+                return super().training_step(batch, batch_idx)
+
+        root = tmp_path / framework.__name__
+        trainer = framework.Trainer(max_epochs=1, fast_dev_run=2, logger=logger,
+                                    default_root_dir=str(root), **QUIET)
+        trainer.fit(Writes())
+        seen.append((type(trainer.logger).__name__, len(trainer.loggers),
+                     trainer.logger and trainer.logger.log_dir, trainer.log_dir is None,
+                     sorted(p.name for p in root.rglob("*")) if root.exists() else []))
+    assert seen[1] == seen[0]
+
+
 def test_a_users_logger_is_finalized_as_failed_after_an_error(tmp_path):
     class Failing(model_class(ppl)):
         def training_step(self, batch, batch_idx):

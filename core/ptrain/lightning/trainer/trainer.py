@@ -265,6 +265,19 @@ class Trainer(_Trainer):
         return self.module
 
     @property
+    def loggers(self) -> list[Any]:
+        """The run's loggers; under ``fast_dev_run``, which turns them off, one
+        ``DummyLogger`` standing for them (Lightning's), so code that uses ``self.logger``
+        runs unchanged and records nothing."""
+        if self.fast_dev_run and self._given_loggers:
+            if getattr(self, "_dummy_logger", None) is None:
+                from ptrain.lightning.loggers.logger import DummyLogger
+
+                self._dummy_logger = DummyLogger()
+            return [self._dummy_logger]
+        return super().loggers
+
+    @property
     def logger(self) -> Any:
         loggers = self.loggers
         return loggers[0] if loggers else None
