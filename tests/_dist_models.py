@@ -106,6 +106,44 @@ class StartMethodRecorder(TinyRegressor):
         Path(self.folder, f"rank{_rank()}.txt").write_text(multiprocessing.get_start_method())
 
 
+class RandomDraws(torch.utils.data.Dataset):
+    """Each item is a fresh draw of torch's, NumPy's and Python's generators (what a random
+    augmentation draws), made in the DataLoader worker that loads it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import random
+
+        import numpy as np
+
+        return torch.tensor([torch.rand(()).item(), float(np.random.rand()), random.random()])
+
+
+class DrawRecorder(TinyRegressor):
+    """Trains on :class:`RandomDraws` loaded by one DataLoader worker; writes each rank's
+    draws, in the order its steps see them, to ``folder/draws<R>.json``."""
+
+    def __init__(self, folder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.folder, self.net = folder, nn.Linear(3, 1)
+        self.draws: list[list[float]] = []
+
+    def train_dataloader(self):
+        return DataLoader(RandomDraws(), batch_size=2, num_workers=1)
+
+    def val_dataloader(self):
+        return None
+
+    def training_step(self, batch, batch_idx):
+        self.draws += batch.tolist()
+        return self.net(batch).pow(2).mean()
+
+    def on_fit_end(self):
+        Path(self.folder, f"draws{_rank()}.json").write_text(json.dumps(self.draws))
+
+
 class OwnSamplerRegressor(TinyRegressor):
     """TinyRegressor whose training dataloader has a sampler of its own (not a Random- or
     SequentialSampler), which a multi-process strategy can't shard for it. ``slow_rank`` makes

@@ -34,6 +34,7 @@ ptrain runs on torch's own distributed engine; nothing here is a process pool of
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import multiprocessing
@@ -59,7 +60,7 @@ from ptrain.data import rebuild_dataloader
 from ptrain.errors import CheckpointWriteError, ConfigError, Interrupted, PtrainError
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool
-from ptrain.seeding import last_seed
+from ptrain.seeding import last_seed, seed_replica_worker
 
 if TYPE_CHECKING:
     from ptrain.options import OptionGroup
@@ -621,7 +622,14 @@ class ProcessGroupStrategy:
     @hookimpl(wrapper=True)
     def prepare_dataloader(self, trainer: Trainer, stage: str):
         loader = yield
-        if not self.distributed_sampler or not isinstance(loader, DataLoader):
+        if not isinstance(loader, DataLoader):
+            return loader
+        rank, replicas, _ = self.data_parallel(trainer)
+        if loader.num_workers > 0 and loader.worker_init_fn is None:
+            # each replica's workers draw their own random numbers (augmentations)
+            loader = rebuild_dataloader(
+                loader, worker_init_fn=functools.partial(seed_replica_worker, rank))
+        if not self.distributed_sampler:
             return loader
         sampler = loader.sampler
         if isinstance(sampler, DistributedSampler):
@@ -641,7 +649,6 @@ class ProcessGroupStrategy:
                                         or isinstance(sampler, RandomSampler))
         # the Trainer's seed, else the job's last seed_everything (every rank's is the same)
         seed = trainer.seed if trainer.seed is not None else (last_seed() or 0)
-        rank, replicas, _ = self.data_parallel(trainer)
         return rebuild_dataloader(loader, sampler=DistributedSampler(
             loader.dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed,
             drop_last=False))

@@ -43,7 +43,8 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     passed to them in the environment, so every rank of the job draws alike). ``workers`` is
     accepted for Lightning's signature: torch already seeds each DataLoader worker's Python,
     NumPy and torch generators from a base seed drawn from the seeded generator, so their draws
-    are reproducible either way.
+    are reproducible either way; under several processes the strategy gives each replica's
+    workers seeds of their own (:func:`seed_replica_worker`), with or without it.
     """
     if seed is None and script_launch.is_started_copy():
         seed = last_seed()
@@ -61,3 +62,18 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
 
     np.random.seed(seed % 2**32)
     return seed
+
+
+def seed_replica_worker(replica: int, worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``, bound to the process's data-parallel rank
+    (``functools.partial(seed_replica_worker, replica)``): seeds the worker's Python, NumPy and
+    torch generators from torch's seed for it and ``replica``. Torch's seed (the loader's base
+    seed plus ``worker_id``) is the same on every process seeded alike, so without this the
+    workers of two ranks draw the same random augmentations; the processes of one replica
+    (tensor parallel) read the same batches and keep drawing alike."""
+    import numpy as np
+
+    words = np.random.SeedSequence([torch.initial_seed(), replica]).generate_state(4)
+    torch.manual_seed((int(words[0]) << 32) | int(words[1]))
+    random.seed(int(words[2]))
+    np.random.seed(int(words[3]))

@@ -11,6 +11,8 @@ unpickle them, so they must live in an importable module.
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import math
 import multiprocessing
 import os
@@ -31,11 +33,13 @@ import ptrain
 
 from ptrain.distributed import Environment, detect_environment, first_host
 from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
+from ptrain.seeding import seed_replica_worker
 from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
 from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
-from tests._dist_models import (FailingRegressor, NaNOnOneRank, OwnSamplerRegressor, RankRecorder,
-                                StartMethodRecorder, StopOnOneRank, read_records)
+from tests._dist_models import (DrawRecorder, FailingRegressor, NaNOnOneRank, OwnSamplerRegressor,
+                                RandomDraws, RankRecorder, StartMethodRecorder, StopOnOneRank,
+                                read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -353,14 +357,19 @@ def test_metrics_are_reduced_and_each_epoch_reshuffles_the_shards(make_trainer, 
         assert orders[rank, 0] != orders[rank, 1], f"rank {rank} saw the same order twice"
 
 
-def _sampler_put_in(trainer, loader, stage: str):
-    """The sampler the run's strategy puts in ``loader`` for ``stage`` (its real
+def _loader_put_in(trainer, loader, stage: str):
+    """What the run's strategy makes of ``loader`` for ``stage`` (its real
     ``prepare_dataloader`` wrapper, driven as pluggy drives it)."""
     wrapper = trainer.plugins[trainer.options["strategy"]].prepare_dataloader(trainer, stage)
     next(wrapper)
     with pytest.raises(StopIteration) as done:
         wrapper.send(loader)
-    return done.value.value.sampler
+    return done.value.value
+
+
+def _sampler_put_in(trainer, loader, stage: str):
+    """The sampler the run's strategy puts in ``loader`` for ``stage``."""
+    return _loader_put_in(trainer, loader, stage).sampler
 
 
 def test_the_training_shard_shuffles_as_the_dataloader_says_unless_told_always():
@@ -378,6 +387,45 @@ def test_the_training_shard_shuffles_as_the_dataloader_says_unless_told_always()
     with pytest.raises(ConfigError, match="loader or always"):
         ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu",
                        plugin_options={"ddp": {"train_shuffle": "sometimes"}})
+
+
+def _worker_draws(**loader_options) -> list[list[float]]:
+    torch.manual_seed(0)  # as every rank of a job is seeded
+    loader = torch.utils.data.DataLoader(RandomDraws(), batch_size=2, num_workers=2,
+                                         **loader_options)
+    return [row for batch in loader for row in batch.tolist()]
+
+
+def test_each_replicas_dataloader_workers_draw_their_own_random_numbers():
+    """Torch seeds a worker from the loader's base seed, drawn alike on ranks seeded alike:
+    two ranks' workers draw the same augmentations. The strategy binds each loader with
+    workers and no worker_init_fn of its own to seed_replica_worker and the replica's rank,
+    whose workers then draw apart from the other rank's, and alike from run to run."""
+    trainer = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu")
+    loader = _loader_put_in(trainer, torch.utils.data.DataLoader(RandomDraws(), num_workers=2),
+                            "train")
+    assert loader.worker_init_fn.func is seed_replica_worker
+    assert loader.worker_init_fn.args == (0,)  # this process's data-parallel rank
+    own = torch.utils.data.DataLoader(RandomDraws(), num_workers=2, worker_init_fn=print)
+    assert _loader_put_in(trainer, own, "train").worker_init_fn is print
+    assert _worker_draws() == _worker_draws()  # the problem: every rank draws these
+    ranks = [_worker_draws(worker_init_fn=functools.partial(seed_replica_worker, rank))
+             for rank in range(WORLD)]
+    assert ranks[0] == _worker_draws(worker_init_fn=functools.partial(seed_replica_worker, 0))
+    for a, b in zip(*ranks):
+        assert all(x != y for x, y in zip(a, b)), (a, b)  # torch, NumPy, Python: each apart
+
+
+@TWO_PROCESS_RUNS
+def test_the_ranks_of_a_job_draw_different_augmentations_in_their_workers(make_trainer,
+                                                                          tmp_path):
+    trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
+                           seed=0, plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    trainer.fit(DrawRecorder(str(tmp_path)))
+    draws = [json.loads((tmp_path / f"draws{rank}.json").read_text()) for rank in range(WORLD)]
+    assert len(draws[0]) == len(draws[1]) == 4
+    for a, b in zip(*draws):
+        assert all(x != y for x, y in zip(a, b)), (a, b)
 
 
 def test_the_samplers_seed_is_the_jobs_seed_everything_seed(monkeypatch):
