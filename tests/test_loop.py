@@ -298,6 +298,37 @@ def test_accumulation_over_a_stream_steps_at_its_end(make_trainer):
     assert_same_params(module, reference)
 
 
+class BatchEnds:
+    """At each on_train_batch_end: (batch_idx, trainer.is_last_batch, global_step, the
+    validations run so far)."""
+
+    name = "batch-ends"
+
+    def __init__(self, recorder: Recorder):
+        self.recorder, self.seen = recorder, []
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, trainer, batch_idx):
+        self.seen.append((batch_idx, trainer.is_last_batch, trainer.global_step,
+                          len(self.recorder.validations)))
+
+
+@pytest.mark.parametrize("loader", ["sized", "stream"])
+def test_a_streams_last_batch_is_known_while_it_runs_as_a_sized_loaders_is(make_trainer,
+                                                                          loader):
+    """Read one batch ahead, a stream's last batch (the 8th: a window of 3, 3 and 2) takes its
+    optimizer step and is followed by the epoch's validation before its on_train_batch_end,
+    as the last batch of a loader with a length is."""
+    recorder = Recorder()
+    ends = BatchEnds(recorder)
+    torch.manual_seed(0)
+    module = StreamRegressor() if loader == "stream" else TinyRegressor()
+    fit(make_trainer, module, recorder, ends, max_epochs=1, accumulate_grad_batches=3)
+    assert ends.seen == [(0, False, 0, 0), (1, False, 0, 0), (2, False, 1, 0),
+                         (3, False, 1, 0), (4, False, 1, 0), (5, False, 2, 0),
+                         (6, False, 2, 0), (7, True, 3, 1)]
+
+
 def test_validation_at_the_end_of_an_epoch_of_a_stream(make_trainer):
     recorder = Recorder()
     torch.manual_seed(0)

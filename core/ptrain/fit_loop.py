@@ -249,7 +249,8 @@ class FitLoop:
         are replayed so the remaining batches (and every random draw after them) are those of an
         unbroken run: the epoch's data order comes from the state saved at its start, everything
         after the skipped batches from the state saved with the checkpoint. The pairs come from
-        C iterators (no Python call per batch); they end early when the loader runs dry."""
+        C iterators (no Python call per batch); they end early when the loader runs dry. A loader
+        without a length is read one batch ahead (:meth:`_one_ahead`)."""
         t = self.trainer
         state = t.loop_state
         resume_rng, self.resume_rng = self.resume_rng, None
@@ -268,8 +269,22 @@ class FitLoop:
             next(iterator)
         if resume_rng is not None:
             checkpoint_io.restore_rng_states(resume_rng)
-        remaining = None if math.isinf(self.num_batches) else self.num_batches - start
-        return enumerate(itertools.islice(iterator, remaining), start)
+        if math.isinf(self.num_batches):
+            return self._one_ahead(enumerate(iterator, start))
+        return enumerate(itertools.islice(iterator, self.num_batches - start), start)
+
+    def _one_ahead(self, pairs: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+        """``pairs``, each fetched before the one before it runs, so that the epoch's last batch
+        is known while it runs (``trainer.is_last_batch``): it takes its optimizer step at the
+        end of an accumulation window, and the epoch's validation, as a sized loader's does.
+        A dataset whose code runs between items (a generator's, after its last ``yield``) runs
+        it one batch earlier, as under Lightning."""
+        t = self.trainer
+        ahead = next(pairs, None)
+        while ahead is not None:
+            current, ahead = ahead, next(pairs, None)
+            t.is_last_batch = ahead is None
+            yield current
 
     def run_epoch(self) -> bool:
         """One epoch (or its rest, on resume); True when it ended before its last batch."""
@@ -293,6 +308,7 @@ class FitLoop:
         pending_grads = False
         validated_last = True  # whether the last batch seen was followed by a validation
         ran_dry = False  # a loader without a length ended its epoch
+        t.is_last_batch = False
         for batch_idx, batch in self._batches(state["batch"]):
             loss = self.train_batch(batch, batch_idx)
             # a checkpoint's deferred copies overlap this batch's forward and backward only:
@@ -302,7 +318,7 @@ class FitLoop:
             t.wait_for_checkpoint_copies()
             pending_grads = self.automatic and not t.sync_gradients
             state["batch"] = batch_idx + 1
-            if state["batch"] == self.num_batches and self.last_batch_schedulers:
+            if t.is_last_batch and self.last_batch_schedulers:
                 self._step_epoch_schedulers(self.last_batch_schedulers)
             if self.step_hooks.has_on_train_step_end:
                 self.step_hooks.on_train_step_end(trainer=t, batch=batch, batch_idx=batch_idx,
@@ -313,7 +329,8 @@ class FitLoop:
                 t.metrics.publish_step()
                 ran_check = True
             validated_last = validate_this_epoch and (
-                (offset + batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == end)
+                (offset + batch_idx + 1) % self.val_interval == 0 or batch_idx + 1 == end
+                or (t.is_last_batch and not self.across_epochs))
             if validated_last:
                 self._validate()
                 ran_check = True
@@ -325,13 +342,15 @@ class FitLoop:
             if ran_check:  # after on_train_batch_end: a stop a callback asks for there counts
                 self.agree_on_stop()
             if t.max_steps is not None and 0 <= t.max_steps <= t.global_step:  # -1: no limit
-                stopped_early = state["batch"] < self.num_batches
+                stopped_early = not t.is_last_batch
                 break
             if t.should_stop and ran_check and self._minimums_met(epoch_done=False):
-                stopped_early = state["batch"] < self.num_batches
+                stopped_early = not t.is_last_batch
                 break
         else:
-            ran_dry = state["batch"] < self.num_batches
+            # a loader whose length said more batches than it gave (an empty one without a
+            # length too): its last batch ran as any other, and its epoch ends here
+            ran_dry = not t.is_last_batch and state["batch"] < self.num_batches
         # a checkpoint's deferred copies overlap the next batch only: what comes now (the
         # epoch's and fit's end, a callback that swaps in averaged weights) may change them
         t.wait_for_checkpoint_copies()
@@ -395,8 +414,9 @@ class FitLoop:
     def train_batch(self, batch: Any, batch_idx: int) -> Any:
         t, hook = self.trainer, self.step_hooks
         t.batch_idx = batch_idx
-        t.sync_gradients = ((batch_idx + 1) % self.accumulate == 0
-                            or batch_idx + 1 == self.num_batches)
+        if not math.isinf(self.num_batches):  # an unsized loader's is set one batch ahead
+            t.is_last_batch = batch_idx + 1 == self.num_batches
+        t.sync_gradients = (batch_idx + 1) % self.accumulate == 0 or t.is_last_batch
         batch = t.metrics.batch = hook.transfer_batch(trainer=t, batch=batch)
         if hook.has_on_batch_start:
             hook.on_batch_start(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)

@@ -202,6 +202,9 @@ class Trainer:
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
+        #: whether the training batch under way (or run last) is its epoch's last; a loader
+        #: without a length is read one batch ahead to know it (as Lightning's loop is)
+        self.is_last_batch = False
         self.dataloader_idx: int | None = None  # which of several evaluation dataloaders runs
         self.should_stop = False
         self.stage: str | None = None

@@ -354,11 +354,6 @@ class Trainer(_Trainer):
         watcher = self.plugins.get("stop-signals")
         return getattr(watcher, "received", None) == signal.SIGTERM
 
-    @property
-    def is_last_batch(self) -> bool:
-        """Whether the training batch running (or run last) is the epoch's last."""
-        return self.batch_idx + 1 == self.num_training_batches
-
     # -- folders, with Lightning's meanings -------------------------------------------------
 
     @property
