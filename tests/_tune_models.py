@@ -81,6 +81,22 @@ class SmallBatchRegressor(TinyRegressor):
         return None
 
 
+class CtrlCInATrial(TinyRegressor):
+    """Sends its own process SIGINT at the third step of the first trial, as a user's Ctrl-C
+    during the tune would arrive."""
+
+    sent = False
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2 and not CtrlCInATrial.sent:
+            CtrlCInATrial.sent = True
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().training_step(batch, batch_idx)
+
+
 class FailingRegressor(TinyRegressor):
     """Its training_step fails: a baseline that can't be measured."""
 

@@ -148,6 +148,18 @@ def test_the_command_writes_a_config_that_fit_trains_with(cli, tmp_path):
     assert other.read_text() == "[trainer]\n"
 
 
+def test_ctrl_c_during_a_trial_stops_the_tune_and_writes_nothing(cli, tmp_path):
+    """A trial's own signal handling (stop-signals) once turned Ctrl-C into a failed trial:
+    the tune went on, wrote its file and exited 0."""
+    out = tmp_path / "tuned.toml"
+    result = cli("tune", "--model", "tests._tune_models:CtrlCInATrial", "--accelerator", "cpu",
+                 "--tune-only", "dataloading", "--tune-steps", "12", "--tune-warmup", "2",
+                 "--tune-output", str(out))
+    assert result.returncode == 130, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "ptrain: interrupted" in result.stderr and "Interrupted" not in result.stdout
+    assert not out.exists()
+
+
 def test_a_terminal_without_the_noise_sign_gets_it_escaped(cli, tmp_path):
     """Issue 35: under an ASCII-only encoding, printing the noise ("±") failed the command
     with rich's UnicodeEncodeError after tuned.toml was written; it is printed as Python

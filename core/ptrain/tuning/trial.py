@@ -30,8 +30,10 @@ from ptrain.hookspecs import hookimpl
 from ptrain.tuning.candidates import RunConfig
 
 #: the default callbacks a trial runs without: they save or print, and the measurement is not
-#: a run of the user's
-QUIET = ("no:checkpoint", "no:tensorboard", "no:progress-bar", "no:results", "no:model-summary")
+#: a run of the user's (``stop-signals`` would turn a Ctrl-C into a failed trial, its checkpoint
+#: in a folder deleted with it: the signal stops the tune itself instead)
+QUIET = ("no:checkpoint", "no:tensorboard", "no:progress-bar", "no:results", "no:model-summary",
+         "no:stop-signals")
 
 #: builds the user's module and datamodule (``None`` when there is none), after seeding
 Components = Callable[[], tuple[Any, Any]]
