@@ -296,6 +296,13 @@ def test_cli_test_and_predict_rebuild_the_model_from_the_checkpoint(tmp_path):
     assert module.hparams["lr"] == 0.05
     size = len(predictions[0]["y"])
     assert torch.equal(torch.cat([p["y"] for p in predictions]), batchwise(module, size))
+    # a second prediction into the same run folder takes a new name: the first one stays
+    first = written[0].read_bytes()
+    again = run_cli("predict", "--ckpt-path", "last", "--accelerator", "cpu",
+                    "--default-root-dir", str(root), "--no-progress-bar")
+    assert_ok(again)
+    assert f" written to {written[0].with_name('predictions-1.pt')} " in again.stdout
+    assert written[0].read_bytes() == first
 
 
 def test_cli_usage_errors_of_the_stages(tmp_path):
@@ -332,6 +339,29 @@ def test_predict_under_ddp_gathers_in_dataset_order_without_padding(tmp_path):
     assert sorted(set(indices)) == list(range(11)) and len(indices) == 12  # one repeat
     [metrics] = t.test(module)
     assert set(metrics) == {"test_loss"} and metrics["test_loss"] > 0
+
+
+@pytest.mark.slow
+@TWO_PROCESS_RUNS
+def test_the_cli_stages_read_a_sharded_folder_with_the_flags_that_wrote_it(tmp_path):
+    """validate/test/predict rebuild the model from an fsdp folder's meta.pt; a strategy that
+    reads single files is told the flags that wrote it, which then work; under several
+    processes rank 0 alone writes and names the predictions."""
+    root = tmp_path / "runs"
+    common = ["--accelerator", "cpu", "--default-root-dir", str(root), "--no-progress-bar"]
+    assert_ok(run_cli("fit", "--model", STAGED, "--max-epochs", "1", "--strategy", "fsdp",
+                      "--devices", "2", *common))
+    assert_usage_error(run_cli("validate", "--ckpt-path", "last", *common),
+                       "sharded checkpoint folder",
+                       "written under --strategy fsdp --devices 2", "ptrain-consolidate")
+    validated = run_cli("validate", "--ckpt-path", "last", "--strategy", "fsdp", "--devices",
+                        "2", *common)
+    assert_ok(validated)
+    assert "val_loss=" in validated.stdout
+    predicted = run_cli("predict", "--ckpt-path", "last", "--strategy", "fsdp", "--devices",
+                        "2", *common)
+    assert_ok(predicted)
+    assert predicted.stdout.count(" written to ") == 1, predicted.stdout
 
 
 # -- the DataModule's own hooks --------------------------------------------------------------------

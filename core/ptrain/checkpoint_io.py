@@ -246,12 +246,14 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
     path = Path(path)
     if (path / ".metadata").is_file():  # torch.distributed.checkpoint's folder
-        sharded_meta(path, read=False)  # an incomplete one is named for what it lacks
+        flags = _sharded_writer(sharded_meta(path))  # an incomplete one is named for its lack
+        wrote = (f"written under {flags}, which this run's strategy does not read: run with "
+                 f"those flags" if flags else
+                 "written by a sharding strategy such as fsdp, zero2 or zero3, which this run's "
+                 "strategy does not read: run with the strategy that wrote it")
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is a sharded checkpoint folder (written by a sharding "
-            f"strategy such as fsdp, zero2 or zero3), which this run's strategy does not read. "
-            f"Resume it with the strategy that wrote it, or turn it into a single file first: "
-            f"ptrain-consolidate {path} whole.ckpt")
+            f"checkpoint {str(path)!r} is a sharded checkpoint folder, {wrote}, or turn it "
+            f"into a single file first: ptrain-consolidate {path} whole.ckpt")
     incomplete = incomplete_sharded_folder(path)
     if incomplete is not None:
         raise incomplete
@@ -463,6 +465,20 @@ def incomplete_sharded_folder(path: str | Path) -> CheckpointError | None:
         f"file, the index torch.distributed.checkpoint writes once every shard is saved (it "
         f"has {has}): its save was cut short or the folder was copied in part, and its shards "
         f"can't be read by any strategy. {_NEXT_CHECKPOINT}")
+
+
+def _sharded_writer(meta: dict[str, Any]) -> str | None:
+    """The flags of the strategy that wrote a sharded folder (``--strategy fsdp --devices 2``),
+    from its ``meta.pt``; ``None`` where it does not say (a folder of an older ptrain)."""
+    trainer = (meta.get("config") or {}).get("trainer") or {}
+    strategy = trainer.get("strategy")
+    if not isinstance(strategy, str):
+        return None
+    flags = [f"--strategy {strategy}"]
+    for name in ("devices", "num_nodes"):
+        if trainer.get(name) not in (None, "auto", 1):
+            flags.append(f"--{name.replace('_', '-')} {trainer[name]}")
+    return " ".join(flags)
 
 
 def sharded_meta(path: str | Path, read: bool = True) -> dict[str, Any]:

@@ -421,10 +421,11 @@ def cmd_run(stage: str, argv: list[str]) -> int:
     run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test,
            "predict": trainer.predict}[stage]
     result = run(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    if stage == "predict" and result is not None and not trainer.fast_dev_run:
+    if stage == "predict" and result is not None and not trainer.fast_dev_run \
+            and trainer.is_global_zero:  # rank 0 holds every rank's predictions
         import torch
 
-        path = trainer.log_dir / "predictions.pt"
+        path = _unused_path(trainer.log_dir / "predictions.pt")
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(result, path)
         print(f"Predictions of {len(result)} batch(es) written to {path} (torch.load(path, "
@@ -432,20 +433,27 @@ def cmd_run(stage: str, argv: list[str]) -> int:
     return 0
 
 
+def _unused_path(path: Path) -> Path:
+    """``path``, or where it exists (an earlier prediction into the same run folder) the first
+    of ``NAME-1.pt``, ``NAME-2.pt``... that does not: nothing written before is replaced."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+    return candidate
+
+
 def _components_from_checkpoint(path: str, model: dict[str, Any],
                                 data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``[model]`` (and, when none was given, ``[data]``) recipe a checkpoint carries: the
     CLI's own, or the classes and saved hyperparameters of a run from Python. ``model`` may hold
     init arguments given on the command line: they override the saved ones."""
-    from ptrain.checkpoint_io import safe_load
+    from ptrain.checkpoint_io import safe_load, sharded_meta
     from ptrain.hyperparameters import restored_hyperparameters
     from ptrain.loading import import_saved_class
 
-    if Path(path).is_dir():
-        raise ModelError(f"{path!r} is a sharded checkpoint folder, which does not say how to "
-                         f"build the model here; pass --model MODULE:CLASS (and its init "
-                         f"arguments), or consolidate it to one file first (ptrain-consolidate).")
-    checkpoint = safe_load(path)
+    # a sharded folder's meta.pt holds what a single file does, but the tensors
+    checkpoint = sharded_meta(path) if Path(path).is_dir() else safe_load(path)
     saved = checkpoint.get("config", {}).get("model") or {}
     if not saved.get("class_path") and checkpoint.get("module_class"):
         saved = {"class_path": checkpoint["module_class"],
