@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import random
 import warnings
@@ -194,6 +195,22 @@ def test_seed_everything_without_a_seed_is_lightnings(monkeypatch, environment):
         draws[name] = (seed, said, torch.rand(3).tolist(), os.environ["PL_GLOBAL_SEED"])
     assert draws["ptrain"] == draws["lightning"]
     assert draws["ptrain"][0] == int(environment.get("PL_GLOBAL_SEED", 0))
+
+
+def test_seed_everything_says_the_seed_it_set_as_lightnings_does(caplog):
+    from lightning.fabric.utilities.seed import seed_everything as lightnings
+
+    import ptrain.lightning as pl
+
+    said = []
+    for seed_everything in (lightnings, pl.seed_everything):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            seed_everything(123)
+            seed_everything(124, verbose=False)
+        said.append([(r.levelname, r.getMessage()) for r in caplog.records
+                     if "seed" in r.getMessage().lower()])
+    assert said[1] == said[0] == [("INFO", "Seed set to 123")]
 
 
 def test_seed_everything_without_a_seed_takes_ptrains_seed_of_a_launched_process(monkeypatch):

@@ -23,7 +23,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     ``seed=None`` takes the seed of ``PL_GLOBAL_SEED`` (an earlier seeding's, or the process
     that started this one's), else ptrain's ``PTRAIN_GLOBAL_SEED``, else 0, with a warning
     (``verbose``), as Lightning does; ptrain's own ``seed_everything(None)`` draws a random
-    seed instead. The seed is recorded in both variables for the processes started later.
+    seed instead. With ``verbose`` it logs ``Seed set to N``, as Lightning does. The seed is recorded in both variables for the processes started later.
     """
     if seed is None:
         seed = seeding.last_seed(LIGHTNING_SEED_VARIABLE)
@@ -35,6 +35,10 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
             warnings.warn("No seed found, seed set to 0", stacklevel=2)
     seed = seeding.seed_everything(seed, workers=workers)
     os.environ[LIGHTNING_SEED_VARIABLE] = str(seed)
+    if verbose:
+        from ptrain.lightning.utilities.rank_zero import rank_zero_info
+
+        rank_zero_info(f"Seed set to {seed}")
     return seed
 
 
