@@ -190,7 +190,7 @@ def test_the_layer_choice_keeps_what_it_must_and_says_why():
     assert len(choice.convert) == 12 and "layers.0.attention.wq" in choice.convert
     with_ends = choose_layers(model, keep_ends=True, skip=[])
     assert with_ends.kept["layers.0.attention.wq"] == "first"
-    assert with_ends.kept["output"] == "last"
+    assert with_ends.kept["output"] == "last; 64x60, not multiples of 16"  # every reason
 
 
 class ScaledLinear(torch.nn.Linear):
@@ -238,12 +238,58 @@ def test_linear_layers_that_must_not_be_converted_are_kept_and_named(all_gather)
         kept = {name: why + (", which --fp8-mixed-all-gather would untie"
                              if why.startswith("its weight") else "")
                 for name, why in kept.items()}
+        kept["scaled"] += ("; its weight is also tied.weight, which --fp8-mixed-all-gather "
+                           "would untie")  # every reason, not the first alone
     assert choice.kept == kept
     assert choice.convert == ([] if all_gather else ["tied", "converted", "tied_to_converted"]) \
         + ["plain", "zero_init"]
     # a skip pattern may name a layer by any of its paths
     assert choose_layers(Unusual(), keep_ends=True, skip=["shared_again"]).kept["shared"] == \
-        "--fp8-mixed-skip"
+        "--fp8-mixed-skip; also registered as shared_again"
+
+
+class Stack(torch.nn.Module):
+    """Linear layers of the given sizes under ``net``, as docs/first-model.md's model."""
+
+    def __init__(self, *sizes):
+        super().__init__()
+        self.net = torch.nn.Sequential(*(torch.nn.Linear(a, b) for a, b in sizes))
+
+
+def refusal(model, keep_ends: bool) -> str:
+    with pytest.raises(ConfigError, match="would convert no layer") as refused:
+        choose_layers(model, keep_ends=keep_ends, skip=[])
+    return str(refused.value)
+
+
+def test_a_refusal_names_every_reason_and_suggests_keep_ends_off_only_where_it_helps():
+    # docs/first-model.md's MoonClassifier: first and last, and neither float8-sized; turning
+    # keep_ends off would convert nothing either, so the message must not suggest it
+    moons = Stack((2, 32), (32, 2))
+    message = refusal(moons, keep_ends=True)
+    assert ("none of its Linear layers can be: net.0 (first; 2x32, not multiples of 16), net.1 "
+            "(last; 32x2, not multiples of 16).") in message
+    assert "keep-ends" not in message
+    assert ("net.0 (2x32, not multiples of 16), net.1 (32x2, not multiples of 16)"
+            in refusal(moons, keep_ends=False))
+    # the first is kept only for being first: the hint names it, and following it converts it
+    half = Stack((16, 32), (32, 2))
+    message = refusal(half, keep_ends=True)
+    assert ("net.0 (first), net.1 (last; 32x2, not multiples of 16). --no-fp8-mixed-keep-ends "
+            "would convert net.0, kept only as the first or last Linear layer.") in message
+    assert choose_layers(half, keep_ends=False, skip=[]).convert == ["net.0"]
+    # more than two layers: the middle one too small, the ends float8-sized
+    three = Stack((16, 32), (32, 8), (8, 16))
+    message = refusal(three, keep_ends=True)
+    assert ("net.0 (first), net.1 (32x8, not multiples of 16), net.2 (last; 8x16, not "
+            "multiples of 16). --no-fp8-mixed-keep-ends would convert net.0,") in message
+    assert choose_layers(three, keep_ends=False, skip=[]).convert == ["net.0"]
+    # a single layer is both ends; a skipped end is kept for the skip as well
+    assert "net.0 (first and last)" in refusal(Stack((16, 32)), keep_ends=True)
+    with pytest.raises(ConfigError) as skipped:
+        choose_layers(Stack((16, 32), (32, 16)), keep_ends=True, skip=["net.1"])
+    assert "net.1 (last; --fp8-mixed-skip). --no-fp8-mixed-keep-ends would convert net.0," \
+        in str(skipped.value)
 
 
 def test_a_checkpoint_loads_into_a_bf16_model_and_exports(tmp_path):
@@ -336,7 +382,7 @@ def test_fsdp_with_float8_all_gather_writes_plain_checkpoints_in_the_background_
      "are: layers.0.attention.wq"),
     (["--fp8-mixed-emulate", "--model.dim", "40", "--model.hidden", "24"],
      "would convert no layer of RecordedDecoder to float8: none of its Linear layers can be: "
-     "layers.0.attention.wq (first)"),
+     "layers.0.attention.wq (first; 40x40, not multiples of 16)"),
     (["--fp8-mixed-emulate", "--fp8-mixed-recipe", "rowwise", "--fp8-mixed-all-gather"],
      "only the tensorwise recipe has; this run asks for --fp8-mixed-recipe rowwise"),
     (["--fp8-mixed-emulate", "--fp8-mixed-all-gather"],

@@ -22,10 +22,10 @@ MULTIPLE = 16
 @dataclass
 class LayerChoice:
     """``convert``: the names of the Linear layers to convert, in the model's order; ``kept``:
-    every other Linear layer's name with the reason it stays in high precision; ``options``:
-    the plugin options it was made and converted with; ``originals``: the Linear modules of
-    ``convert`` converted so far (before a tensor-parallel plan, or with the model), by name,
-    put back when the stage ends."""
+    every other Linear layer's name with the reasons it stays in high precision (all of them,
+    joined by "; "); ``options``: the plugin options it was made and converted with;
+    ``originals``: the Linear modules of ``convert`` converted so far (before a tensor-parallel
+    plan, or with the model), by name, put back when the stage ends."""
 
     convert: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
@@ -66,7 +66,8 @@ def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str],
 
     A layer is named by its first path; a pattern of ``skip`` may name any. A pattern that
     matches no Linear layer is a :class:`ptrain.ConfigError` (it would otherwise be ignored
-    silently), and so is a choice that converts nothing."""
+    silently), and so is a choice that converts nothing: its message names every reason each
+    layer is kept, and suggests ``--no-fp8-mixed-keep-ends`` only when that would convert one."""
     paths: dict[int, list[str]] = {}
     linears = []
     holders: dict[int, dict[int, str]] = {}  # a parameter's modules: the path of its first
@@ -90,34 +91,41 @@ def choose_layers(model: nn.Module, keep_ends: bool, skip: list[str],
                 f"matches some.")
     choice = LayerChoice()
     ends = {names[0], names[-1]} if keep_ends and names else set()
+    freed = []  # the layers kept for being first or last alone: keep_ends off converts them
     for name, module in linears:
         elsewhere = paths[id(module)][1:]
         tied = [path for holder, path in holders[id(module.weight)].items()
                 if holder != id(module)]
+        reasons = []  # every reason, so a message naming one doesn't hide the others
         if name in ends:
-            choice.kept[name] = "first" if name == names[0] else "last"
-        elif any(fnmatch.fnmatchcase(path, pattern) for path in paths[id(module)]
-                 for pattern in skip):
-            choice.kept[name] = "--fp8-mixed-skip"
-        elif type(module).forward is not nn.Linear.forward:
-            choice.kept[name] = f"a {type(module).__name__}, with a forward of its own"
-        elif isinstance(module, NonDynamicallyQuantizableLinear):
-            choice.kept[name] = "MultiheadAttention reads its weight directly"
-        elif elsewhere:
-            choice.kept[name] = f"also registered as {', '.join(elsewhere)}"
-        elif module.in_features % MULTIPLE or module.out_features % MULTIPLE:
-            choice.kept[name] = (f"{module.in_features}x{module.out_features}, not multiples "
-                                 f"of {MULTIPLE}")
-        elif all_gather and tied:
-            choice.kept[name] = (f"its weight is also {tied[0]}, which --fp8-mixed-all-gather "
-                                 f"would untie")
-        else:
+            reasons.append(" and ".join(end for end, at in (("first", names[0]),
+                                                            ("last", names[-1])) if at == name))
+        if any(fnmatch.fnmatchcase(path, pattern) for path in paths[id(module)]
+               for pattern in skip):
+            reasons.append("--fp8-mixed-skip")
+        if type(module).forward is not nn.Linear.forward:
+            reasons.append(f"a {type(module).__name__}, with a forward of its own")
+        if isinstance(module, NonDynamicallyQuantizableLinear):
+            reasons.append("MultiheadAttention reads its weight directly")
+        if elsewhere:
+            reasons.append(f"also registered as {', '.join(elsewhere)}")
+        if module.in_features % MULTIPLE or module.out_features % MULTIPLE:
+            reasons.append(f"{module.in_features}x{module.out_features}, not multiples "
+                           f"of {MULTIPLE}")
+        if all_gather and tied:
+            reasons.append(f"its weight is also {tied[0]}, which --fp8-mixed-all-gather "
+                           f"would untie")
+        if not reasons:
             choice.convert.append(name)
+            continue
+        choice.kept[name] = "; ".join(reasons)
+        if name in ends and len(reasons) == 1:
+            freed.append(name)
     if not choice.convert:
         why = ("it has no Linear layer" if not names else
                f"none of its Linear layers can be: {choice.kept_reasons()}")
-        hint = (" --no-fp8-mixed-keep-ends converts the first and last ones too."
-                if keep_ends and 0 < len(names) <= 2 else "")
+        hint = (f" --no-fp8-mixed-keep-ends would convert {' and '.join(freed)}, kept only as "
+                f"the first or last Linear layer." if freed else "")
         raise ConfigError(
             f"--precision fp8-mixed would convert no layer of {type(model).__name__} to float8: "
             f"{why}.{hint} Use --precision bf16-mixed for a model without float8-sized "
