@@ -48,18 +48,21 @@ def assert_stopped_at(trainer, module, epoch: int, steps: int | None = None):
 # -- patience, min_delta, mode -----------------------------------------------------------------
 
 
-def test_patience_counts_checks_without_improvement(make_trainer):
+def test_patience_counts_checks_without_improvement(make_trainer, caplog):
     # best 4 at epoch 1, then two checks without improvement: stop at epoch 3
     module = SequenceModule([5, 4, 4, 4, 4, 4])
     es = EarlyStopping(monitor="val_metric", patience=2)
-    trainer = fit(make_trainer, module, es)
+    with caplog.at_level("INFO", logger="ptrain_early_stopping"):
+        trainer = fit(make_trainer, module, es)
+    assert (f"early stopping asked at epoch 3 (epochs count from 0): {es.reason}"
+            in caplog.messages)
     assert_stopped_at(trainer, module, 3)
     assert (es.best, es.best_epoch, es.best_step, es.wait) == (4.0, 1, 2 * STEPS_PER_EPOCH, 2)
     assert es.stopped_epoch == 3
     assert "did not improve" in es.reason and "2 checks" in es.reason
-    # the summary counts epochs from 1, as the progress bar
-    assert es.summary() == (f"Early stopping at epoch 4: {es.reason}; best val_metric = 4 at "
-                            f"epoch 2 (step 4).")
+    # the summary's epochs are indices from 0, as stopped_epoch, best_epoch and checkpoint names
+    assert es.summary() == (f"Early stopping at epoch 3 (epochs count from 0): {es.reason}; best "
+                            f"val_metric = 4 at epoch 1 (step 4).")
 
 
 def test_patience_counts_checks_not_epochs(make_trainer):
@@ -192,7 +195,7 @@ def test_without_validation_auto_checks_at_train_epoch_end(make_trainer):
 # -- min_epochs ------------------------------------------------------------------------------------
 
 
-def test_a_stop_before_min_epochs_takes_effect_once_they_are_met(make_trainer):
+def test_a_stop_before_min_epochs_takes_effect_once_they_are_met(make_trainer, capsys):
     # asked at epoch 1 (stopping threshold); min_epochs=4 -> epochs 0..3 run, it ends after
     # epoch 3, where "4 epochs done" is met (the core counts a finished epoch)
     module = SequenceModule([5, 0.5, 6, 7, 8, 9])
@@ -200,7 +203,10 @@ def test_a_stop_before_min_epochs_takes_effect_once_they_are_met(make_trainer):
     trainer = fit(make_trainer, module, es, min_epochs=4)
     assert_stopped_at(trainer, module, 3)
     assert es.stopped_epoch == 1 and "stopping threshold" in es.reason
-    assert es.summary().startswith("Early stopping at epoch 2: ")
+    # the printed line names both epochs by index, as the checkpoints of epochs 1 and 3
+    assert ("Early stopping asked at epoch 1 (epochs count from 0; the run ended at epoch 3): "
+            "val_metric = 0.5 reached the stopping threshold 1; best val_metric = 0.5 at epoch 1 "
+            "(step 4).") in capsys.readouterr().out
     # min_steps works the same way: 7 steps are met in epoch 3 (after its first batch, but the
     # stop is only acted on at a check point, the validation at the epoch's end)
     module_steps = SequenceModule([5, 0.5, 6, 7, 8, 9])
@@ -277,24 +283,37 @@ def test_resume_in_the_middle_of_a_patience_window(make_trainer, tmp_path, capsy
 
 
 def test_cli_stops_early_and_prints_the_reason(tmp_path):
+    # every checkpoint kept, so the printed epochs can be checked against the files' names
     root = tmp_path / "runs"
     result = run_cli("fit", "--config", DIGITS_CONFIG, "-p", "early-stopping",
                      "--early-stopping-monitor", "val_loss", "--early-stopping-patience", "1",
-                     "--max-epochs", "30", "--no-progress-bar", "-p", "no:tensorboard",
-                     "--default-root-dir", str(root))
+                     "--max-epochs", "30", "--checkpoint-save-top-k", "-1",
+                     "--checkpoint-monitor", "val_loss", "--no-progress-bar",
+                     "-p", "no:tensorboard", "--default-root-dir", str(root))
     detail = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     assert result.returncode == 0, detail
     lines = [line for line in result.stdout.splitlines()
              if line.startswith("Early stopping at epoch")]
     assert len(lines) == 1, detail
-    match = re.match(r"Early stopping at epoch (\d+): val_loss did not improve by more than 0 "
-                     r"in 1 checks; best val_loss = \S+ at epoch (\d+) \(step \d+\)\.$", lines[0])
+    match = re.match(r"Early stopping at epoch (\d+) \(epochs count from 0\): val_loss did not "
+                     r"improve by more than 0 in 1 checks; best val_loss = (\S+) at epoch (\d+) "
+                     r"\(step (\d+)\)\.$", lines[0])
     assert match, lines[0]
-    stopped, best = int(match[1]), int(match[2])
+    stopped, value, best, step = int(match[1]), float(match[2]), int(match[3]), int(match[4])
     assert stopped < 29 and best == stopped - 1  # patience 1: the epoch after the best
-    loop = torch.load(root / "version_0" / "checkpoints" / "last.ckpt",
-                      weights_only=False)["loop"]
-    assert loop["epoch"] == stopped  # epochs 1..stopped (counted from 1) ran, no more
+    folder = root / "version_0" / "checkpoints"
+    # the best state is the file named by the same epoch and step, the one the checkpoint
+    # callback calls best
+    held = torch.load(folder / f"epoch={best}-step={step}.ckpt", weights_only=False)
+    assert held["loop"]["global_step"] == step and held["loop"]["epoch"] == best + 1
+    assert held["plugins"]["checkpoint"]["best_model_path"] == f"epoch={best}-step={step}.ckpt"
+    assert held["plugins"]["checkpoint"]["current_score"] == pytest.approx(value, rel=1e-5)
+    # the stop came in the last epoch run: its file is the last, and epochs 0..stopped ran
+    last_steps = [p.name for p in folder.glob(f"epoch={stopped}-step=*.ckpt")]
+    assert len(last_steps) == 1 and not list(folder.glob(f"epoch={stopped + 1}-*")), last_steps
+    loop = torch.load(folder / "last.ckpt", weights_only=False)["loop"]
+    assert loop["epoch"] == stopped + 1  # a count: the epochs run
+    assert f"Training finished: {stopped + 1} epoch(s)" in result.stdout, detail
 
 
 def test_cli_help_lists_the_options_under_the_plugin_name():
@@ -336,5 +355,6 @@ def test_ddp_decides_on_the_mean_across_ranks(make_trainer, capfd):
     assert trainer.current_epoch == 8
     assert trainer.callback_metrics["val_metric"].item() == pytest.approx(3.0)
     out = capfd.readouterr().out
-    assert out.count("Early stopping at epoch 8: val_metric did not improve") == 1, out
-    assert "best val_metric = 3 at epoch 6" in out, out
+    assert out.count("Early stopping at epoch 7 (epochs count from 0): val_metric did not "
+                     "improve") == 1, out
+    assert "best val_metric = 3 at epoch 5" in out, out

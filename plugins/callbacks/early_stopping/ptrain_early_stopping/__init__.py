@@ -144,22 +144,24 @@ class EarlyStopping:
             self.reason_kind = kind
             trainer.should_stop = True
             if trainer.is_global_zero:
-                log.info("early stopping asked at epoch %d: %s", trainer.current_epoch, reason)
+                log.info("early stopping asked at epoch %d (epochs count from 0): %s",
+                         trainer.current_epoch, reason)
 
     def summary(self, last_epoch: int | None = None) -> str | None:
         """One line on why the run stopped (``None`` when early stopping asked for no stop).
-        ``last_epoch``: the epoch the run ended at, when known; if that is later than the stop
-        was asked (``min_epochs``/``min_steps`` held it), the line says so. Epochs count from 1
-        there, as the progress bar counts them (``stopped_epoch``, ``best_epoch`` and checkpoint
-        names count from 0, as Lightning's)."""
+        ``last_epoch``: the index of the epoch the run ended in, when known; if that is later
+        than the one the stop was asked in (``min_epochs``/``min_steps`` held it), the line
+        says so. Its epochs are indices counted from 0, as ``stopped_epoch``, ``best_epoch``,
+        checkpoint names (``epoch=7-step=360.ckpt``) and Lightning's count them, and the line
+        says so: the "Training finished: N epoch(s)" line after it counts the epochs run."""
         if self.reason is None:
             return None
-        best = (f"; best {self.monitor} = {self.best:.6g} at epoch {self.best_epoch + 1} (step "
+        best = (f"; best {self.monitor} = {self.best:.6g} at epoch {self.best_epoch} (step "
                 f"{self.best_step})" if self.best is not None else "")
-        when = f"at epoch {self.stopped_epoch + 1}"
+        when = f"at epoch {self.stopped_epoch} (epochs count from 0)"
         if last_epoch is not None and last_epoch != self.stopped_epoch:
-            when = (f"asked at epoch {self.stopped_epoch + 1} (the run ended at epoch "
-                    f"{last_epoch + 1})")
+            when = (f"asked at epoch {self.stopped_epoch} (epochs count from 0; the run ended "
+                    f"at epoch {last_epoch})")
         return f"Early stopping {when}: {self.reason}{best}."
 
     @hookimpl
