@@ -106,6 +106,13 @@ class NoTrainingStep(ptrain.TrainModule):
         return DataLoader(_data(), batch_size=4)
 
 
+class NoConfigureOptimizers(Base):
+    configure_optimizers = ptrain.TrainModule.configure_optimizers
+
+    def configure_optimizer(self):  # a typo
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 class NotIterableLoader(Base):
     def train_dataloader(self):
         return 42

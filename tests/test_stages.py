@@ -88,6 +88,21 @@ def test_test_without_test_step_or_data_is_a_model_error(tmp_path):
         trainer(tmp_path).test(NoTestData())
 
 
+def test_fit_without_configure_optimizers_is_a_model_error_naming_the_method(tmp_path):
+    """A module without configure_optimizers (here a typo) is a usage error before anything
+    runs, naming the class, the method and the near-miss; not NotImplementedError."""
+
+    class OptTypo(TinyRegressor):
+        configure_optimizers = ptrain.TrainModule.configure_optimizers
+
+        def configure_optimizer(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    with pytest.raises(ptrain.ModelError, match=r"OptTypo has no configure_optimizers\(self\)"
+                       r".*implement it.*OptTypo has configure_optimizer\(\): a typo"):
+        trainer(tmp_path, max_epochs=1).fit(OptTypo())
+
+
 def test_limit_test_batches(tmp_path):
     recorder = StageRecorder()
     trainer(tmp_path, callbacks=[*QUIET, recorder], limit_test_batches=2).test(StagedRegressor())

@@ -40,6 +40,7 @@ from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instanti
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
+from ptrain.options import near_names
 from ptrain.precision_policy import PrecisionPolicy
 from ptrain.seeding import seed_everything
 from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
@@ -1390,7 +1391,23 @@ def _check_stage_methods(stage: str, module: TrainModule) -> None:
     elif not implements(module, method):
         raise ModelError(f"{name} has no {method}(self, batch, batch_idx), which {stage} runs on "
                          f"every batch; implement it (see TrainModule.{method}'s docstring for "
-                         f"what it returns).")
+                         f"what it returns).{_near_method(module, method)}")
+    if stage == "fit" and not implements(module, "configure_optimizers"):
+        raise ModelError(f"{name} has no configure_optimizers(self), which fit calls for the "
+                         f"optimizer that trains the module; implement it (e.g. return "
+                         f"torch.optim.AdamW(self.parameters(), lr=1e-3); see "
+                         f"TrainModule.configure_optimizers's docstring for what it may "
+                         f"return).{_near_method(module, 'configure_optimizers')}")
+
+
+def _near_method(module: TrainModule, method: str) -> str:
+    """A sentence naming the module's own method that ``method`` was likely mistyped as
+    (``validaton_step``), or an empty string."""
+    own = {name for cls in type(module).__mro__ if cls not in TrainModule.__mro__
+           for name in vars(cls) if not name.startswith("__")}
+    near = near_names(method, own - {method})
+    return (f" {type(module).__qualname__} has {near[0]}(): a typo of {method}?"
+            if len(near) == 1 else "")
 
 
 @contextlib.contextmanager
