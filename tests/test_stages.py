@@ -4,6 +4,7 @@ debugging options (``fast_dev_run``, ``overfit_batches``, ``limit_test/predict_b
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,55 @@ def test_fit_without_configure_optimizers_is_a_model_error_naming_the_method(tmp
     with pytest.raises(ptrain.ModelError, match=r"OptTypo has no configure_optimizers\(self\)"
                        r".*implement it.*OptTypo has configure_optimizer\(\): a typo"):
         trainer(tmp_path, max_epochs=1).fit(OptTypo())
+
+
+class ValidationTypo(TinyRegressor):
+    validation_step = ptrain.TrainModule.validation_step
+
+    def validaton_step(self, batch, batch_idx):
+        pass
+
+
+class ValidationData(ptrain.DataModule):
+    def train_dataloader(self):
+        return TinyRegressor().train_dataloader()
+
+    def val_dataloader(self):
+        return TinyRegressor().val_dataloader()
+
+
+def said_of_validation_step(fit) -> list[str]:
+    """The warnings about a missing validation_step that ``fit()`` gives."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit()
+    return [str(w.message) for w in caught if "validation_step" in str(w.message)]
+
+
+def test_validation_data_without_validation_step_is_said_once(tmp_path):
+    """Validation data and no validation_step: fit runs no validation, as Lightning, and says
+    so once (the class, the missing method, its near-miss and how not to be told)."""
+    said = said_of_validation_step(lambda: trainer(tmp_path, max_epochs=2).fit(ValidationTypo()))
+    assert len(said) == 1, said
+    assert said[0].startswith("ValidationTypo has no validation_step(self, batch, batch_idx), "
+                              "so fit runs no validation and ValidationTypo.val_dataloader() is "
+                              "not used. ValidationTypo has validaton_step(): a typo"), said
+    assert "remove the validation data or pass limit_val_batches=0" in said[0], said
+    said = said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(
+        ValidationTypo(), datamodule=ValidationData()))
+    assert ["ValidationData.val_dataloader() is not used" in s for s in said] == [True], said
+    said = said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(
+        ValidationTypo(), val_dataloaders=TinyRegressor().val_dataloader()))
+    assert ["the val_dataloaders given to fit is not used" in s for s in said] == [True], said
+    # turned off, or no validation data: nothing to say
+    assert not said_of_validation_step(lambda: trainer(
+        tmp_path, max_epochs=1, limit_val_batches=0).fit(ValidationTypo()))
+
+    class NoValidationData(ValidationTypo):
+        val_dataloader = None
+
+    assert not said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(
+        NoValidationData()))
 
 
 def test_limit_test_batches(tmp_path):

@@ -905,6 +905,8 @@ class Trainer:
             # random state is put back after (a val_dataloader() that draws random data leaves
             # the training run as it would be without the check), as in Lightning; without one,
             # the training loader comes first, as Lightning asks for validation's later
+            if stage == "fit":
+                self._say_validation_skipped(module)
             sanity = stage == "fit" and self.num_sanity_val_steps != 0
             for loader_stage in (reversed(_STAGE_LOADERS[stage]) if sanity
                                  else _STAGE_LOADERS[stage]):
@@ -1089,6 +1091,28 @@ class Trainer:
                     rebind_scheduler(entry["scheduler"], wrapped)
             self.optimizers.append(wrapped)
         self.lr_schedulers = setup.lr_schedulers
+
+    def _say_validation_skipped(self, module: TrainModule) -> None:
+        """Validation data without a ``validation_step`` is not used: ``fit`` runs no
+        validation, which is said (once, on global rank 0), as Lightning says it, since the
+        step may be missing by a typo."""
+        if implements(module, "validation_step") or self.limit_val_batches == 0 \
+                or not self.is_global_zero:
+            return
+        source = self.datamodule if self.datamodule is not None else module
+        if "validate" in self.given_dataloaders:
+            where = "the val_dataloaders given to fit"
+        elif _overrides(source, "val_dataloader"):
+            where = f"{type(source).__qualname__}.val_dataloader()"
+        else:
+            return
+        name = type(module).__qualname__
+        warnings.warn(
+            f"{name} has no validation_step(self, batch, batch_idx), so fit runs no validation "
+            f"and {where} is not used.{_near_method(module, 'validation_step')} Implement "
+            f"validation_step to validate; to train without validation and not be told, remove "
+            f"the validation data or pass limit_val_batches=0 (--limit-val-batches 0).",
+            stacklevel=2)
 
     def _dataloader(self, stage: str):
         loader = self.given_dataloaders.get(stage)
@@ -1376,9 +1400,19 @@ def implements(module: TrainModule, method: str) -> bool:
         getattr(TrainModule, method)
 
 
+def _overrides(source: TrainModule | DataModule, method: str) -> bool:
+    """Whether ``source`` (a module or datamodule) has its own ``method`` (a dataloader method):
+    overridden in its class or set on the instance, and not set to ``None``."""
+    if getattr(source, method, None) is None:
+        return False
+    base = TrainModule if isinstance(source, TrainModule) else DataModule
+    return method in vars(source) or getattr(type(source), method) is not getattr(base, method)
+
+
 def _check_stage_methods(stage: str, module: TrainModule) -> None:
     """A stage whose step the module does not implement is a usage error before anything
-    starts. (``fit`` runs no validation without a ``validation_step``, as Lightning.)"""
+    starts. (``fit`` runs no validation without a ``validation_step``, as Lightning, and says
+    so when there is validation data: see ``Trainer._say_validation_skipped``.)"""
     method = _STEP_METHODS[stage]
     name = type(module).__qualname__
     if method == "predict_step":
