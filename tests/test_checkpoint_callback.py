@@ -472,11 +472,22 @@ def test_best_without_a_monitor_is_the_newest_checkpoint(make_trainer):
     _assert_weights(other, Path(callback.best_model_path))
 
 
+def assert_said_by_the_callback(said, words: str) -> None:
+    """The warning holding ``words`` is located in the checkpoint callback's own module, whose
+    package the CLI names as its source (``ptrain: warning: ...``), not in pluggy's hook
+    machinery that called the callback (``ptrain: warning from pluggy: ...``)."""
+    import ptrain.builtins.checkpoint as module
+
+    [where] = {w.filename for w in said if words in str(w.message)}
+    assert where == module.__file__, where
+
+
 def test_weights_only_files_load_for_evaluation_and_the_full_state_is_kept(make_trainer):
     callback = ModelCheckpoint(monitor="val_metric", save_top_k=1, save_last=False,
                                save_weights_only=True)
-    with pytest.warns(UserWarning, match="weights only.*full training state.*last.ckpt"):
+    with pytest.warns(UserWarning, match="weights only.*full training state.*last.ckpt") as said:
         trainer, module = fit(make_trainer, callback, values=[3, 2, 4])
+    assert_said_by_the_callback(said, "weights only")
     folder = trainer.log_dir / "checkpoints"
     best = torch.load(callback.best_model_path, weights_only=True)
     assert best["weights_only"] is True and best["optimizers"] == []
@@ -516,9 +527,10 @@ def test_save_on_exception_writes_the_state_at_the_error_and_keeps_last(make_tra
     callback = ModelCheckpoint(save_on_exception=True)
     trainer = make_trainer(callbacks=[*QUIET, callback], max_epochs=3)
     with pytest.warns(UserWarning, match="RuntimeError: broken.*epoch=1-step=3.ckpt.*not among "
-                                         "the top-k.*last.ckpt still holds"):
+                                         "the top-k.*last.ckpt still holds") as said:
         with pytest.raises(RuntimeError, match="broken"):
             trainer.fit(FailsAt(1, 0, RuntimeError("broken"), val_values=[1]))
+    assert_said_by_the_callback(said, "not among the top-k")
     folder = trainer.run_dir / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=3.ckpt", "last.ckpt"]
     at_error = torch.load(folder / "epoch=1-step=3.ckpt", weights_only=True)
@@ -539,9 +551,11 @@ def test_save_on_exception_writes_nothing_after_a_non_finite_loss(make_trainer):
 
     callback = ModelCheckpoint(save_on_exception=True)
     trainer = make_trainer(callbacks=[*QUIET, callback], max_epochs=3)
-    with pytest.warns(UserWarning, match="not written: the loss went non-finite.*last.ckpt"):
+    with pytest.warns(UserWarning, match="not written: the loss went non-finite.*last.ckpt") \
+            as said:
         with pytest.raises(ptrain.NonFiniteLossError):
             trainer.fit(GoesNaN([1]))
+    assert_said_by_the_callback(said, "not written")
     assert sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
 
 

@@ -326,13 +326,15 @@ class ModelCheckpoint:
             self.dirpath = str(self._folder(trainer))
             self._taken_on_disk = self._names_left_by_others(trainer)
             if self.save_weights_only and trainer.is_global_zero:
+                # stacklevel=1 in a hook: the warning is this callback's (its caller is pluggy,
+                # which the CLI would name as the warning's source)
                 warnings.warn(
                     f"checkpoint save_weights_only=True: the top-k files in {self.dirpath} hold "
                     f"the weights only, as Lightning writes them; the full training state for "
                     f"an exact resume is kept in {self._full_state_path(trainer)} "
                     f"(ckpt_path='last' resumes from it)"
                     + (", written as a file, not a link" if self.save_last == "link" else "")
-                    + ".", stacklevel=2)
+                    + ".", stacklevel=1)
         if self.async_save and self._writes and trainer.is_global_zero:
             why = trainer.why_not_asynchronous()
             if why is not None:
@@ -450,7 +452,7 @@ class ModelCheckpoint:
         except Exception as exc:  # noqa: BLE001 - the run's own error is the one to raise
             if trainer.is_global_zero:
                 warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
-                              f"written: {type(exc).__name__}: {exc}", stacklevel=2)
+                              f"written: {type(exc).__name__}: {exc}", stacklevel=1)
 
     def _save_on_exception(self, trainer, error: BaseException) -> None:
         if not self._writes or trainer.world_size > 1:
@@ -461,7 +463,7 @@ class ModelCheckpoint:
             if trainer.is_global_zero:
                 warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
                               f"written: the loss went non-finite, so the weights are not worth "
-                              f"resuming. {self._kept_note()}", stacklevel=3)
+                              f"resuming. {self._kept_note()}", stacklevel=1)
             return
         candidates = self._candidates(trainer)
         # the epoch in progress (after fit, trainer.current_epoch counts a part-run one as run)
@@ -479,7 +481,7 @@ class ModelCheckpoint:
             if trainer.is_global_zero:
                 warnings.warn(f"checkpoint save_on_exception: the state at the error was not "
                               f"written: the loss went non-finite before it, so the weights are "
-                              f"not worth resuming. {self._kept_note()}", stacklevel=3)
+                              f"not worth resuming. {self._kept_note()}", stacklevel=1)
             return
         self._saved(trainer, path)
         if trainer.is_global_zero:
@@ -489,7 +491,7 @@ class ModelCheckpoint:
                 f"through a batch) was saved to {path} (save_on_exception). It is not among the "
                 f"top-k files" + (f", and {self.last_model_path} still holds the last state "
                                   f"saved at a checkpoint point, which resumes exactly"
-                                  if self.last_model_path else "") + ".", stacklevel=3)
+                                  if self.last_model_path else "") + ".", stacklevel=1)
 
     def _kept_note(self) -> str:
         if self.last_model_path:
@@ -798,7 +800,7 @@ class ModelCheckpoint:
     def _say_once(self, key: str, message: str) -> None:
         if key not in self._said:
             self._said.add(key)
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=2)  # the sentence's line, here
 
     def _kept_score(self, raw: Any, score: float) -> Any:
         """What a score is kept as (``best_k_models``' values, ``current_score``): a float,

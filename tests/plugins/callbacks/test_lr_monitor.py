@@ -5,6 +5,7 @@ optimizers (Lightning runs in the test when it is installed)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -135,9 +136,12 @@ def test_without_a_logger_it_warns_and_keeps_callback_metrics(tmp_path):
     trainer = ptrain.Trainer(accelerator="cpu", default_root_dir=str(tmp_path / "runs"),
                              callbacks=[*QUIET, "no:tensorboard", LearningRateMonitor()],
                              max_epochs=1)
-    with pytest.warns(UserWarning, match="no logger is part of this run"):
+    with pytest.warns(UserWarning, match="no logger is part of this run") as said:
         trainer.fit(TinyRegressor())
     assert float(trainer.callback_metrics["lr-SGD"]) == pytest.approx(0.1)
+    # located in the plugin (the CLI names its package as the source), not in pluggy
+    [where] = {w.filename for w in said if "no logger" in str(w.message)}
+    assert where == sys.modules[LearningRateMonitor.__module__].__file__, where
 
 
 # ---------------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ class Compile:
             self.fell_back = problem
             if trainer.is_global_zero:
                 warnings.warn(f"compile: {problem}; training uncompiled (--compile-fallback "
-                              f"eager).", stacklevel=2)
+                              f"eager).", stacklevel=1)
             return model
         options: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph,
                                    "dynamic": self.dynamic}

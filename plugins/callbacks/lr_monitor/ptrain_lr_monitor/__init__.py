@@ -159,14 +159,14 @@ class LearningRateMonitor:
                 "learning-rate-monitor: no logger is part of this run (no plugin implements "
                 "log_metrics), so the learning rates reach only trainer.callback_metrics. Keep "
                 "the tensorboard callback (remove -p no:tensorboard) or add a logger plugin.",
-                stacklevel=2)
+                stacklevel=1)
         if self.log_momentum:
             without = sorted({type(o).__name__ for o, _, _ in named
                               if "betas" not in o.defaults and "momentum" not in o.defaults})
             if without:
                 warnings.warn(f"learning-rate-monitor: log_momentum is on, but these optimizers "
                               f"do not have momentum: {', '.join(without)}; 0 is logged for "
-                              f"each.", RuntimeWarning, stacklevel=2)
+                              f"each.", RuntimeWarning, stacklevel=1)
 
     @hookimpl
     def on_loop_start(self, trainer, loop: str) -> None:

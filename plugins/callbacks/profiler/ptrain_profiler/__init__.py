@@ -293,7 +293,7 @@ class Profiler:
             if not failed:
                 raise
             warnings.warn(f"the profiler could not write its last trace after the run failed: "
-                          f"{type(exc).__name__}: {exc}", stacklevel=2)
+                          f"{type(exc).__name__}: {exc}", stacklevel=1)
         if self._is_global_zero and not failed:
             print(self.summary(prof), flush=True)
 
