@@ -365,7 +365,10 @@ def test_bad_options_from_python(kwargs, needles):
     (["--checkpoint-monitor", "val_loss", "--checkpoint-mode", "avg"],
      ["'avg' for --checkpoint-mode (config key 'mode' in [plugins.checkpoint]); valid "
       "choices: min, max"]),
-], ids=["filename-metric", "top-k-without-monitor", "monitor", "mode"])
+    # link is valid too: named with true and false
+    (["--checkpoint-save-last", "maybe"],
+     ["--checkpoint-save-last", "expected true, false or link", "got str 'maybe'"]),
+], ids=["filename-metric", "top-k-without-monitor", "monitor", "mode", "save-last"])
 def test_usage_errors_through_the_cli(tmp_path, flags, needles):
     result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "1",
                      "--default-root-dir", str(tmp_path), "--no-progress-bar", *flags)

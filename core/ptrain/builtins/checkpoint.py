@@ -110,7 +110,11 @@ def _save_last(value: Any) -> bool | str:
     """``save_last``: true, false or ``"link"``."""
     if isinstance(value, str) and value.strip().lower() == "link":
         return "link"
-    return to_bool(value)
+    try:
+        return to_bool(value)
+    except ValueError:
+        raise ValueError(f"expected true, false or link (last.ckpt links to the newest top-k "
+                         f"file), got {type(value).__name__} {value!r}") from None
 
 
 def _yaml_number(value: float) -> str:
