@@ -696,6 +696,16 @@ def test_options_declared_through_add_options_reach_the_plugin():
                        plugin_options={"optioned": {"sise": 1}})
 
 
+def test_an_unknown_option_of_an_unpackaged_plugin_names_it_without_empty_parentheses():
+    """-p MODULE:CLASS with an option it does not have (from a config table): the message
+    names the plugin and the keys, and no source it can't know (it said "... 'optioned' ()")."""
+    with pytest.raises(ptrain.ConfigError) as info:
+        ptrain.Trainer(callbacks=["tests.test_hook_contract:Optioned"],
+                       plugin_options={"optioned": {"sise": 1}})
+    assert str(info.value) == ("unknown option 'sise' for plugin 'optioned'; valid keys: label, "
+                               "size. Did you mean 'size'?")
+
+
 def test_check_available_is_asked_before_a_plugin_is_used():
     assert check_available(Optioned, "optioned") is None
     assert "lacks" in check_available(Unavailable, "unavailable")

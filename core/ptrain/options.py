@@ -173,13 +173,14 @@ class OptionGroup:
     def resolve(self, given: dict[str, Any], source: str) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (already-merged config and flags), every value checked.
         Unknown keys are an error naming the closest valid key."""
+        where = self._where() + (f" ({source})" if source else "")
         for key in given:
             if key not in self.options:
                 if key in self.instead:
-                    raise ConfigError(f"unknown option {key!r} for {self._where()} ({source}): "
+                    raise ConfigError(f"unknown option {key!r} for {where}: "
                                       f"{self.instead[key]}")
                 raise ConfigError(
-                    f"unknown option {key!r} for {self._where()} ({source}); valid keys: "
+                    f"unknown option {key!r} for {where}; valid keys: "
                     f"{', '.join(sorted(self.options)) or '(none)'}."
                     f"{closest(key, list(self.options))}"
                 )
