@@ -113,3 +113,39 @@ def test_lightning_precision_value_from_the_cli(cli, tmp_path):
                  "--default-root-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert 'precision = "bf16-mixed"' in result.stdout
+
+
+def test_options_for_a_plugin_outside_the_run_name_a_fix_that_works():
+    """Options (a config's [plugins.NAME] table, plugin_options) for a plugin the run lacks: a
+    name no plugin has is a typo (the closest installed name, no advice to enable it); another
+    strategy than the run's, or a callback not enabled, is named with the flag that selects it
+    and the way to set the options aside, and that way works."""
+    from ptrain.catalog import Catalog
+
+    with pytest.raises(ptrain.ConfigError) as info:
+        ptrain.Trainer(callbacks=["early-stopping"],
+                       plugin_options={"early-stoping": {"monitor": "val_loss"}})
+    message = str(info.value)
+    assert "no installed plugin is called 'early-stoping'. Did you mean 'early-stopping'?" \
+        in message, message
+    assert "-p early-stoping" not in message and "--strategy" not in message, message
+    # a strategy table left in a config whose strategy was overridden (--strategy single-device)
+    options = {"model-parallel": {"tensor_parallel_size": 1}}
+    with pytest.raises(ptrain.ConfigError) as info:
+        ptrain.Trainer(strategy="single-device", plugin_options=options)
+    message = str(info.value)
+    assert "'model-parallel', a strategy, but this run's strategy is 'single-device'" in message
+    assert "--strategy model-parallel" in message and "-p no:model-parallel" in message, message
+    ptrain.Trainer(strategy="single-device", callbacks=["no:model-parallel"],
+                   plugin_options=options)
+    # a callback not enabled
+    options = {"early-stopping": {"monitor": "val_loss"}}
+    with pytest.raises(ptrain.ConfigError, match="a callback that is not part of this run. "
+                                                 "Enable it with -p early-stopping"):
+        ptrain.Trainer(plugin_options=options)
+    ptrain.Trainer(callbacks=["early-stopping"], plugin_options=options)
+    # a first-party plugin whose distribution is not installed
+    catalog = Catalog([i for i in Catalog.discover().infos if i.name != "wandb"])
+    with pytest.raises(ptrain.ConfigError, match="'wandb', which comes with the distribution "
+                                                 "ptrain-wandb, not installed here: pip install"):
+        ptrain.Trainer(catalog=catalog, plugin_options={"wandb": {"project": "x"}})

@@ -26,7 +26,7 @@ from ptrain._version import __version__
 from ptrain.background_write import (BackgroundWrite, DeferredCopies, HostBuffers, WriteAgreement,
                                      host_copy)
 from ptrain.builtins.loop_defaults import LoopDefaults
-from ptrain.catalog import EXCLUSIVE_KINDS, Catalog
+from ptrain.catalog import EXCLUSIVE_KINDS, FIRST_PARTY, Catalog
 from ptrain.config import core_options
 from ptrain.data import rebuild_dataloader, stop_workers
 from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
@@ -40,7 +40,7 @@ from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instanti
 from ptrain.metrics import MetricStore
 from ptrain.module import DataModule, TrainModule, class_path
 from ptrain.optimizers import OptimizerSetup, configure_optimizers, rebind_scheduler
-from ptrain.options import near_names
+from ptrain.options import closest, near_names
 from ptrain.precision_policy import PrecisionPolicy
 from ptrain.seeding import seed_everything
 from ptrain.selection import SelectedPlugin, object_name, select_plugins, split_callbacks
@@ -156,7 +156,8 @@ class Trainer:
             *(objects.get(kind, self.options[kind]) for kind in EXCLUSIVE_KINDS),
             callbacks,
         )
-        self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks)
+        self.plugins, plugin_config = self._instantiate(selected, plugin_options or {}, callbacks,
+                                                        self.catalog)
         if self.options["fast_dev_run"]:  # a debugging run logs nothing: no logger takes part
             self.plugins = {name: plugin for name, plugin in self.plugins.items()
                             if not is_logger(plugin)}
@@ -260,16 +261,13 @@ class Trainer:
 
     @staticmethod
     def _instantiate(selected: list[SelectedPlugin], plugin_options: dict[str, dict[str, Any]],
-                     callbacks: list[Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+                     callbacks: list[Any], catalog: Catalog,
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         by_name = {p.name: p for p in selected}
         blocked = split_callbacks(callbacks)[1]
         for name in plugin_options:
             if name not in by_name and name not in blocked:
-                raise ConfigError(
-                    f"options were given for plugin {name!r}, which is not part of this run; "
-                    f"active plugins: {', '.join(by_name)}. Enable it (callbacks: -p {name}; "
-                    f"others: --accelerator/--strategy/--precision {name}) or remove its options."
-                )
+                raise ConfigError(_options_outside_the_run(name, selected, catalog))
         plugins, config = {}, {}
         for plugin in selected:
             given = plugin_options.get(plugin.name, {})
@@ -1290,6 +1288,33 @@ _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
 _STEP_METHODS = {"fit": "training_step", "validate": "validation_step", "test": "test_step",
                  "predict": "predict_step"}
+
+
+def _options_outside_the_run(name: str, selected: list[SelectedPlugin], catalog: Catalog) -> str:
+    """What to say of options given for plugin ``name``, which is not part of the run: a name
+    no plugin has (a typo: the closest installed name), a strategy/accelerator/precision other
+    than the run's, or a callback not enabled; each with a fix that works."""
+    head = f"options were given for plugin {name!r}"
+    drop = f"remove its options ([plugins.{name}]), or set them aside with -p no:{name}"
+    kinds = sorted({info.kind for info in catalog.infos if info.name == name})
+    if not kinds:
+        uninstalled = {n: d for named in FIRST_PARTY.values() for n, d in named.items()}
+        if name in uninstalled:
+            return (f"{head}, which comes with the distribution {uninstalled[name]}, not "
+                    f"installed here: pip install {uninstalled[name]}, or {drop}.")
+        known = {info.name for info in catalog.infos} | {p.name for p in selected}
+        return (f"{head}, which is not part of this run, and no installed plugin is called "
+                f"{name!r}.{closest(name, known)} Give a plugin's options under its name "
+                f"([plugins.NAME]; `ptrain plugins` lists the installed ones), enable a "
+                f"callback of your own with -p MODULE:CLASS (its options go under its class "
+                f"name in kebab case), or remove them.")
+    kind = kinds[0]
+    if kind in EXCLUSIVE_KINDS:
+        chosen = next((p.name for p in selected if p.kind == kind), None)
+        return (f"{head}, a {kind}, but this run's {kind} is {chosen!r}. Select it with "
+                f"--{kind} {name} ({kind} = \"{name}\" in [trainer]), or {drop}.")
+    return (f"{head}, a callback that is not part of this run. Enable it with -p {name} "
+            f"(callbacks = [\"{name}\"] in [trainer]), or {drop}.")
 
 
 def _call_teardown_impl(impl: Any, trainer: Trainer, stage: str) -> None:
