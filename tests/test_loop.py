@@ -593,6 +593,53 @@ def test_max_time_stops_at_a_check_point(make_trainer):
     assert trainer.global_step == 8 and trainer.current_epoch == 1
 
 
+class SlowSanityCheck(TinyRegressor):
+    """Its sanity check lasts until ``seconds`` have passed since the fit began."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_fit_start(self):
+        self.fit_started = time.monotonic()
+
+    def validation_step(self, batch, batch_idx):
+        while self.trainer.sanity_checking and \
+                time.monotonic() - self.fit_started < self.seconds:
+            time.sleep(0.01)
+        super().validation_step(batch, batch_idx)
+
+
+class TrainingClock:
+    """When the training loop started and ended (the set-up and sanity check come before)."""
+
+    @ptrain.hookimpl
+    def on_loop_start(self, loop):
+        if loop == "train":
+            self.started = time.monotonic()
+
+    @ptrain.hookimpl
+    def on_loop_end(self, loop):
+        if loop == "train":
+            self.ended = time.monotonic()
+
+
+def test_max_time_counts_training_from_after_the_sanity_check(make_trainer):
+    """As Lightning's Timer (started at on_train_start): the set-up and the sanity check do not
+    use up max_time. The sanity check here outlasts max_time; training still gets max_time
+    (counted from the stage's start, the run stopped at the first check point after one
+    step)."""
+    limit = 0.5
+    clock = TrainingClock()
+    trainer = fit(make_trainer, SlowSanityCheck(seconds=2 * limit), clock, max_epochs=1000,
+                  max_time=limit, log_every_n_steps=1, num_sanity_val_steps=1)
+    # the stop comes at the first check point once max_time of training has passed; the
+    # clock's start is read a moment after the loop's own, hence the margin
+    assert clock.ended - clock.started >= limit / 2, (clock.ended - clock.started,
+                                                      trainer.global_step)
+    assert trainer.global_step > 1
+
+
 # -------------------------------------------------------------------------------------------
 # The order of hook calls
 

@@ -238,7 +238,8 @@ def core_options() -> OptionGroup:
     g.add("min_epochs", to_int, help="train at least this many epochs before a stop takes effect")
     g.add("max_steps", to_int, help="stop after this many optimizer steps")
     g.add("min_steps", to_int, help="train at least this many optimizer steps")
-    g.add("max_time", to_seconds, help="stop after this long: seconds or DD:HH:MM:SS")
+    g.add("max_time", to_seconds, help="stop after this long of training (counted from after "
+                                       "the sanity check): seconds or DD:HH:MM:SS")
     g.add("val_check_interval", positive(to_int_or_float), default=1.0,
           help="validate every this fraction of an epoch (float) or this many batches (int)")
     g.add("check_val_every_n_epoch", positive(to_int), default=1,

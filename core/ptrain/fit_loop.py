@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -219,6 +220,9 @@ class FitLoop:
                               "check), as in Lightning. Remove it to train.", stacklevel=2)
             t.hook.on_loop_end(trainer=t, loop="fit")
             return
+        # max_time counts training from here, after set-up and the sanity check, as
+        # Lightning's Timer starts at on_train_start (a resumed run adds its earlier time)
+        t._start_time = time.monotonic()
         t.hook.on_loop_start(trainer=t, loop="train")
         try:
             while not self._limits_reached():

@@ -1147,6 +1147,8 @@ class Trainer:
         return self.hook.prepare_dataloader(trainer=self, dataloader=loader, stage=stage)
 
     def _elapsed(self) -> float:
+        """The training time ``max_time`` limits: since the training loop started (after the
+        sanity check), plus a resumed run's time before."""
         return self.loop_state.get("elapsed_before", 0.0) + time.monotonic() - self._start_time
 
     # -- checkpoints ----------------------------------------------------------------------------
