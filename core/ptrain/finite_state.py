@@ -148,6 +148,7 @@ def state_error_for(trainer: Trainer) -> Callable[[str | None], NonFiniteStateEr
     saved = last_written_checkpoint(trainer)
     kept = (f"The last checkpoint written, {str(saved)!r}, holds the state from before and is "
             f"kept." if saved is not None else "No checkpoint was written over.")
+    hint = trainer.precision_policy.non_finite_hint  # a cause the precision is known for
 
     def error(tensor: str | None) -> NonFiniteStateError:
         which = f" (first: {tensor})" if tensor is not None else " (in another process's shard)"
@@ -157,7 +158,7 @@ def state_error_for(trainer: Trainer) -> Callable[[str | None], NonFiniteStateEr
             f"updates. Training stopped and nothing non-finite was saved. {kept} Lower the "
             f"learning rate, clip gradients (--gradient-clip-val), or look for an operation "
             f"that overflows (--detect-anomaly names the first one that makes a NaN in "
-            f"backward).")
+            f"backward)." + (f" {hint}" if hint else ""))
 
     return error
 

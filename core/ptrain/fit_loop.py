@@ -48,10 +48,11 @@ def check_losses_finite(trainer: Trainer) -> None:
     saved = last_written_checkpoint(trainer)
     kept = (f" The last checkpoint written, {str(saved)!r}, was saved before that and is kept."
             if saved is not None else " No checkpoint was written over.")
+    hint = trainer.precision_policy.non_finite_hint  # a cause the precision is known for
     raise NonFiniteLossError(
         f"the training loss became {float(loss)} at epoch {epoch}, batch {batch_idx} (global step "
         f"{step}); training stopped.{kept} Lower the learning rate, clip gradients "
-        f"(--gradient-clip-val), or check the data of that batch."
+        f"(--gradient-clip-val), or check the data of that batch." + (f" {hint}" if hint else "")
     )
 
 

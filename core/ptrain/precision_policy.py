@@ -19,12 +19,17 @@ class PrecisionPolicy:
     :param loss_scaling: whether the precision scales the loss (``16-mixed``'s GradScaler). Its
         overflow check sees every gradient only where gradients are not sharded; a sharding
         strategy refuses it at start-up rather than let ranks disagree on skipping a step.
+    :param non_finite_hint: a sentence the core adds when the training loss, the parameters
+        or the optimizer state become NaN or infinite: a cause this precision is known for, and
+        its fix (``16-true``: Adam's default
+        ``eps`` underflows in float16). Empty: only the general advice.
     """
 
     param_dtype: torch.dtype = torch.float32
     compute_dtype: torch.dtype = torch.float32
     reduce_dtype: torch.dtype = torch.float32
     loss_scaling: bool = False
+    non_finite_hint: str = ""
 
     @property
     def is_mixed(self) -> bool:

@@ -209,3 +209,48 @@ def test_the_autocast_cache_option_decides_where_a_weight_used_twice_sums_its_gr
     options = {} if cache else {"plugin_options": {"bf16-mixed": {"autocast_cache": False}}}
     make_trainer(precision="bf16-mixed", max_steps=1, **options).fit(module)
     assert torch.equal(module.layer.weight.detach(), _by_hand(cache))
+
+
+class MoonsWithAdam(ptrain.TrainModule):
+    """docs/first-model.md's model in small: AdamW with its default eps=1e-8."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(512, 2, generator=g), torch.randint(0, 2, (512,), generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+
+
+def test_a_nan_loss_under_16_true_names_adams_eps_and_its_fixes(make_trainer):
+    """The precision plugin's non_finite_hint joins the core's NaN message: under 16-true,
+    Adam's eps=1e-8 is 0 in float16 (docs/precision.md); the fixes are bf16-true or a larger
+    eps. Other precisions give the general advice only."""
+    torch.manual_seed(0)
+    with pytest.raises(ptrain.NonFiniteLossError) as info:
+        make_trainer(precision="16-true", max_epochs=1, log_every_n_steps=1).fit(MoonsWithAdam())
+    message = str(info.value)  # the parameters' check comes first here
+    assert "Lower the learning rate" in message, message
+    assert "Under 16-true" in message and "eps=1e-8 is 0 there" in message, message
+    assert "--precision bf16-true" in message and "eps >= 1e-4" in message, message
+
+    class GoesNaN(TinyRegressor):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx) * float("nan")
+
+    for precision in ("16-true", "32-true", "bf16-true"):  # the loss's own check
+        with pytest.raises(ptrain.NonFiniteLossError) as info:
+            make_trainer(precision=precision, max_epochs=1).fit(GoesNaN())
+        message = str(info.value)
+        assert message.startswith("the training loss became nan") and \
+            "Lower the learning rate" in message, message
+        assert ("Under 16-true" in message) == (precision == "16-true"), message

@@ -20,11 +20,13 @@ class TruePrecision:
     """Parameters, buffers, inputs and optimizer state all in :attr:`dtype`."""
 
     dtype: torch.dtype = torch.float32
+    #: what a non-finite training loss adds to its message (see PrecisionPolicy)
+    non_finite_hint: str = ""
 
     @hookimpl
     def precision_policy(self) -> PrecisionPolicy:
         return PrecisionPolicy(param_dtype=self.dtype, compute_dtype=self.dtype,
-                               reduce_dtype=self.dtype)
+                               reduce_dtype=self.dtype, non_finite_hint=self.non_finite_hint)
 
     @hookimpl(wrapper=True)
     def wrap_model(self, model: torch.nn.Module):
@@ -59,6 +61,12 @@ class Float16TruePrecision(TruePrecision):
     scaling: prefer ``bf16-true`` where the hardware has bfloat16."""
 
     dtype = torch.float16
+    non_finite_hint = (
+        "Under 16-true, a NaN at the first steps often comes from the optimizer's eps "
+        "underflowing in float16: Adam's and AdamW's default eps=1e-8 is 0 there, so a step "
+        "divides by zero where a gradient's square underflows to 0. Train with --precision "
+        "bf16-true (float32's range), or give the optimizer eps >= 1e-4 (e.g. "
+        "torch.optim.AdamW(..., eps=1e-4)).")
 
 
 class Float64TruePrecision(TruePrecision):
