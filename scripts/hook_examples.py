@@ -602,6 +602,23 @@ class BatchCounter:
     @hookimpl
     def load_state_dict(self, state):
         self.batches = state["batches"]  # what state_dict returned when the checkpoint was saved
+# == applied_optimizer_settings
+from ptrain import hookimpl
+
+
+class HalveTheLearningRate:
+    """Trains with half the learning rates configure_optimizers gives."""
+
+    @hookimpl
+    def setup(self, trainer, stage):
+        if stage == "fit" and trainer.ckpt_path is None:  # a resumed optimizer has them
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] /= 2
+
+    @hookimpl
+    def applied_optimizer_settings(self, settings):
+        for group in settings[0]:  # what this plugin applies: an unchanged resume is silent
+            group["lr"] /= 2
 # == save_checkpoint
 import torch.distributed as dist
 

@@ -6,10 +6,13 @@ the training data's length mid-epoch."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from conftest import TinyRegressor
+from ptrain import hookimpl
 from ptrain.checkpoint_io import safe_load
 
 
@@ -46,6 +49,51 @@ def test_an_unchanged_resume_with_a_scheduler_reports_nothing(make_trainer, recw
     trainer.fit(TinyRegressor(lr=0.1, scheduler=scheduler), ckpt_path="last")
     assert not [w for w in recwarn if "continues with the checkpoint's" in str(w.message)]
     assert "overridden_on_resume" not in safe_load(trainer.last_checkpoint_path)["config"]
+
+
+class HalvesTheLearningRate:
+    """Trains with half the configured learning rate; with ``says_so``, it tells a resume."""
+
+    name = "halves-the-lr"
+
+    def __init__(self, says_so: bool = True):
+        self.says_so = says_so
+
+    @hookimpl
+    def setup(self, trainer, stage):
+        if stage == "fit" and trainer.ckpt_path is None:  # a resumed optimizer has it halved
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] /= 2
+
+    @hookimpl
+    def applied_optimizer_settings(self, trainer, settings):
+        if self.says_so:
+            for group in settings[0]:
+                group["lr"] /= 2
+
+
+def test_a_setting_a_plugin_applies_is_what_a_resume_compares_with(make_trainer):
+    """applied_optimizer_settings: a plugin that sets the learning rate itself says so, and an
+    unchanged resume says nothing (the lr-finder's case); a plugin that does not say so leaves
+    the configured value as the one compared."""
+
+    def resume(plugin, epochs):
+        trainer = make_trainer(max_epochs=epochs, callbacks=["no:progress-bar", plugin])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(TinyRegressor(lr=0.1), ckpt_path="last")
+        assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
+        return [str(w.message) for w in caught if "continues with the checkpoint's" in
+                str(w.message)], safe_load(trainer.last_checkpoint_path)["config"]
+
+    make_trainer(max_epochs=1, callbacks=["no:progress-bar", HalvesTheLearningRate()]).fit(
+        TinyRegressor(lr=0.1))
+    said, config = resume(HalvesTheLearningRate(), epochs=2)
+    assert said == [] and "overridden_on_resume" not in config
+    said, config = resume(HalvesTheLearningRate(says_so=False), epochs=3)
+    assert len(said) == 1 and "lr=0.05 (configured now: 0.1)" in said[0], said
+    assert config["overridden_on_resume"] == {
+        "optimizer 0 lr": {"configured": 0.1, "applied": 0.05}}
 
 
 def trained_in_epoch_0(make_trainer, first_batch_size, second_batch_size, n=64):

@@ -30,6 +30,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
         train_loader = prepare_dataloader(trainer, dataloader, stage="train")
         checkpoint = load_checkpoint(trainer, path)        # only with ckpt_path
         load_state_dict(trainer, state, checkpoint)        # each plugin, its own saved state
+        applied_optimizer_settings(trainer, settings)      # compared with the checkpoint's
         unused_step_hooks(trainer)                 # each plugin: per-step hooks it leaves this stage
         setup(trainer, stage="fit")
         log_hyperparams(trainer, hyperparameters)   # module's hparams + datamodule's
@@ -802,6 +803,26 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any],
         state comes from outside a checkpoint, a finder's snapshot).
 
     Result: per plugin. Implemented by: stateful plugins.
+    """
+
+
+@hookspec
+def applied_optimizer_settings(trainer: Trainer, settings: list[list[dict[str, Any]]]) -> None:
+    """Write into ``settings`` the optimizer settings this plugin applies itself.
+
+    A resume then compares the checkpoint's settings with what the run applies, not only with
+    what ``configure_optimizers`` gives.
+
+    Fires: when ``fit`` resumes from a checkpoint, once, after every ``load_state_dict``.
+    ``settings`` holds, per optimizer (as in ``trainer.optimizers``), one dict per param group,
+    ``{"lr": ..., "weight_decay": ...}``, from ``configure_optimizers`` (``lr`` is where a
+    schedule starts: ``initial_lr`` where a scheduler set it). The optimizers hold the
+    checkpoint's settings already, and continue with them; the core then warns of each setting
+    that differs (docs/reliability.md). A plugin that sets a learning rate or weight decay
+    itself (a learning-rate finder applies its suggestion) changes ``settings`` in place to what
+    it applies, so that a resume that changed nothing says nothing.
+
+    Result: all (ignored). Implemented by: plugins that change optimizer settings.
     """
 
 

@@ -1260,12 +1260,10 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {str(path)!r} holds "
                                       f"{len(checkpoint['optimizers'])} optimizer states; the "
                                       f"model configures {len(self.optimizers)}.")
-            for index, (optimizer, state) in enumerate(zip(self.optimizers,
-                                                            checkpoint["optimizers"])):
-                configured = _group_settings(optimizer)
+            configured = []  # what configure_optimizers gave: compared below
+            for optimizer, state in zip(self.optimizers, checkpoint["optimizers"]):
+                configured.append(_group_settings(optimizer))
                 optimizer.load_state_dict(state)
-                self._overridden_on_resume.update(
-                    _report_overridden(path, index, optimizer, configured))
             for entry, state in zip(self.lr_schedulers, checkpoint["lr_schedulers"]):
                 entry["scheduler"].load_state_dict(state)
             for stage_name, sums in checkpoint.get("metrics", {}).items():
@@ -1277,6 +1275,11 @@ class Trainer:
             if impl.plugin_name in saved:
                 call_impl(impl, trainer=self, state=saved[impl.plugin_name],
                           checkpoint=checkpoint)
+        if stage == "fit":  # the settings a plugin applies itself (a finder's lr) count too
+            self.hook.applied_optimizer_settings(trainer=self, settings=configured)
+            for index, optimizer in enumerate(self.optimizers):
+                self._overridden_on_resume.update(
+                    _report_overridden(path, index, optimizer, configured[index]))
         return checkpoint
 
 
@@ -1353,8 +1356,9 @@ def _group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 
 def _report_overridden(path: Path, index: int, optimizer: torch.optim.Optimizer,
                        configured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Warn of the settings ``configure_optimizers`` gives now that the resumed optimizer state
-    replaced (a learning rate changed on resume does not apply, the checkpoint's does), and
+    """Warn of the settings ``configure_optimizers`` gives now (as the plugins that apply some
+    themselves changed them: the ``applied_optimizer_settings`` hook) that the resumed optimizer
+    state replaced (a learning rate changed on resume does not apply, the checkpoint's does), and
     return them as ``{"optimizer I[ group G] KEY": {"configured": ..., "applied": ...}}``: the
     run's checkpoints record them beside the config (``overridden_on_resume``), so the config
     does not read as if the new value had trained."""

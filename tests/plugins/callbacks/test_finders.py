@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -379,6 +380,32 @@ def test_a_resumed_run_keeps_what_the_finders_found_without_searching_again(make
     assert lr_finder.lrs == [] and resumed_module.sizes == [16] * 4
     assert trainer.optimizers[0].param_groups[0]["lr"] == suggestion
     assert trainer.global_step == first.global_step + 4
+
+
+def test_resuming_an_lr_finder_run_compares_the_learning_rate_with_the_suggestion(
+        make_trainer):
+    """docs/reliability.md: an unchanged resume says nothing. The lr-finder applies its
+    suggestion (applied_optimizer_settings), so a resume with it is compared with that, not
+    with the configured lr, which the suggestion replaces (also when it is changed); without
+    it, the configured lr is what the run asks for, and its change is said."""
+    torch.manual_seed(0)
+    first = fit(make_trainer, TinyRegressor(), LRFinder(num_steps=30), quiet=QUIET[:2])
+    suggestion = first.plugins["lr-finder"].suggestion
+    assert suggestion is not None and suggestion != 0.1
+
+    def resume(module, *plugins, epochs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = make_trainer(callbacks=[*plugins, *QUIET[:2]], max_epochs=epochs, seed=0)
+            trainer.fit(module, ckpt_path="last")
+        assert trainer.current_epoch == epochs
+        return [str(w.message) for w in caught if "continues with the checkpoint's" in
+                str(w.message)]
+
+    assert resume(TinyRegressor(), LRFinder(num_steps=30), epochs=2) == []
+    assert resume(TinyRegressor(lr=0.05), LRFinder(num_steps=30), epochs=3) == []
+    [said] = resume(TinyRegressor(), epochs=4)
+    assert f"lr={suggestion!r} (configured now: 0.1)" in said, said
 
 
 def test_a_stopped_run_is_not_reported_as_one_epoch(make_trainer, capsys):

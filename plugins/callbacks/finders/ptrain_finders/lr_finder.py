@@ -155,6 +155,26 @@ class LRFinder(Finder):
     def state_dict(self) -> dict[str, Any] | None:
         return self.applied
 
+    @hookimpl
+    def applied_optimizer_settings(self, trainer, settings: list[list[dict[str, Any]]]) -> None:
+        """A resumed run that trains with the suggestion (:meth:`run` reuses it) applies it:
+        the first group's learning rate is the suggestion and every other group's keeps its
+        ratio to it, as :meth:`run` scales them. That, not the configured learning rate, is what
+        the checkpoint's is compared with."""
+        if self.resumed_state is None or self.then != "fit" or not settings or not settings[0]:
+            return
+        configured = float(settings[0][0]["lr"])
+        if not configured > 0:  # not a run the search could have scaled
+            return
+        factor = self.resumed_state["suggestion"] / configured
+        for groups, optimizer in zip(settings, trainer.optimizers):
+            for setting, group in zip(groups, optimizer.param_groups):
+                applied, resumed = setting["lr"] * factor, base_lr(group)
+                # the checkpoint's, where it is that up to rounding (it was scaled from the
+                # learning rate configured then)
+                setting["lr"] = resumed if math.isclose(applied, resumed, rel_tol=1e-9) \
+                    else applied
+
     # -- the test -----------------------------------------------------------------------------
 
     def run(self, trainer) -> None:
