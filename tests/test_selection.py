@@ -149,3 +149,16 @@ def test_options_for_a_plugin_outside_the_run_name_a_fix_that_works():
     with pytest.raises(ptrain.ConfigError, match="'wandb', which comes with the distribution "
                                                  "ptrain-wandb, not installed here: pip install"):
         ptrain.Trainer(catalog=catalog, plugin_options={"wandb": {"project": "x"}})
+
+
+def test_a_block_of_a_plugin_no_one_installed_is_said_with_the_closest_name(recwarn):
+    """``no:NAME`` of a name no plugin has blocks nothing; a typo would leave on what it meant
+    to turn off (and hide its options table). Said, not refused: a configuration may block a
+    plugin another machine has."""
+    ptrain.Trainer(accelerator="cpu", callbacks=["no:early-stopping", "no:progress-bar"])
+    assert not [w for w in recwarn if "blocks nothing" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"-p no:progres-bar blocks nothing: no installed "
+                                         r"plugin is called 'progres-bar'\. Did you mean "
+                                         r"'progress-bar'\?"):
+        trainer = ptrain.Trainer(accelerator="cpu", callbacks=["no:progres-bar"])
+    assert "progress-bar" in trainer.plugins  # what the typo meant to turn off is still on

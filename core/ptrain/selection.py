@@ -17,7 +17,7 @@ from ptrain.catalog import Catalog, PluginInfo
 from ptrain.config import DEFAULT_CALLBACKS, canonical_plugin_name
 from ptrain.errors import ConfigError, PluginError
 from ptrain.loading import check_available, declare_options, import_object, import_target
-from ptrain.options import OptionGroup
+from ptrain.options import OptionGroup, closest
 
 BLOCK_PREFIX = "no:"
 
@@ -113,12 +113,26 @@ def _auto_accelerator(catalog: Catalog, blocked: set[str]) -> SelectedPlugin:
     return best[1]
 
 
+def _say_blocks_of_nothing(catalog: Catalog, blocked: set[str], callbacks: list[Any]) -> None:
+    """Warn of each ``no:NAME`` that names no installed plugin (nor a callback object given):
+    it blocks nothing, most likely by a slip of the keyboard. A warning, not an error: a
+    configuration may block a plugin that one machine has and another does not."""
+    known = {name for kind in ("accelerator", "strategy", "precision", "callback")
+             for name in catalog.names(kind)}
+    known |= {object_name(entry) for entry in callbacks if not isinstance(entry, str)}
+    for name in sorted(blocked - known):
+        warnings.warn(f"-p no:{name} blocks nothing: no installed plugin is called "
+                      f"{name!r}.{closest(name, sorted(known))} `ptrain plugins` lists them.",
+                      stacklevel=3)
+
+
 def select_plugins(
     catalog: Catalog, accelerator: Any, strategy: Any, precision: Any, callbacks: list[Any]
 ) -> list[SelectedPlugin]:
     """Import and return the plugins for a run, in registration order (accelerator, precision,
     strategy, callbacks). Names come from the catalog; objects are taken as they are."""
     enabled, blocked = split_callbacks(callbacks)
+    _say_blocks_of_nothing(catalog, blocked, callbacks)
     chosen = {"accelerator": accelerator, "strategy": strategy, "precision": precision}
     selected: list[SelectedPlugin] = []
     for kind in ("accelerator", "precision", "strategy"):
