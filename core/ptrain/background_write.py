@@ -550,7 +550,7 @@ class WriteAgreement:
         return bool(flag.item())
 
     def agreed_outcome(self, errors: list[BaseException | None], heard: set[int]
-                     ) -> tuple[list[BaseException | None], set[int]]:
+                       ) -> tuple[list[BaseException | None], set[int]]:
         """Per part (every rank has as many: one per save), the error of the first rank whose
         files of it failed, the same on every rank (``None``: every rank wrote its files): its
         own error on that rank, the rank's message on the others, as a
