@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ptrain.catalog import Catalog, PluginInfo
+from ptrain.catalog import FIRST_PARTY, Catalog, PluginInfo
 from ptrain.config import DEFAULT_CALLBACKS, canonical_plugin_name
 from ptrain.errors import ConfigError, PluginError
 from ptrain.loading import check_available, declare_options, import_object, import_target
@@ -114,13 +114,14 @@ def _auto_accelerator(catalog: Catalog, blocked: set[str]) -> SelectedPlugin:
 
 
 def _say_blocks_of_nothing(catalog: Catalog, blocked: set[str], callbacks: list[Any]) -> None:
-    """Warn of each ``no:NAME`` that names no installed plugin (nor a callback object given):
-    it blocks nothing, most likely by a slip of the keyboard. A warning, not an error: a
-    configuration may block a plugin that one machine has and another does not."""
+    """Warn of each ``no:NAME`` that names no plugin (installed, first-party, or a callback
+    object given): it blocks nothing, most likely by a slip of the keyboard. A warning, not an
+    error: a configuration may block a plugin that one machine has and another does not."""
     known = {name for kind in ("accelerator", "strategy", "precision", "callback")
              for name in catalog.names(kind)}
     known |= {object_name(entry) for entry in callbacks if not isinstance(entry, str)}
-    for name in sorted(blocked - known):
+    first_party = {name for named in FIRST_PARTY.values() for name in named}
+    for name in sorted(blocked - known - first_party):
         warnings.warn(f"-p no:{name} blocks nothing: no installed plugin is called "
                       f"{name!r}.{closest(name, sorted(known))} `ptrain plugins` lists them.",
                       stacklevel=3)
