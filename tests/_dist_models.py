@@ -144,6 +144,30 @@ class DrawRecorder(TinyRegressor):
         Path(self.folder, f"draws{_rank()}.json").write_text(json.dumps(self.draws))
 
 
+class RankOwnNames(TinyRegressor):
+    """Logs a name of its rank's own (``a`` on rank 0, ``b`` and, reduced by max, ``c`` on rank
+    1: a value per class seen, a branch on the rank) and ``both`` everywhere (10 x (rank + 1));
+    writes each rank's callback_metrics to ``folder/metrics<R>.json``."""
+
+    def __init__(self, folder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.folder = folder
+
+    def training_step(self, batch, batch_idx):
+        if _rank() == 0:
+            self.log("a", 1.0)
+        else:
+            self.log("b", 100.0)
+            self.log("c", 7.0, reduce_fx="max")
+        self.log("both", 10.0 * (_rank() + 1))
+        return super().training_step(batch, batch_idx)
+
+    def on_fit_end(self):
+        seen = {k: float(v) for k, v in self.trainer.callback_metrics.items()
+                if k in ("a", "b", "c", "both")}
+        Path(self.folder, f"metrics{_rank()}.json").write_text(json.dumps(seen))
+
+
 class OwnSamplerRegressor(TinyRegressor):
     """TinyRegressor whose training dataloader has a sampler of its own (not a Random- or
     SequentialSampler), which a multi-process strategy can't shard for it. ``slow_rank`` makes

@@ -310,15 +310,19 @@ class MetricStore:
                 self.callback_metrics[self.forked[name]] = value
 
     def publish_step(self) -> None:
-        """Reduce and write the latest step values (a publish point: every process calls it)."""
-        if not self.step_values:
+        """Reduce and write the latest step values (a publish point: every process calls it,
+        with values or without: another may have some)."""
+        if not self.step_values and self.trainer.world_size == 1:
             return
         reduced = self._publish({n: (v, self.step_ops.get(n, "mean"))
                                  for n, v in self.step_values.items()},
                                 update_callback_metrics=False)
         callback = self.callback_metrics
         for name, value in reduced.items():  # where no later value replaced them
-            logged = self.step_values[name]
+            logged = self.step_values.get(name)
+            if logged is None:  # logged by other processes only
+                callback[name] = value
+                continue
             for key in (name, self.forked_steps.get(name)):
                 if key is not None and callback.get(key) is logged:
                     callback[key] = value
@@ -329,6 +333,7 @@ class MetricStore:
         (a forked ``NAME_epoch`` also as ``NAME``). After a validation or test pass (over
         ``dataloaders`` dataloaders), :attr:`results` holds what it logged for the loggers, per
         dataloader."""
+        several = self.trainer.world_size > 1  # every process publishes: they agree on names
         values: dict[str, tuple[torch.Tensor, str | None]] = {}
         for name, entry in self.epoch_sums[stage].items():
             total, weight = entry[0], entry[1]
@@ -343,9 +348,10 @@ class MetricStore:
             steps = {n: (v, self.step_ops.get(n, "mean"))
                      for n, v in self.eval_step_values.items()}
             self.eval_step_values.clear()
-            if steps:
+            if steps or several:  # another process may have some
                 self._publish(steps, update_callback_metrics=False)
-        reduced = self._publish(values, update_callback_metrics=True) if values else {}
+        reduced = (self._publish(values, update_callback_metrics=True) if values or several
+                   else {})
         for name, value in reduced.items():
             if name in self.forked:
                 self.callback_metrics[self.forked[name]] = value
@@ -387,9 +393,13 @@ class MetricStore:
         by_op: dict[str | None, dict[str, torch.Tensor]] = {}
         for name, (value, op) in values.items():
             by_op.setdefault(None if name in self.local else op, {})[name] = value
-        for op, metrics in by_op.items():  # one collective per operation
-            reduced.update(metrics if op is None else
-                           trainer.hook.reduce_metrics(trainer=trainer, metrics=metrics, op=op))
+        reduced.update(by_op.pop(None, {}))  # rank_zero_only: this process's own
+        if trainer.world_size > 1:
+            reduced.update(self._reduce_across_ranks(by_op))
+        else:
+            for op, metrics in by_op.items():
+                reduced.update(trainer.hook.reduce_metrics(trainer=trainer, metrics=metrics,
+                                                           op=op))
         if update_callback_metrics:
             self.callback_metrics.update(reduced)
         self.progress_bar.update({n: v for n, v in reduced.items() if n in self.prog_bar})
@@ -398,6 +408,50 @@ class MetricStore:
             self.logged_metrics.update({n: reduced[n] for n in names})
             trainer.hook.log_metrics(trainer=trainer, metrics=self._numbers(reduced, names),
                                      step=trainer.global_step)
+        return reduced
+
+    def _reduce_across_ranks(self, by_op: dict[str, dict[str, torch.Tensor]]
+                             ) -> dict[str, torch.Tensor]:
+        """Reduce each value across the processes, one collective per operation, in an order
+        every process shares. The processes first agree on what they publish (names, their
+        reductions and shapes: one small exchange per publish point, which needs the host
+        anyway). A name only some processes logged (a value per class seen, a branch on the
+        rank) is reduced over those that did, and published on every process; positions alone
+        would have mixed other names' values into it, or left the processes in collectives of
+        different sizes."""
+        trainer = self.trainer
+        mine = sorted((name, op, tuple(value.shape)) for op, metrics in by_op.items()
+                      for name, value in metrics.items())
+        views = trainer.hook.all_gather_object(trainer=trainer, obj=mine)
+        if all(view == mine for view in views):  # the usual case: every process logged alike
+            return {name: value for op in sorted(by_op) for name, value in
+                    trainer.hook.reduce_metrics(trainer=trainer, op=op, metrics={
+                        n: by_op[op][n] for n in sorted(by_op[op])}).items()}
+        union: dict[str, tuple[str, tuple[int, ...], int]] = {}
+        for rank, view in enumerate(views):
+            for name, op, shape in view:
+                seen = union.setdefault(name, (op, shape, rank))
+                if seen[:2] != (op, shape):
+                    raise ModelError(
+                        f"{name!r} is logged with reduce_fx={seen[0]!r} and shape "
+                        f"{list(seen[1])} on rank {seen[2]}, with reduce_fx={op!r} and shape "
+                        f"{list(shape)} on rank {rank}: a value is reduced across the "
+                        f"processes, so every process that logs it must log it alike.")
+        logged = {name: value for metrics in by_op.values() for name, value in metrics.items()}
+        reduced: dict[str, torch.Tensor] = {}
+        for op in sorted({op for op, _, _ in union.values()}):
+            names = sorted(n for n, (o, _, _) in union.items() if o == op)
+            absent = {"max": -torch.inf, "min": torch.inf}.get(op, 0.0)
+            values = {n: logged[n] if n in logged else torch.full(union[n][1], absent)
+                      for n in names}
+            if op != "mean":
+                reduced.update(trainer.hook.reduce_metrics(trainer=trainer, metrics=values,
+                                                           op=op))
+                continue
+            counts = {f"\0count {n}": torch.tensor(float(n in logged)) for n in names}
+            summed = trainer.hook.reduce_metrics(trainer=trainer, metrics={**values, **counts},
+                                                 op="sum")
+            reduced.update({n: summed[n] / summed[f"\0count {n}"] for n in names})
         return reduced
 
     def progress_values(self) -> dict[str, float]:

@@ -38,8 +38,8 @@ from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
 from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests._dist_models import (DrawRecorder, FailingRegressor, NaNOnOneRank, OwnSamplerRegressor,
-                                RandomDraws, RankRecorder, StartMethodRecorder, StopOnOneRank,
-                                read_records)
+                                RandomDraws, RankOwnNames, RankRecorder, StartMethodRecorder,
+                                StopOnOneRank, read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -426,6 +426,19 @@ def test_the_ranks_of_a_job_draw_different_augmentations_in_their_workers(make_t
     assert len(draws[0]) == len(draws[1]) == 4
     for a, b in zip(*draws):
         assert all(x != y for x, y in zip(a, b)), (a, b)
+
+
+@TWO_PROCESS_RUNS
+def test_a_name_only_some_ranks_log_is_reduced_over_those_and_known_to_all(make_trainer,
+                                                                          tmp_path):
+    """Reduced by position, rank 0's ``a`` took in rank 1's ``b`` (both 50.5), and a rank
+    logging one name more left the ranks in collectives of different sizes: the job hung."""
+    trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
+                           log_every_n_steps=1,
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    trainer.fit(RankOwnNames(str(tmp_path)))
+    seen = [json.loads((tmp_path / f"metrics{rank}.json").read_text()) for rank in range(WORLD)]
+    assert seen[0] == seen[1] == {"a": 1.0, "b": 100.0, "c": 7.0, "both": 15.0}
 
 
 def test_the_samplers_seed_is_the_jobs_seed_everything_seed(monkeypatch):
