@@ -168,6 +168,17 @@ class RankOwnNames(TinyRegressor):
         Path(self.folder, f"metrics{_rank()}.json").write_text(json.dumps(seen))
 
 
+class ThreadRecorder(TinyRegressor):
+    """Writes each rank's intra-op thread count at the start of fit to ``folder/threads<R>``."""
+
+    def __init__(self, folder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.folder = folder
+
+    def on_fit_start(self):
+        Path(self.folder, f"threads{_rank()}").write_text(str(torch.get_num_threads()))
+
+
 class OwnSamplerRegressor(TinyRegressor):
     """TinyRegressor whose training dataloader has a sampler of its own (not a Random- or
     SequentialSampler), which a multi-process strategy can't shard for it. ``slow_rank`` makes

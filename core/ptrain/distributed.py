@@ -645,8 +645,9 @@ class ProcessGroupStrategy:
                 f"{trainer.options['strategy']} each rank must see a different shard of the data. "
                 f"Wrap it in a DistributedSampler yourself, or pass "
                 f"--no-{trainer.options['strategy']}-distributed-sampler to use it as it is.")
-        shuffle = stage == "train" and (self.train_shuffle == "always"
-                                        or isinstance(sampler, RandomSampler))
+        # overfit_batches reads the same batches every epoch (the core put them in order)
+        shuffle = stage == "train" and not trainer.overfit_batches and (
+            self.train_shuffle == "always" or isinstance(sampler, RandomSampler))
         # the Trainer's seed, else the job's last seed_everything (every rank's is the same)
         seed = trainer.seed if trainer.seed is not None else (last_seed() or 0)
         return rebuild_dataloader(loader, sampler=DistributedSampler(

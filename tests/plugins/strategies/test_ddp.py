@@ -33,13 +33,14 @@ import ptrain
 
 from ptrain.distributed import Environment, detect_environment, first_host
 from ptrain.errors import ConfigError, NonFiniteLossError, WorkerError
+from ptrain.data import available_cpus
 from ptrain.seeding import seed_replica_worker
 from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import assert_usage_error
 from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
 from tests._dist_models import (DrawRecorder, FailingRegressor, NaNOnOneRank, OwnSamplerRegressor,
                                 RandomDraws, RankOwnNames, RankRecorder, StartMethodRecorder,
-                                StopOnOneRank, read_records)
+                                StopOnOneRank, ThreadRecorder, read_records)
 from tests.conftest import REPO, TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -439,6 +440,32 @@ def test_a_name_only_some_ranks_log_is_reduced_over_those_and_known_to_all(make_
     trainer.fit(RankOwnNames(str(tmp_path)))
     seen = [json.loads((tmp_path / f"metrics{rank}.json").read_text()) for rank in range(WORLD)]
     assert seen[0] == seen[1] == {"a": 1.0, "b": 100.0, "c": 7.0, "both": 15.0}
+
+
+def test_overfit_batches_reads_the_same_shard_in_order_every_epoch():
+    """``ptrain.lightning`` shuffles the training shard always, as Lightning; overfit_batches
+    must not: each epoch trains on the same batches, as in one process."""
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)),
+                                       shuffle=True)
+    always = {"ddp": {"train_shuffle": "always"}}
+    overfit = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu",
+                             overfit_batches=1, plugin_options=always)
+    assert _sampler_put_in(overfit, data, "train").shuffle is False
+    plain = ptrain.Trainer(strategy="ddp", devices=WORLD, accelerator="cpu",
+                           plugin_options=always)
+    assert _sampler_put_in(plain, data, "train").shuffle is True
+
+
+@TWO_PROCESS_RUNS
+def test_the_processes_of_a_cpu_job_share_the_cores(make_trainer, tmp_path, monkeypatch):
+    """Without OMP_NUM_THREADS each process took every core for its threads, and two
+    processes on two cores contended for them (3 to 12 times as slow)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    trainer = make_trainer(strategy="ddp", devices=WORLD, max_epochs=1, callbacks=QUIET,
+                           plugin_options={"ddp": {"timeout": SAFETY_TIMEOUT_S}})
+    trainer.fit(ThreadRecorder(str(tmp_path)))
+    share = str(max(1, available_cpus() // WORLD))
+    assert [(tmp_path / f"threads{rank}").read_text() for rank in range(WORLD)] == [share] * 2
 
 
 def test_the_samplers_seed_is_the_jobs_seed_everything_seed(monkeypatch):
