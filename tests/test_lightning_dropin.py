@@ -231,6 +231,19 @@ def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
 
 
 @DROP_IN_PAIRS
+def test_every_ddp_rank_finds_its_loggers_folder_where_lightnings_does(tmp_path):
+    """After fit, rank 1's logger named a version folder of its own choosing, which did not
+    exist (rank 0 chose the job's): a program reading its metrics.csv there failed."""
+    seen = {}
+    for framework in ("lightning", "ptrain"):
+        run_program("ddp_logger_folder", tmp_path, framework)
+        seen[framework] = [json.loads((tmp_path / framework / f"rank{r}.json").read_text())
+                           for r in range(2)]
+    assert seen["ptrain"] == seen["lightning"]
+    assert seen["ptrain"][1]["metrics_csv"] and seen["ptrain"][1]["version"] == 0
+
+
+@DROP_IN_PAIRS
 def test_tensor_parallel_program_matches(tmp_path):
     """ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on 4 processes: the
     module sees Lightning's mesh names, and ptrain's model-parallel trains it as Lightning does."""

@@ -557,7 +557,7 @@ class ProcessGroupStrategy:
         # every rank writes into the run folder rank 0 chose (under torchrun each chose its own)
         chosen = [str(trainer.run_dir) if trainer.run_dir is not None else None]
         dist.broadcast_object_list(chosen, src=0)
-        trainer.run_dir = Path(chosen[0]) if chosen[0] is not None else None
+        trainer.adopt_run_dir(Path(chosen[0]) if chosen[0] is not None else None)
         _check_one_checkpoint(trainer)
         return device
 

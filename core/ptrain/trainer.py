@@ -840,6 +840,15 @@ class Trainer:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def adopt_run_dir(self, run_dir: Path | None) -> None:
+        """Write into ``run_dir``, the job's run folder (global rank 0's choice), as this
+        trainer's own: this stage's files, and the later stages' of this trainer, and what
+        its loggers name as their folder (``None``: a debugging run's, which writes none).
+        A multi-process strategy calls it on every rank once the processes can talk."""
+        self.run_dir = run_dir
+        if run_dir is not None and self._own_log_dir is not None:
+            self._own_log_dir = run_dir
+
     def _adopt(self, result: WorkerResult, stage: str) -> dict[str, float] | list[Any] | None:
         """Take over what the workers ended with (the lowest rank on this machine): the module
         leaves ``fit`` trained, and the counters, metrics and predictions read as after a run
