@@ -732,8 +732,9 @@ def all_gather_object(trainer: Trainer, obj: Any) -> list[Any]:
     """Collect a picklable object from every process.
 
     Fires: where the core needs every process's part of a result (the predictions of
-    ``predict``), on every process at the same point, so an implementation may run a
-    collective.
+    ``predict``; at each publish point of the metrics, what each process publishes, so that
+    they reduce the same names), on every process at the same point, so an implementation
+    may run a collective.
 
     Result: firstresult; a list with one object per process, by global rank, on every process.
     Implemented by: strategies. Default: ``[obj]`` (one process).
