@@ -120,6 +120,19 @@ def _is_datamodule(value: Any) -> bool:
     return isinstance(value, DataModule)
 
 
+def _from_rank_zero(value: Any) -> Any:
+    """Process 0's ``value`` on every process of this program's process group; ``value`` itself
+    where there is no group of several processes (one process, or the search ran in worker
+    processes that are gone)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _set(holder: Any, name: str, value: Any) -> None:
     if isinstance(holder, dict):
         holder[name] = value
@@ -170,11 +183,13 @@ class Tuner:
                                   f"got {type(self._trainer).__name__}.")
             search.fit(model, train_dataloaders=train_dataloaders,
                        val_dataloaders=val_dataloaders, datamodule=datamodule)
-            written = next(scratch.rglob(data_file), None)
-            if written is None:
+            # rank 0 wrote the file, in its own scratch folder (on its own node, maybe); in a
+            # job whose every process runs this program, the others take its contents
+            written = next(scratch.rglob(data_file), None) if search.global_rank == 0 else None
+            data = _from_rank_zero(json.loads(written.read_text()) if written else None)
+            if data is None:
                 raise ConfigError(f"the tuner's search wrote no {data_file}; it ran no search "
                                   f"(a resumed finder, or the run stopped before setup).")
-            data = json.loads(written.read_text())
             # the optimizer steps one epoch has (known in this process unless workers ran it)
             batches = getattr(search, "num_training_batches", None)
             if isinstance(batches, int):
