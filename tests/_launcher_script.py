@@ -1,7 +1,7 @@
 """A 2-rank ``ddp`` script for ``tests/plugins/strategies/test_launchers.py``.
 
     python tests/_launcher_script.py OUT_DIR [--launcher auto|script|spawn] [--kill-rank-zero]
-        [--fail-every-rank]
+        [--fail-every-rank] [--rank-one-fails-outside-a-stage between|after]
 
 It calls ``fit``, then ``validate`` twice, on one trainer, and every process that ran a stage
 writes ``OUT_DIR/<pid>.json``: its pid, its parent's, its rank, and, for each stage it ran, the
@@ -9,7 +9,9 @@ stage's name and its result. Rank 0 also writes ``OUT_DIR/result.json``: the scr
 results of the three calls and the trained weights. ``--kill-rank-zero``: rank 0 SIGKILLs
 itself at the second training step (rank 1 writes ``OUT_DIR/rank1.pid`` first).
 ``--fail-every-rank``: at the second training step every rank raises ``RuntimeError("every rank
-broke: rank R")``, together (after a collective).
+broke: rank R")``, together (after a collective). ``--rank-one-fails-outside-a-stage``: rank 1
+raises ``RuntimeError("rank 1 broke outside a stage")`` in the script itself, ``between`` fit
+and the first validate, or ``after`` the last validate.
 
 ``main`` is importable, so that ``python -c`` can run the same job without a script file.
 """
@@ -98,7 +100,7 @@ class Regressor(ptrain.TrainModule):
 
 
 def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False,
-         fail_every_rank: bool = False) -> None:
+         fail_every_rank: bool = False, rank_one_fails: str | None = None) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     ptrain.seed_everything(3)
     module = Regressor()
@@ -109,7 +111,11 @@ def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False,
                    StageRecorder(out, kill_rank_zero, fail_every_rank)],
         plugin_options={"ddp": {"launcher": launcher, "timeout": 60}})
     trainer.fit(module)
+    if rank_one_fails == "between" and trainer.global_rank == 1:
+        raise RuntimeError("rank 1 broke outside a stage")
     results = [trainer.validate(module), trainer.validate(module)]
+    if rank_one_fails == "after" and trainer.global_rank == 1:
+        raise RuntimeError("rank 1 broke outside a stage")
     if trainer.is_global_zero:
         (Path(out) / "result.json").write_text(json.dumps({
             "pid": os.getpid(), "validate": results,
@@ -122,5 +128,7 @@ if __name__ == "__main__":
     parser.add_argument("--launcher", default="auto")
     parser.add_argument("--kill-rank-zero", action="store_true")
     parser.add_argument("--fail-every-rank", action="store_true")
+    parser.add_argument("--rank-one-fails-outside-a-stage", choices=["between", "after"])
     args = parser.parse_args()
-    main(args.out, args.launcher, args.kill_rank_zero, args.fail_every_rank)
+    main(args.out, args.launcher, args.kill_rank_zero, args.fail_every_rank,
+         args.rank_one_fails_outside_a_stage)

@@ -58,10 +58,13 @@ def silent_failure(rank: int, exitcode: int, signal_name: str,
                    doing: str | None = None) -> WorkerError:
     """The error for a rank that ended without a record: killed, or exited on its own;
     ``doing`` is what it last said it was doing (the rank watch's heartbeat), when known."""
-    how = f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
+    if exitcode < 0:
+        how = f"was killed by {signal_name} (out of memory? killed from outside?)"
+    else:  # sys.exit, os._exit or a crash in native code: the rank's own output may say which
+        how = (f"exited with code {exitcode} without reporting an error (its own output may "
+               f"say why)")
     last = f" It was last {doing}." if doing else ""
-    return WorkerError(f"rank {rank} {how} without reporting an error (out of memory? killed "
-                       f"from outside?); the other ranks were stopped.{last}")
+    return WorkerError(f"rank {rank} {how}; the other ranks were stopped.{last}")
 
 
 __all__ = ["error_of", "read_records", "silent_failure", "write_record"]

@@ -203,11 +203,17 @@ def _dead_children(wait: float) -> list[tuple[int, int]]:
 
 
 def install_quiet_exit() -> None:
-    """On a started rank: an uncaught error that was already handed to rank 0 ends the process
-    without a second traceback (rank 0 prints it once); any other error prints as usual."""
+    """On a started rank: an uncaught error is handed to rank 0, which reports it once: an
+    error a stage raised was handed over already (:func:`record_error`); one raised outside a
+    stage (between two stage calls, or after the last) is handed over here, and rank 0 raises
+    it in the stage it broke, or prints it at exit (:func:`end_copies`). This rank prints only
+    what it could not hand over, and a ``KeyboardInterrupt`` (which reached every rank)."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
+        if not isinstance(value, KeyboardInterrupt) and \
+                not getattr(value, "ptrain_reported_to_launcher", False):
+            record_error(value)
         if getattr(value, "ptrain_reported_to_launcher", False):
             return
         previous(kind, value, tb)
@@ -269,8 +275,13 @@ def end_copies() -> None:
     for rank, child in enumerate(_children, start=1):
         code = _wait_unless_stopped(rank, child)
         if code != 0 and not _failed and not _interrupted:
+            folder = os.environ.get(ERROR_DIR)
+            records = rank_errors.read_records(folder) if folder and os.path.isdir(folder) \
+                else []
+            why = next((f"; its error:\n{r['traceback']}" for r in records if r["rank"] == rank),
+                       "; its output above says why.")
             print(f"ptrain: rank {rank} (pid {child.pid}) exited with code {code} after rank 0 "
-                  f"finished; its output above says why.", file=sys.stderr, flush=True)
+                  f"finished{why}", file=sys.stderr, flush=True)
     _children.clear()
     _remove_error_folder()
 

@@ -4,7 +4,8 @@ per stage, for interactive use), with real gloo processes of two ranks.
 
 The jobs are the script ``tests/_launcher_script.py`` (``fit``, then ``validate`` twice, on one
 trainer), run as a program, run through ``python -c`` (no script file), run with rank 0
-killed half-way, and with every rank failing at once. They are started together up front by
+killed half-way, with every rank failing at once, and with rank 1 failing in the script between
+two stages and after the last. They are started together up front by
 the ``jobs`` fixture.
 """
 
@@ -55,6 +56,10 @@ def jobs(tmp_path_factory):
         "killed": [sys.executable, str(SCRIPT), str(root / "killed"), "--kill-rank-zero"],
         "every-rank-fails": [sys.executable, str(SCRIPT), str(root / "every-rank-fails"),
                              "--fail-every-rank"],
+        **{f"rank-one-fails-{when}": [sys.executable, str(SCRIPT),
+                                      str(root / f"rank-one-fails-{when}"),
+                                      "--rank-one-fails-outside-a-stage", when]
+           for when in ("between", "after")},
     }
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run, argv) for name, argv in argvs.items()}
@@ -125,6 +130,26 @@ def test_ranks_failing_together_are_reported_with_an_error_not_as_silent(jobs):
     assert proc.returncode == 1, detail(proc)
     assert "without reporting an error" not in proc.stderr, detail(proc)
     assert "RuntimeError: every rank broke: rank " in proc.stderr, detail(proc)
+
+
+def test_a_started_ranks_error_outside_a_stage_is_the_jobs_error_shown_once(jobs):
+    """Rank 1 raises in the script between fit and validate: rank 0's validate breaks, and
+    the job's error is rank 1's. Before, rank 0 said rank 1 "exited with code 1 without
+    reporting an error (out of memory? killed from outside?)" under rank 1's own traceback."""
+    proc, _ = jobs["rank-one-fails-between"]
+    assert proc.returncode == 1, detail(proc)
+    assert "without reporting an error" not in proc.stderr, detail(proc)
+    assert "rank 1 failed" in proc.stderr, detail(proc)
+    assert proc.stderr.count("RuntimeError: rank 1 broke outside a stage") == 1, detail(proc)
+
+
+def test_a_started_ranks_error_after_rank_zero_finished_is_shown_at_exit(jobs):
+    proc, out = jobs["rank-one-fails-after"]
+    assert proc.returncode == 0, detail(proc)  # rank 0, the command the user ran, finished
+    assert (out / "result.json").exists()
+    assert "ptrain: rank 1 (pid " in proc.stderr, detail(proc)
+    assert "exited with code 1 after rank 0 finished; its error:" in proc.stderr, detail(proc)
+    assert proc.stderr.count("RuntimeError: rank 1 broke outside a stage") == 1, detail(proc)
 
 
 def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
