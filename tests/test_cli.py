@@ -442,6 +442,32 @@ def test_bad_config_file_is_a_usage_error(key, runs):
     assert not (folder / "runs").exists()
 
 
+@pytest.mark.parametrize("argv, needles", [
+    (["plugins", "--chek"], ["unknown option --chek.", "Did you mean '--check'?",
+                             "`ptrain plugins --help`"]),
+    (["plugins", "--jsn"], ["Did you mean '--json'?", "`ptrain plugins --help`"]),
+    (["plugins", "--kind", "nonsense"], ["unknown option --kind.", "`ptrain plugins --help`"]),
+    (["export", "a.ckpt", "--outptu", "m.safetensors"],  # before "--output is required"
+     ["unknown option --outptu.", "Did you mean '--output'?", "`ptrain export --help`"]),
+    (["new-plugin", "demo", "--kidn", "callback"],
+     ["unknown option --kidn.", "Did you mean '--kind'?", "`ptrain new-plugin --help`"]),
+    (["--versoin"], ["unknown option --versoin.", "Did you mean '--version'?", "`ptrain --help`"]),
+    (["tune", "--tune-budet", "10m"], ["unknown option --tune-budet.",
+                                       "Did you mean '--tune-budget'?", "`ptrain tune --help`"]),
+])
+def test_every_command_names_the_option_a_mistyped_one_was_meant_to_be(argv, needles, capsys):
+    """One mechanism for every command: an unknown option is refused with exit 2, naming the
+    closest known one and the command's own --help (``ptrain plugins --chek`` said only
+    "unrecognized arguments" and pointed to ``ptrain --help``)."""
+    from ptrain.cli import main
+
+    assert main(argv) == 2
+    message = capsys.readouterr().err
+    assert message.startswith("ptrain: error:") and "Traceback" not in message
+    for needle in needles:
+        assert needle in message, message
+
+
 # ---------------------------------------------------------------------------------------------
 # --version, --help
 

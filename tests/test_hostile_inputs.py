@@ -247,7 +247,8 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
     "export-onto-its-own-checkpoint": lambda t, c: _export_onto_itself(c, t),
     "export-output-is-a-folder": lambda t, c: _export_to_folder(c, t),
     "plugins-kind-nonsense": lambda t, c: Case(["plugins", "--kind", "nonsense"], "usage",
-                                               ("unrecognized arguments: --kind nonsense",)),
+                                               ("unknown option --kind.",
+                                                "`ptrain plugins --help`")),
     # -- the optimizers a module returns --------------------------------------------------
     "configure-optimizers-empty-list": lambda t, c: _fit(
         t, model="tests._hostile_models:NoOptimizers",

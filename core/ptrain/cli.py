@@ -36,10 +36,68 @@ _STAGE_DESCRIPTIONS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`ConfigError` instead of printing its own usage error."""
+    """argparse that raises :class:`ConfigError` instead of printing its own usage error, and
+    refuses an option it does not know by naming the closest it knows (``--chek``: "Did you
+    mean '--check'?"), as every ``ptrain`` command does."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message}. Run `{self.prog} --help` for the options.")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.refuse(extras)
+        return namespace
+
+    def refuse(self, extras: list[str], also: Sequence[argparse.ArgumentParser] = ()
+               ) -> NoReturn:
+        """Refuse the arguments the command line has left over: the first unknown option by
+        its closest known one (of ``also``'s and this parser's), else all of them."""
+        flag = next((a for a in extras if self.unknown_option(a)), None)
+        if flag is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        name = flag.split("=")[0]
+        parsers = [*also, self]
+        flags = [s for parser in parsers for action in parser._actions
+                 for s in action.option_strings]
+        helps = " and ".join(f"`{parser.prog} --help`" for parser in parsers)
+        raise ConfigError(f"unknown option {name}.{closest(name, flags)} Run {helps} for the "
+                          f"options.")
+
+    def unknown_option(self, arg: str) -> bool:
+        """Whether ``arg`` is an option (``--name``, ``--name=value``, ``-x``) that this parser
+        does not take, by its full name or, where abbreviations are allowed, a prefix of one."""
+        if len(arg) < 2 or arg[0] not in self.prefix_chars or arg == "--":
+            return False
+        if arg[1:].replace(".", "", 1).isdigit():  # -1, -0.5: a negative number, a value
+            return False
+        name = arg.split("=")[0]
+        flags = [s for action in self._actions for s in action.option_strings]
+        if name in flags or arg[:2] in flags:  # arg[:2]: -xVALUE
+            return False
+        return not (self.allow_abbrev and name.startswith("--")
+                    and any(f.startswith(name) for f in flags))
+
+
+class _Command(_Parser):
+    """The parser of a command that is a subparser (``ptrain plugins``): it refuses what it
+    does not know itself, naming its own options and ``--help``, where argparse would hand the
+    leftovers up to ``ptrain``'s parser. An unknown option is named before a missing required
+    argument it may have been meant to be (``export C --outptu F``)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            namespace, extras = super().parse_known_args(args, namespace)
+        except ConfigError:
+            options = args[:args.index("--")] if "--" in args else args
+            unknown = [a for a in options if self.unknown_option(a)]
+            if unknown:
+                self.refuse(unknown)
+            raise
+        if extras:
+            self.refuse(extras)
+        return namespace, []
 
 
 class _Once(argparse.Action):
@@ -321,8 +379,11 @@ def _group_title(name: str, kind: str, info: Any) -> str:
     return f"{name} ({kind}, {info.distribution})" if info is not None else f"{name} ({kind})"
 
 
-def resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
-    """Merge option defaults < config file < flags; imports only the selected plugins."""
+def resolve_run(stage: str, argv: list[str], catalog: Catalog,
+                also: Sequence[argparse.ArgumentParser] = ()) -> RunSpec:
+    """Merge option defaults < config file < flags; imports only the selected plugins.
+    ``also``: the parser of a command that took its own options out of ``argv`` first (``ptrain
+    tune``), whose options an unknown one may be a slip of too."""
     argv, init_args = _split_init_args(argv)
     pre, _ = _preparse(argv)
     file_config, selection, callbacks, selected = _selection(pre, catalog)
@@ -330,7 +391,7 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog) -> RunSpec:
     parser = _build_parser(stage, _selected_groups(selected))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        _unknown_flag(unknown[0], parser, catalog, {p.name for p in selected})
+        _unknown_flag(unknown[0], parser, catalog, {p.name for p in selected}, also)
 
     trainer_options = dict(file_trainer)
     plugin_options = {name: dict(values)
@@ -476,17 +537,15 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
     return model, data
 
 
-def _unknown_flag(flag: str, parser: argparse.ArgumentParser, catalog: Catalog,
-                  active: set[str]) -> NoReturn:
+def _unknown_flag(flag: str, parser: _Parser, catalog: Catalog, active: set[str],
+                  also: Sequence[argparse.ArgumentParser] = ()) -> NoReturn:
     name = flag.split("=")[0]
     owner = catalog.owner_of_flag(name)
     if owner is not None and owner.name not in active:
         how = f"-p {owner.name}" if owner.kind == "callback" else f"--{owner.kind} {owner.name}"
         raise ConfigError(f"{name} is an option of the {owner.kind} plugin {owner.name!r}, which "
                           f"is not part of this run; add {how}.")
-    flags = [s for action in parser._actions for s in action.option_strings]
-    raise ConfigError(f"unknown option {name}.{closest(name, flags)} Run `{parser.prog} --help` "
-                      f"for the options.")
+    parser.refuse([flag], also)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,7 +556,7 @@ def _main_parser() -> _Parser:
                                                 "hook specification and everything else a plugin.")
     parser.add_argument("--version", action="store_true",
                         help="name the core and every plugin distribution with versions")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Command)
     sub.add_parser("fit", help="train a model (ptrain fit --help for its options)",
                    add_help=False)
     sub.add_parser("validate", help="run one validation pass", add_help=False)
