@@ -154,6 +154,41 @@ def test_a_state_dict_mismatch_keeps_torchs_detail_and_names_the_fitting_config(
     assert_ok(run_cli("validate", "--ckpt-path", str(trained), *COMMON, cwd=folder))
 
 
+def test_a_mismatch_of_a_run_with_the_models_defaults_names_the_defaults_of_then(tmp_path):
+    """A run that gave no --model.KEY was said to be written "by --model mymodels:Net: give
+    those init arguments", naming none. It names the defaults of then (saved with the
+    checkpoint) and how this model differs, whether this command gave another width or the
+    model's default changed since; and, when the hyperparameters are alike, that the code
+    changed."""
+    last = _fit(tmp_path / "defaults")
+    folder = last.parents[3]
+    model = folder / "mymodels.py"
+    given = run_cli("validate", "--model", "mymodels:Net", "--model.width", "6", "--ckpt-path",
+                    str(last), *COMMON, cwd=folder)
+    model.write_text(MODELS.replace("width: int = 4", "width: int = 6"))
+    changed = run_cli("validate", "--model", "mymodels:Net", "--ckpt-path", str(last), *COMMON,
+                      cwd=folder)
+    for result in (given, changed):
+        message = assert_usage_error(
+            result, "does not fit this model (Net)", "size mismatch for net.0.weight",
+            "The checkpoint's model was built with width=4, this one with width=6.",
+            "It was written by --model mymodels:Net with the model's defaults, which were then "
+            "--model.width 4", "give those init arguments.")
+        assert "leave --model out" not in message  # it would build the defaults of now
+    # following it
+    assert_ok(run_cli("validate", "--model", "mymodels:Net", "--model.width", "4",
+                      "--ckpt-path", str(last), *COMMON, cwd=folder))
+    # the same hyperparameters, other layers: the code changed
+    model.write_text(MODELS.replace("nn.Linear(width, 1))",
+                                    "nn.Linear(width, 2), nn.Linear(2, 1))"))
+    message = assert_usage_error(
+        run_cli("validate", "--model", "mymodels:Net", "--ckpt-path", str(last), *COMMON,
+                cwd=folder),
+        "Missing key(s) in state_dict", "with the model's defaults; this model has the same "
+        "hyperparameters (--model.width 4), so the model's code has changed since")
+    assert "give those init arguments" not in message
+
+
 def test_a_class_renamed_since_the_save_says_the_checkpoint_named_it(trained, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(trained.parents[3], moved)

@@ -361,27 +361,77 @@ def load_module_weights(module: torch.nn.Module, checkpoint: dict[str, Any], pat
         raise CheckpointError(
             f"checkpoint {str(path)!r} does not fit this model ({type(module).__name__}): "
             f"{detail or lines[0] if lines else type(exc).__name__}. "
-            f"{_fitting_configuration(checkpoint, Path(path))}") from None
+            f"{_fitting_configuration(checkpoint, Path(path), module)}") from None
 
 
-def _fitting_configuration(checkpoint: dict[str, Any], path: Path) -> str:
-    """The sentence saying which model configuration wrote ``checkpoint``, as flags."""
+def _fitting_configuration(checkpoint: dict[str, Any], path: Path,
+                           module: torch.nn.Module | None = None) -> str:
+    """The sentences saying which model configuration wrote ``checkpoint``, as flags, and how
+    its saved hyperparameters differ from ``module``'s. A run that gave no init arguments (the
+    model's defaults) is named as such, with the defaults of then where they were saved: "give
+    those init arguments" alone would name none."""
     model = (checkpoint.get("config") or {}).get("model") or {}
     class_path, init_args = model.get("class_path"), model.get("init_args")
     if not class_path and checkpoint.get("module_class"):
         class_path = checkpoint["module_class"]
         init_args = checkpoint.get("hyper_parameters")
+    saved = checkpoint.get("hyper_parameters")
+    saved = saved if isinstance(saved, dict) else None
+    now = _hyperparameters_of(module)
     run = path.parent.parent
     hparams = run / "hparams.toml"
     where = f" (its run folder's {hparams} records them too)" if hparams.is_file() else ""
+    differ = ""
+    if saved is not None and now is not None and saved != now:
+        keys = [key for key in {**saved, **now} if saved.get(key, _UNSET) != now.get(key, _UNSET)]
+        differ = (f"The checkpoint's model was built with {_settings(saved, keys)}, this one "
+                  f"with {_settings(now, keys)}. ")
     if not class_path:
-        return (f"Build the model with the class and init arguments of the run that wrote it"
-                f"{where}.")
-    flags = " ".join(f"--model.{key} {flag_value(value)}"
-                     for key, value in (init_args if isinstance(init_args, dict) else {}).items())
-    return (f"It was written by --model {class_path}{' ' + flags if flags else ''}{where}: "
-            f"give those init arguments, or leave --model out to build the model from the "
-            f"checkpoint's own record.")
+        return (f"{differ}Build the model with the class and init arguments of the run that "
+                f"wrote it{where}.")
+    given = init_args if isinstance(init_args, dict) else {}
+    written = (f"It was written by --model {class_path} {_flags(given)}" if given else
+               f"It was written by --model {class_path} with the model's defaults")
+    if saved is not None and saved == now:  # built alike: the layers differ
+        same = f" ({_flags(saved)})" if saved and not given else ""
+        return (f"{written}; this model has the same hyperparameters{same}, so the model's "
+                f"code has changed since the checkpoint was written (other layers or shapes): "
+                f"build the model with the code of then.")
+    if given:
+        return (f"{differ}{written}{where}: give those init arguments, or leave --model out to "
+                f"build the model from the checkpoint's own record.")
+    if saved:
+        return (f"{differ}{written}, which were then {_flags(saved)}{where}: give those init "
+                f"arguments" + ("." if differ else
+                                 "; if this model has them, its code has changed since (other "
+                                 "layers or shapes)."))
+    return (f"{differ}{written} (no init arguments, and it saved no hyperparameters): leave out "
+            f"any --model.KEY you gave; if you gave none, the model's code or its defaults have "
+            f"changed since the checkpoint was written, so build it with the code of then.")
+
+
+_UNSET = object()
+
+
+def _hyperparameters_of(module: torch.nn.Module | None) -> dict[str, Any] | None:
+    """``module``'s hyperparameters in the saved form (as a checkpoint holds them), if any."""
+    from ptrain.hyperparameters import saved_hyperparameters
+
+    hparams = getattr(module, "hparams", None)
+    try:
+        return saved_hyperparameters(hparams) if hparams is not None else None
+    except Exception:  # noqa: BLE001 - a message's detail: none rather than a second error
+        return None
+
+
+def _flags(init_args: dict[str, Any]) -> str:
+    return " ".join(f"--model.{key} {flag_value(value)}" for key, value in init_args.items())
+
+
+def _settings(hparams: dict[str, Any], keys: list[str]) -> str:
+    """``width=4, depth=2`` of ``keys`` in ``hparams`` (``no depth`` where it lacks one)."""
+    return ", ".join(f"{key}={flag_value(hparams[key])}" if key in hparams else f"no {key}"
+                     for key in keys)
 
 
 def flag_value(value: Any) -> str:
