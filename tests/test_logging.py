@@ -192,18 +192,21 @@ def _metrics(line: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_plain_progress_lines_without_a_terminal(cli, tmp_path):
-    result = cli(*_fit_args(tmp_path / "runs"))
+    result = cli(*_fit_args(tmp_path / "runs", "--checkpoint-save-top-k", "-1"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     epoch_lines = [line for line in lines if line.startswith("Epoch ")]
     assert len(epoch_lines) == 2, result.stdout
-    for number, line in enumerate(epoch_lines, start=1):
-        assert line.startswith(f"Epoch {number}/2  batch 4/4  step {4 * number}  "), line
+    for number, line in enumerate(epoch_lines):  # from 0, as the checkpoints' names count
+        assert line.startswith(f"Epoch {number}/1  batch 4/4  step {4 * (number + 1)}  "), line
         assert line.endswith("done"), line
         # only metrics logged with prog_bar=True: train_loss, not val_loss
         assert set(_metrics(line)) == {"train_loss"}, line
     final = lines[-1]
     assert final.startswith("Training finished: 2 epoch(s), 8 steps in "), final
+    # the bar's epochs are the checkpoints' (--checkpoint-save-top-k -1: one file per epoch)
+    names = sorted(p.name for p in (tmp_path / "runs" / "version_0" / "checkpoints").iterdir())
+    assert names == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"], names
     metrics = _metrics(final)
     assert set(metrics) == {"train_loss", "val_loss"}
     assert metrics["train_loss"] == _metrics(epoch_lines[-1])["train_loss"]
@@ -268,10 +271,11 @@ def test_progress_bar_on_a_terminal(tmp_path):
     text = ANSI.sub("", raw)
     assert "━" in text  # rich's bar
     assert "\x1b[" in raw  # drawn with terminal control codes
-    assert "Epoch 1/2" in text and "Epoch 2/2" in text
+    assert "Epoch 0/1" in text and "Epoch 1/1" in text  # from 0, as every other message
     # the live bar shows the current epoch; each finished epoch stays as one line above it
-    assert re.search(r"Epoch 1/2  batch 4/4  step 4  [\d.]+ it/s .*done", text)
-    assert re.search(r"Epoch 2/2  batch 4/4  step 8  [\d.]+ it/s .*done", text)
+    assert re.search(r"Epoch 0/1  batch 4/4  step 4  [\d.]+ it/s .*done", text)
+    assert re.search(r"Epoch 1/1  batch 4/4  step 8  [\d.]+ it/s .*done", text)
+    assert "Epoch 2" not in text
     bar_text = text.split("Training finished")[0]
     assert "train_loss=" in bar_text and "val_loss" not in bar_text  # prog_bar metrics only
     final = text.split("Training finished")[1].splitlines()[0]

@@ -104,8 +104,11 @@ class ProgressBar:
         )
 
     def _epoch_label(self, trainer) -> str:
-        limit = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
-        return f"Epoch {trainer.current_epoch + 1}{limit}"
+        """``Epoch 0/2`` for the first of 3 epochs: epochs count from 0, as in every other
+        message and the checkpoints' names (``epoch=0-...``), and as Lightning's bar shows them;
+        the limit is the last epoch's number."""
+        limit = f"/{trainer.max_epochs - 1}" if trainer.max_epochs not in (None, -1) else ""
+        return f"Epoch {trainer.current_epoch}{limit}"
 
     def _rate(self, batches_done: int) -> str:
         elapsed = time.monotonic() - self.epoch_start
