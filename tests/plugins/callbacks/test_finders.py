@@ -382,6 +382,43 @@ def test_a_resumed_run_keeps_what_the_finders_found_without_searching_again(make
     assert trainer.global_step == first.global_step + 4
 
 
+@pytest.mark.parametrize("first_finder", [False, True], ids=["first-without", "no-suggestion"])
+def test_a_resume_from_a_checkpoint_without_a_suggestion_keeps_its_lr_and_does_not_search(
+        make_trainer, tmp_path, capsys, first_finder):
+    """A resume continues the run: with -p lr-finder and a checkpoint that holds no suggestion
+    (its run had no lr-finder, or a search without a suggestion), the lr-finder searched on the
+    restored weights and trained the rest of the run at another lr, saying only "suggested lr".
+    It now trains exactly as the same resume without it, and says why in one line."""
+    plugins = [LRFinder(num_steps=30)] if first_finder else []
+    first = fit(make_trainer, (FlatLoss if first_finder else TinyRegressor)(lr=0.2), *plugins,
+                quiet=QUIET[:2])
+    assert "lr-finder" not in torch.load(first.last_checkpoint_path, weights_only=True).get(
+        "plugins", {})
+    start = tmp_path / "start.ckpt"
+    start.write_bytes(first.last_checkpoint_path.read_bytes())
+    capsys.readouterr()
+
+    def resume(*plugins):
+        recorder = GroupLRRecorder()
+        module = (FlatLoss if first_finder else TinyRegressor)(lr=0.2)
+        trainer = make_trainer(callbacks=[*plugins, recorder, *QUIET[:2]], max_epochs=2, seed=0)
+        trainer.fit(module, ckpt_path=str(start))
+        return recorder.steps, trainer
+
+    finder = LRFinder(num_steps=30)
+    with_finder, trainer = resume(finder)
+    out = capsys.readouterr().out
+    without, _ = resume()
+    assert finder.lrs == [] and finder.suggestion is None  # no search
+    assert with_finder == without and len(with_finder) == 8  # the same lr at every step
+    assert ("lr-finder: no search: this run resumes from a checkpoint without an lr-finder "
+            "suggestion, and continues with its lr 0.2; to search, start a fresh run (without "
+            "--ckpt-path), or see the curve with --lr-finder-then stop.") in out
+    assert "suggested lr" not in out
+    assert "lr-finder" not in torch.load(trainer.last_checkpoint_path, weights_only=True).get(
+        "plugins", {})  # a later resume is the same
+
+
 def test_resuming_an_lr_finder_run_compares_the_learning_rate_with_the_suggestion(
         make_trainer):
     """docs/reliability.md: an unchanged resume says nothing. The lr-finder applies its

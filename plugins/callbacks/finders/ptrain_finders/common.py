@@ -42,6 +42,9 @@ class Finder:
         self._max_epochs_before: tuple[Any] | None = None
         #: what a checkpoint of this run held for this finder (set when resuming)
         self.resumed_state: dict[str, Any] | None = None
+        #: whether this fit resumes from a checkpoint, whatever it holds of this finder (set by
+        #: a hook that fires on every resume: the lr-finder's applied_optimizer_settings)
+        self.resuming = False
 
     @staticmethod
     def add_then_option(options: Any) -> None:
@@ -63,6 +66,7 @@ class Finder:
             trainer.max_epochs = self._max_epochs_before[0]
             self._max_epochs_before = None
         self.resumed_state = None
+        self.resuming = False
 
     @staticmethod
     def finders(trainer: Any) -> tuple[Any, ...]:

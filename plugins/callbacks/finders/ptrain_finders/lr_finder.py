@@ -160,7 +160,11 @@ class LRFinder(Finder):
         """A resumed run that trains with the suggestion (:meth:`run` reuses it) applies it:
         the first group's learning rate is the suggestion and every other group's keeps its
         ratio to it, as :meth:`run` scales them. That, not the configured learning rate, is what
-        the checkpoint's is compared with."""
+        the checkpoint's is compared with.
+
+        It fires on every resume of ``fit``, so it also tells :meth:`run` that the run resumes
+        when the checkpoint holds nothing of this finder."""
+        self.resuming = True
         if self.resumed_state is None or self.then != "fit" or not settings or not settings[0]:
             return
         configured = float(settings[0][0]["lr"])
@@ -191,6 +195,13 @@ class LRFinder(Finder):
             self.applied = self.resumed_state
             self.report(trainer, f"lr-finder: resumed a run that trains with the suggested lr "
                                  f"{self.applied['suggestion']:.3g}; no new search.")
+            return
+        if self.resuming and self.then == "fit":  # a resume continues the run, its lr too
+            lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+            self.report(trainer, f"lr-finder: no search: this run resumes from a checkpoint "
+                                 f"without an lr-finder suggestion, and continues with its lr "
+                                 f"{lr:.3g}; to search, start a fresh run (without "
+                                 f"--ckpt-path), or see the curve with --lr-finder-then stop.")
             return
         groups = trainer.optimizers[0].param_groups
         self.configured_lr = configured = base_lr(groups[0])
