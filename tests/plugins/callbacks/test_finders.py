@@ -419,6 +419,57 @@ def test_a_resume_from_a_checkpoint_without_a_suggestion_keeps_its_lr_and_does_n
         "plugins", {})  # a later resume is the same
 
 
+class BatchRecorder:
+    """The targets of every training batch of the run (the loop's, not a finder's trials)."""
+
+    name = "batch-recorder"
+
+    def __init__(self):
+        self.batches: list[list[float]] = []
+
+    @ptrain.hookimpl
+    def on_train_batch_end(self, batch):
+        self.batches.append(batch[1].flatten().tolist())
+
+
+def test_a_resume_from_a_checkpoint_without_a_batch_size_keeps_its_batches_and_does_not_search(
+        make_trainer, tmp_path, capsys):
+    """A resume continues the run: with -p batch-size-finder and a checkpoint of a run without
+    it, the finder searched on the restored weights and trained the rest of the run at another
+    batch size, so the resumed epoch did not replay the batches it would have. It now trains
+    exactly as the same resume without it, and says why in one line; then=stop still searches
+    (and trains nothing)."""
+    first = fit(make_trainer, TinyRegressor(shuffle=True), quiet=QUIET[:2])
+    start = tmp_path / "start.ckpt"
+    start.write_bytes(first.last_checkpoint_path.read_bytes())
+    capsys.readouterr()
+
+    def resume(*plugins):
+        recorder = BatchRecorder()
+        trainer = make_trainer(callbacks=[*plugins, recorder, *QUIET[:2]], max_epochs=2, seed=0)
+        trainer.fit(TinyRegressor(shuffle=True), ckpt_path=str(start))
+        return recorder.batches, trainer
+
+    finder = BatchSizeFinder(max_batch_size=32)
+    with_finder, trainer = resume(finder)
+    out = capsys.readouterr().out
+    without, _ = resume()
+    assert with_finder == without and [len(b) for b in with_finder] == [8] * 8
+    assert finder.trials == [] and finder.found is None  # no search
+    assert ("batch-size-finder: no search: this run resumes from a checkpoint without a "
+            "batch-size-finder result, and continues with its batch size 8; to search, start a "
+            "fresh run (without --ckpt-path), or see the sizes that fit with "
+            "--batch-size-finder-then stop.") in out
+    assert "largest batch size" not in out
+    assert "batch-size-finder" not in torch.load(trainer.last_checkpoint_path,
+                                                 weights_only=True).get("plugins", {})
+
+    finder = BatchSizeFinder(max_batch_size=32, then="stop")
+    stopped, trainer = resume(finder)
+    assert [t["batch_size"] for t in finder.trials] == [8, 16, 32] and finder.found == 32
+    assert stopped == [] and trainer.global_step == first.global_step
+
+
 def test_resuming_an_lr_finder_run_compares_the_learning_rate_with_the_suggestion(
         make_trainer):
     """docs/reliability.md: an unchanged resume says nothing. The lr-finder applies its

@@ -173,6 +173,15 @@ class BatchSizeFinder(Finder):
             self.report(trainer, f"batch-size-finder: resumed a run that trains with batch size "
                                  f"{size}; no new search.")
             return
+        if self.resuming and self.then == "fit":  # a resume continues the run, its batches too
+            size = getattr(loader, "batch_size", None)
+            kept = f"its batch size {size}" if size is not None else "its own batches"
+            self.report(trainer, f"batch-size-finder: no search: this run resumes from a "
+                                 f"checkpoint without a batch-size-finder result, and continues "
+                                 f"with {kept}; to search, start a fresh run (without "
+                                 f"--ckpt-path), or see the sizes that fit with "
+                                 f"--batch-size-finder-then stop.")
+            return
         self.initial = self._check_loader(loader)
         self._check_strategy(trainer)
         if self.then == "fit" and self.scale_lr != "none":

@@ -43,7 +43,7 @@ class Finder:
         #: what a checkpoint of this run held for this finder (set when resuming)
         self.resumed_state: dict[str, Any] | None = None
         #: whether this fit resumes from a checkpoint, whatever it holds of this finder (set by
-        #: a hook that fires on every resume: the lr-finder's applied_optimizer_settings)
+        #: :meth:`applied_optimizer_settings`, which fires on every resume of ``fit``)
         self.resuming = False
 
     @staticmethod
@@ -59,6 +59,14 @@ class Finder:
     @hookimpl
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.resumed_state = dict(state)
+
+    @hookimpl
+    def applied_optimizer_settings(self, trainer: Any,
+                                   settings: list[list[dict[str, Any]]]) -> None:
+        """Fires on every resume of ``fit`` (after every ``load_state_dict``, before ``setup``),
+        also when the checkpoint holds nothing of this finder: the run resumes. A finder that
+        applies optimizer settings itself extends it (and calls this)."""
+        self.resuming = True
 
     @hookimpl
     def teardown(self, trainer: Any) -> None:

@@ -163,8 +163,8 @@ class LRFinder(Finder):
         the checkpoint's is compared with.
 
         It fires on every resume of ``fit``, so it also tells :meth:`run` that the run resumes
-        when the checkpoint holds nothing of this finder."""
-        self.resuming = True
+        when the checkpoint holds nothing of this finder (:attr:`Finder.resuming`)."""
+        super().applied_optimizer_settings(trainer, settings)
         if self.resumed_state is None or self.then != "fit" or not settings or not settings[0]:
             return
         configured = float(settings[0][0]["lr"])
