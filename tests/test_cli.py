@@ -468,6 +468,27 @@ def test_every_command_names_the_option_a_mistyped_one_was_meant_to_be(argv, nee
         assert needle in message, message
 
 
+COMMANDS = "fit, validate, test, predict, tune, example, plugins, new-plugin, export"
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["plugns"], " Did you mean 'plugins'?"),
+    (["fitt", "--max-epochs", "1"], " Did you mean 'fit'?"),
+    (["--version", "exprot"], " Did you mean 'export'?"),
+    (["train"], ""),  # nothing close: the commands alone
+])
+def test_a_mistyped_command_names_the_command_it_was_meant_to_be(argv, suggestion, capsys):
+    """As a mistyped option does: exit 2, the closest command, and every command (``ptrain
+    plugns`` listed argparse's "invalid choice" and the commands, without a suggestion)."""
+    from ptrain.cli import main
+
+    assert main(argv) == 2
+    message = capsys.readouterr().err
+    typed = next(a for a in argv if not a.startswith("-"))
+    assert message == (f"ptrain: error: unknown command {typed!r}.{suggestion} Run `ptrain "
+                       f"--help` for the commands: {COMMANDS}.\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # --version, --help
 

@@ -38,7 +38,7 @@ _STAGE_DESCRIPTIONS = {
 class _Parser(argparse.ArgumentParser):
     """argparse that raises :class:`ConfigError` instead of printing its own usage error, and
     refuses an option it does not know by naming the closest it knows (``--chek``: "Did you
-    mean '--check'?"), as every ``ptrain`` command does."""
+    mean '--check'?"), as every ``ptrain`` command does; a command name likewise."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message}. Run `{self.prog} --help` for the options.")
@@ -63,6 +63,16 @@ class _Parser(argparse.ArgumentParser):
         helps = " and ".join(f"`{parser.prog} --help`" for parser in parsers)
         raise ConfigError(f"unknown option {name}.{closest(name, flags)} Run {helps} for the "
                           f"options.")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against ``choices``; a command name that is none of the
+        commands is refused as an unknown option is, by the closest one (``plugns``: "Did you
+        mean 'plugins'?"), where argparse says "invalid choice" and lists them."""
+        if action.nargs == argparse.PARSER and value not in action.choices:
+            commands = list(action.choices)
+            raise ConfigError(f"unknown command {value!r}.{closest(value, commands)} Run "
+                              f"`{self.prog} --help` for the commands: {', '.join(commands)}.")
+        super()._check_value(action, value)
 
     def unknown_option(self, arg: str) -> bool:
         """Whether ``arg`` is an option (``--name``, ``--name=value``, ``-x``) that this parser
