@@ -350,6 +350,34 @@ def test_clip_gradients_fires_only_when_clipping_is_on(make_trainer):
     assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
 
 
+class ClipsSomeSteps:
+    """Decides itself, every step, whether to clip: here never (it leaves the step alone)."""
+
+    name = "clips-some-steps"
+    clips_every_step = True
+
+    def __init__(self):
+        self.calls = 0
+
+    @hookimpl
+    def clip_gradients(self):
+        self.calls += 1
+        return None  # nothing to do this step: the next implementation decides
+
+
+def test_a_clips_every_step_plugin_may_decline_without_clip_val(make_trainer):
+    """With no gradient_clip_val, the default has nothing to clip: it used to call
+    clip_grad_norm_(params, None) and fail with a TypeError blamed on 'loop-defaults'."""
+    module, plain = TinyRegressor(n=16), TinyRegressor(n=16)
+    plain.load_state_dict(module.state_dict())
+    plugin = ClipsSomeSteps()
+    trainer = make_trainer(callbacks=["no:progress-bar", plugin], max_epochs=1)
+    trainer.fit(module)
+    assert plugin.calls == trainer.global_step > 0
+    make_trainer(max_epochs=1).fit(plain)  # the same steps, unclipped
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), plain.parameters()))
+
+
 class RankSettingDevice:
     """A strategy wraps setup_device: ranks before the accelerator, the device after."""
 

@@ -571,8 +571,10 @@ def clip_gradients(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool |
     decides itself whether and how to clip, such as the one calling a module's
     ``configure_gradient_clipping``; it runs ``tryfirst`` and returns ``True``).
 
-    Result: firstresult; return ``True`` once clipped. Implemented by: strategies whose gradients
-    are sharded. Default: ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``.
+    Result: firstresult; return ``True`` once clipped, ``None`` to leave the step to the next
+    implementation. Implemented by: strategies whose gradients are sharded. Default:
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` with ``gradient_clip_val``;
+    nothing when it is unset (a step a ``clips_every_step`` plugin left alone).
     """
 
 

@@ -72,7 +72,9 @@ class LoopDefaults:
         return True
 
     @hookimpl(trylast=True)
-    def clip_gradients(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
+    def clip_gradients(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool | None:
+        if trainer.gradient_clip_val is None:  # a clips_every_step plugin left this step alone
+            return None
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.grad is not None]
         by_mesh = _by_mesh(params)
