@@ -747,6 +747,29 @@ def test_declaration_hooks_must_be_static_on_a_class():
         declare_options(InstanceMethodOptions, "bad")
 
 
+class MisnamedOptionsArgument:
+    @staticmethod
+    @hookimpl
+    def add_options(opts):
+        opts.add("size", int, default=2)
+
+    @staticmethod
+    @hookimpl
+    def check_available(trainer):
+        return None
+
+
+def test_a_declaration_hook_with_an_argument_the_spec_lacks_is_a_plugin_error():
+    """add_options/check_available run on the class before pluggy checks the plugin: a wrong
+    argument name was a bare TypeError from the core (exit code 1, no plugin named)."""
+    with pytest.raises(PluginError, match=r"'bad' .*its add_options declares 'opts', which the "
+                                          r"hook does not have; add_options's arguments are: "
+                                          r"options\."):
+        declare_options(MisnamedOptionsArgument, "bad")
+    with pytest.raises(PluginError, match="its check_available declares 'trainer'.*: none"):
+        check_available(MisnamedOptionsArgument, "bad")
+
+
 def test_a_plugin_flag_that_clashes_with_another_is_an_error():
     from ptrain.cli import _build_parser
     from ptrain.options import OptionGroup

@@ -130,7 +130,27 @@ def _declaration(target: Any, hook_name: str, owner: str) -> Callable[..., Any] 
             f"plugin {owner!r} ({plugin_label(target)}) implements {hook_name} as an instance "
             f"method; make it a @staticmethod: it is called before the class is instantiated."
         )
+    _check_declared_arguments(function, hook_name, target, owner)
     return function
+
+
+def _check_declared_arguments(function: Callable[..., Any], hook_name: str, target: Any,
+                              owner: str) -> None:
+    """A declaration hook is called before the plugin is registered, so pluggy's check of its
+    arguments comes too late: an argument the specification lacks (``opts`` for ``options``)
+    would be a bare ``TypeError`` from the core. The same check, as a :class:`PluginError`."""
+    spec = inspect.signature(getattr(hookspecs, hook_name)).parameters
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: pluggy's to judge
+        return
+    unknown = [p.name for p in params if p.default is p.empty and p.name not in spec
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if unknown:
+        raise PluginError(
+            f"plugin {owner!r} ({plugin_label(target)}) is invalid: its {hook_name} declares "
+            f"{', '.join(map(repr, unknown))}, which the hook does not have; {hook_name}'s "
+            f"arguments are: {', '.join(spec) or 'none'}.")
 
 
 def _call_opt_in(function: Callable[..., Any], **available: Any) -> Any:
