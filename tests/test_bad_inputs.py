@@ -226,6 +226,28 @@ def test_a_plugins_exception_is_attributed_to_the_plugin_and_its_hook(tmp_path):
     assert user_code_origin(info.value).startswith("_end (test_bad_inputs.py:")
 
 
+def test_a_failed_ranks_report_says_whose_code_raised(tmp_path):
+    """A rank other than the reporting one fails in a plugin's hook: the launching process gets
+    only the record's text, so the rank names the culprit when it writes the record (the report
+    said "rank 1 failed ... Its error:" and the traceback, where rank 0's own failure is headed
+    "plugin 'NAME' (DISTRIBUTION) raised ... That is the plugin's bug")."""
+    from ptrain import rank_errors
+    from ptrain.errors import WorkerError
+
+    from tests.conftest import TinyRegressor
+
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=[Exploding(), "no:progress-bar"])
+    with pytest.raises(RuntimeError) as info:
+        trainer.fit(TinyRegressor())
+    rank_errors.write_record(tmp_path, info.value, 1)
+    error = rank_errors.error_of(rank_errors.read_records(tmp_path)[0])
+    assert isinstance(error, WorkerError)
+    assert str(error).startswith("rank 1 failed; the other ranks were stopped. Your code raised "
+                                 "RuntimeError in _end (test_bad_inputs.py:"), str(error)
+    assert "RuntimeError: the plugin's own bug" in str(error)
+
+
 BROKEN_PLUGIN = """
 import ptrain
 

@@ -740,21 +740,14 @@ def _error_header(exc: BaseException) -> str | None:
     """The line above the traceback of an exception that is not ptrain's own error: whose code
     raised it (the user's, or a plugin's hook), and the checkpoint to resume from when the
     failed fit wrote one."""
-    from ptrain.frames import dataloader_worker_origin, plugin_origin, user_code_origin
+    from ptrain.frames import PLUGIN_BLAME, error_origin
 
-    # an installed plugin's code is its authors', wherever pip put its files (an editable
-    # install leaves them outside site-packages, where they would pass for the user's)
-    plugin = plugin_origin(exc, installed_only=True)
-    where = None if plugin is not None else user_code_origin(exc) or dataloader_worker_origin(exc)
-    if where is not None:
-        header = f"ptrain: your code raised {type(exc).__name__} in {where}; its traceback follows."
-    else:
-        plugin = plugin or plugin_origin(exc)
-        if plugin is None:
-            return None
-        header = (f"ptrain: {plugin}; its traceback follows. That is the plugin's bug: report it "
-                  f"to its authors, or run without it.")
-    return header + _resume_note(exc)
+    origin = error_origin(exc)
+    if origin is None:
+        return None
+    said, by_plugin = origin
+    blame = PLUGIN_BLAME if by_plugin else ""
+    return f"ptrain: {said}; its traceback follows.{blame}" + _resume_note(exc)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,25 @@ def _distribution(frame: Any) -> str | None:
     return None
 
 
+#: what the line above a plugin's traceback adds to naming it
+PLUGIN_BLAME = " That is the plugin's bug: report it to its authors, or run without it."
+
+
+def error_origin(exc: BaseException) -> tuple[str, bool] | None:
+    """Whose code raised ``exc``: ``("your code raised TYPE in WHERE", False)``, ``("plugin
+    'NAME' (DISTRIBUTION VERSION) raised TYPE in its HOOK hook", True)``, or ``None`` when
+    neither is found. Read where ``exc``'s traceback still holds its frames: in the process
+    that raised it (a failing rank reads it before it reports to the launching process)."""
+    # an installed plugin's code is its authors', wherever pip put its files (an editable
+    # install leaves them outside site-packages, where they would pass for the user's)
+    plugin = plugin_origin(exc, installed_only=True)
+    where = None if plugin is not None else user_code_origin(exc) or dataloader_worker_origin(exc)
+    if where is not None:
+        return f"your code raised {type(exc).__name__} in {where}", False
+    plugin = plugin or plugin_origin(exc)
+    return None if plugin is None else (plugin, True)
+
+
 def fit_checkpoint(exc: BaseException) -> Path | None:
     """The resumable checkpoint of the ``fit`` that ``exc`` ended, when one was written before
     it (``None`` when the error came before any, or outside a fit)."""
@@ -202,4 +221,5 @@ def fit_checkpoint(exc: BaseException) -> Path | None:
     return None
 
 
-__all__ = ["fit_checkpoint", "is_library_frame", "plugin_origin", "user_code_origin"]
+__all__ = ["PLUGIN_BLAME", "error_origin", "fit_checkpoint", "is_library_frame", "plugin_origin",
+           "user_code_origin"]

@@ -1,10 +1,10 @@
 """How a failing rank's error reaches the process that reports it for the whole job.
 
 The rank writes a record into the job's error folder (:func:`write_record`: the exception,
-pickled when it can travel, its traceback, the rank and the time); the reporting process reads
-them (:func:`read_records`) and raises the error of the first (:func:`error_of`). Both launchers
-of :mod:`ptrain.distributed` use it: the spawn launcher's workers and the script launcher's
-started ranks.
+pickled when it can travel, its traceback, whose code raised it, the rank and the time); the
+reporting process reads them (:func:`read_records`) and raises the error of the first
+(:func:`error_of`). Both launchers of :mod:`ptrain.distributed` use it: the spawn launcher's
+workers and the script launcher's started ranks.
 """
 
 from __future__ import annotations
@@ -26,11 +26,27 @@ def write_record(folder: str | Path, exc: BaseException, rank: int) -> None:
     except Exception:  # an exception that can't travel is reported by its traceback
         payload = None
     record = {"rank": rank, "time": time.time(), "exception": payload,
-              "traceback": "".join(traceback.format_exception(exc)).rstrip()}
+              "traceback": "".join(traceback.format_exception(exc)).rstrip(),
+              "origin": _origin(exc)}
     path = Path(folder) / f"rank{rank}.pkl"
     with open(path.with_suffix(".tmp"), "wb") as f:
         pickle.dump(record, f)
     os.replace(path.with_suffix(".tmp"), path)
+
+
+def _origin(exc: BaseException) -> str | None:
+    """Whose code raised ``exc`` (the user's, a plugin's hook), as a sentence; read here, while
+    the traceback holds the rank's frames, since the reporting process gets only its text."""
+    try:
+        from ptrain.frames import PLUGIN_BLAME, error_origin
+
+        origin = error_origin(exc)
+    except Exception:  # naming the culprit must never keep the error from being reported
+        return None
+    if origin is None:
+        return None
+    said, by_plugin = origin
+    return f"{said[0].upper()}{said[1:]}.{PLUGIN_BLAME if by_plugin else ''}"
 
 
 def read_records(folder: str | Path) -> list[dict[str, Any]]:
@@ -50,7 +66,9 @@ def error_of(record: dict[str, Any]) -> BaseException:
     exc = pickle.loads(record["exception"]) if record["exception"] is not None else None
     if isinstance(exc, (PtrainError, WorkerError)):
         return exc
-    return WorkerError(f"rank {record['rank']} failed; the other ranks were stopped. Its "
+    origin = record.get("origin")
+    said = f" {origin}" if origin else ""
+    return WorkerError(f"rank {record['rank']} failed; the other ranks were stopped.{said} Its "
                        f"error:\n{record['traceback']}")
 
 
