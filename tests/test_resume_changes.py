@@ -139,3 +139,43 @@ def test_training_data_of_another_length_mid_epoch_is_reported(make_trainer):
     make_trainer(max_steps=3).fit(SampleRecorder(batch_size=4))
     with pytest.warns(UserWarning, match=r"the training loader had 16 batches; it has 12 now"):
         make_trainer(max_epochs=1).fit(SampleRecorder(batch_size=4, n=48), ckpt_path="last")
+
+
+class Counts:
+    """A stateful callback: the optimizer steps it has seen, checkpointed."""
+
+    name = "counts"
+
+    def __init__(self):
+        self.steps = 0
+
+    @hookimpl
+    def on_before_zero_grad(self):
+        self.steps += 1
+
+    @hookimpl
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    @hookimpl
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+def test_a_plugins_state_left_behind_on_resume_is_reported(make_trainer, recwarn):
+    """Resuming without a plugin whose state the checkpoint holds drops that state (the run's
+    own checkpoints no longer hold it): said, where it was silent. With the plugin, nothing is
+    said and its state comes back."""
+    make_trainer(max_epochs=1, callbacks=["no:progress-bar", Counts()]).fit(TinyRegressor())
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(UserWarning, match=r"holds the state of plugin\(s\) 'counts', which this "
+                                         r"run does not have: it is not restored"):
+        trainer.fit(TinyRegressor(), ckpt_path="last")
+    assert "counts" not in safe_load(trainer.last_checkpoint_path)["plugins"]
+    make_trainer(max_epochs=1, callbacks=["no:progress-bar", Counts()]).fit(TinyRegressor())
+    recwarn.clear()
+    counts = Counts()
+    make_trainer(max_epochs=2, callbacks=["no:progress-bar", counts]).fit(
+        TinyRegressor(), ckpt_path="last")
+    assert not [w for w in recwarn if "holds the state of plugin" in str(w.message)]
+    assert counts.steps == 16

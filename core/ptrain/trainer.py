@@ -1284,6 +1284,14 @@ class Trainer:
             if impl.plugin_name in saved:
                 call_impl(impl, trainer=self, state=saved[impl.plugin_name],
                           checkpoint=checkpoint)
+        unclaimed = sorted(name for name in saved if self.pm.get_plugin(name) is None)
+        if stage == "fit" and unclaimed:
+            names = ", ".join(repr(name) for name in unclaimed)
+            warnings.warn(
+                f"resuming from {path}: the checkpoint holds the state of plugin(s) {names}, "
+                f"which this run does not have: it is not restored, and this run's checkpoints "
+                f"will not hold it. To continue it, resume with the plugin(s) in the run (a "
+                f"callback: -p NAME, or callbacks = [...] in [trainer]).", stacklevel=2)
         if stage == "fit":  # the settings a plugin applies itself (a finder's lr) count too
             self.hook.applied_optimizer_settings(trainer=self, settings=configured)
             for index, optimizer in enumerate(self.optimizers):
