@@ -265,6 +265,31 @@ def test_the_kit_works_without_pytest_and_its_pytest_plugin_imports_no_torch():
 
 # -- the fixtures and suites, run by pytest as a plugin author runs them ------------------------------
 
+
+def test_a_callback_suite_run_in_worker_processes_skips_its_recorder_tests():
+    """trainer_options={"strategy": "ddp", "devices": 2}: the fit runs in worker processes, each
+    recording into its own HookRecorder, and the suite's saw nothing of the stage. Comparing two
+    such recorders passed on nothing (and test_fit_completes failed with ``[] == ['fit']``):
+    both are skipped, saying why."""
+    from types import SimpleNamespace
+
+    from ptrain.testing import CallbackSuite
+    from ptrain.testing.suites import SuiteRun
+
+    class Suite(CallbackSuite):
+        plugin = "early-stopping"
+
+    def launched_elsewhere() -> SuiteRun:
+        trainer = SimpleNamespace(plugins={HookRecorder.name: HookRecorder()})
+        return SuiteRun(trainer, TinyModule(), 1.0, 0.5, Path("."))
+
+    suite = Suite()
+    with pytest.raises(pytest.skip.Exception, match="ran in worker processes"):
+        suite.test_other_plugins_hooks_unchanged(launched_elsewhere(), launched_elsewhere())
+    with pytest.raises(pytest.skip.Exception, match="ran in worker processes"):
+        suite.test_fit_completes(launched_elsewhere())
+
+
 AUTHOR_TESTS = '''
 import os
 
