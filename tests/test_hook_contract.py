@@ -659,6 +659,37 @@ def test_implementing_a_hook_that_does_not_exist_is_an_error():
         ptrain.Trainer(callbacks=[Typo()])
 
 
+class SpecnameTypo:
+    name = "specname-typo"
+
+    @hookimpl(specname="on_epoch_ned")
+    def _at_the_end(self, trainer):
+        pass
+
+
+class PrivateHook:
+    name = "private-hook"
+
+    @hookimpl
+    def setup(self):
+        pass
+
+    @hookimpl
+    def _on_epoch_end(self, trainer):
+        pass
+
+
+def test_a_marked_private_method_must_name_a_hook_too():
+    """A private method implements a hook through ``specname``; a typo there, or a marked
+    private method without one, was registered under a hook no one calls and said nothing."""
+    with pytest.raises(PluginError, match=r"'on_epoch_ned' \(specname of '_at_the_end'\), "
+                                          r"which is not a ptrain hook.*on_epoch_end"):
+        ptrain.Trainer(callbacks=[SpecnameTypo()])
+    with pytest.raises(PluginError, match=r"'_on_epoch_end', which is not a ptrain hook.*"
+                                          r"'on_epoch_end'"):
+        ptrain.Trainer(callbacks=[PrivateHook()])
+
+
 class WrongArgs:
     name = "wrong-args"
 

@@ -227,15 +227,16 @@ class _PluginManager(pluggy.PluginManager):
     instance, a marked staticmethod or classmethod) is pluggy's to judge."""
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        #: the names of ``plugin``'s attributes marked as hook implementations: what
-        #: :func:`register` checks, without a second pass over the plugin's attributes
-        self.marked_names: list[str] = []
+        #: the hook each attribute of ``plugin`` marked as a hook implementation implements
+        #: (its ``specname``, else its own name), by attribute: what :func:`register` checks,
+        #: without a second pass over the plugin's attributes
+        self.marked_names: dict[str, str] = {}
         return super().register(plugin, name)
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
         opts = self._hookimpl_opts(plugin, name)
         if opts is not None:
-            self.marked_names.append(name)
+            self.marked_names[name] = opts.get("specname") or name
         return opts
 
     def _hookimpl_opts(self, plugin: Any, name: str) -> Any:
@@ -325,13 +326,14 @@ def register(pm: _PluginManager, plugin: Any, name: str) -> None:
     except (pluggy.PluginValidationError, ValueError) as exc:
         raise PluginError(f"plugin {name!r} ({plugin_label(plugin)}) is invalid: {exc}") from exc
     marked = pm.marked_names
-    for attr in marked:
-        if not attr.startswith("_") and attr not in HOOK_NAMES:
+    for attr, hook in marked.items():
+        if hook not in HOOK_NAMES:  # a private method too: it is marked, so meant as a hook
             pm.unregister(plugin)
+            how = f"{attr!r}" if hook == attr else f"{hook!r} (specname of {attr!r})"
             raise PluginError(
-                f"plugin {name!r} ({plugin_label(plugin)}) implements {attr!r}, which is not a "
-                f"ptrain hook.{suggest_hook(attr)} See \"Hook reference\" in ptrain's "
-                f"documentation for the hooks."
+                f"plugin {name!r} ({plugin_label(plugin)}) implements {how}, which is not a "
+                f"ptrain hook.{suggest_hook(hook.lstrip('_'))} See \"Hook reference\" in "
+                f"ptrain's documentation for the hooks."
             )
     observer = not inspect.isclass(plugin) and callable(getattr(plugin, "observe_hook_call", None))
     if not marked and not observer:  # it would take part in nothing
