@@ -378,6 +378,24 @@ def test_a_clips_every_step_plugin_may_decline_without_clip_val(make_trainer):
     assert all(torch.equal(a, b) for a, b in zip(module.parameters(), plain.parameters()))
 
 
+class LosesTheModel:
+    name = "loses-the-model"
+
+    @hookimpl(wrapper=True)
+    def wrap_model(self):
+        yield
+        return "compiled"  # meant: the compiled model
+
+
+def test_a_wrap_model_result_that_is_no_module_names_the_implementations(make_trainer):
+    """It failed at the sanity check with "'str' object has no attribute 'modules'", from the
+    core, naming no plugin."""
+    trainer = make_trainer(callbacks=["no:progress-bar", LosesTheModel()], max_epochs=1)
+    with pytest.raises(PluginError, match=r"wrap_model returned str 'compiled', not a "
+                                          r"torch.nn.Module.*: 'loses-the-model'"):
+        trainer.fit(TinyRegressor(n=16))
+
+
 class RankSettingDevice:
     """A strategy wraps setup_device: ranks before the accelerator, the device after."""
 

@@ -7,6 +7,7 @@ import inspect
 import math
 import os
 import re
+import reprlib
 import shutil
 import sys
 import tempfile
@@ -904,6 +905,8 @@ class Trainer:
             self._configure_model(empty_init=None)
             module.zero_grad()  # no gradient left from before the stage (Lightning's too)
             self.model = self.hook.wrap_model(trainer=self, model=StepModule(module))
+            if not isinstance(self.model, torch.nn.Module):
+                raise PluginError(_not_a_model(self))
             if stage == "fit":
                 setup = configure_optimizers(module, TrainModule)
                 _check_optimized_parameters(module, setup)
@@ -1310,6 +1313,17 @@ _DATA_NAMES = {"train": "training", "validate": "validation", "test": "test",
                "predict": "prediction"}
 _STEP_METHODS = {"fit": "training_step", "validate": "validation_step", "test": "test_step",
                  "predict": "predict_step"}
+
+
+def _not_a_model(trainer: Trainer) -> str:
+    """What to say of a ``wrap_model`` result that is no ``nn.Module`` (the loop would fail far
+    from the plugin that returned it, on the first ``trainer.model.modules()``)."""
+    made = [impl.plugin_name for impl in reversed(trainer.hook.wrap_model.get_hookimpls())
+            if impl.plugin_name != "loop-defaults"]
+    return (f"wrap_model returned {type(trainer.model).__qualname__} "
+            f"{reprlib.repr(trainer.model)}, not a torch.nn.Module: it must return the model to "
+            f"train (the model it was given, or a wrapper around it). The plugins implementing "
+            f"wrap_model, in the order they are called: {', '.join(map(repr, made))}.")
 
 
 def _options_outside_the_run(name: str, selected: list[SelectedPlugin], catalog: Catalog) -> str:
