@@ -825,7 +825,9 @@ def applied_optimizer_settings(trainer: Trainer, settings: list[list[dict[str, A
     itself (a learning-rate finder applies its suggestion) changes ``settings`` in place to what
     it applies, so that a resume that changed nothing says nothing.
 
-    Result: all (ignored). Implemented by: plugins that change optimizer settings.
+    Result: all (ignored). Implemented by: plugins that change optimizer settings; since it
+    fires on every resume of ``fit``, whatever the checkpoint holds, also by plugins that must
+    know the run resumes (the finders do not search again).
     """
 
 
