@@ -9,6 +9,7 @@ import inspect
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from ptrain import hookimpl, hookspecs
 from ptrain.catalog import Catalog, PluginInfo
 from ptrain.data import rebuild_dataloader
 from ptrain.errors import PluginError
+from ptrain.hook_methods import Callback
 from ptrain.loading import check_available, create_plugin_manager, declare_options, register
 from tests.conftest import REPO, TinyRegressor
 
@@ -706,6 +708,62 @@ def test_a_marked_private_method_must_name_a_hook_too():
     with pytest.raises(PluginError, match=r"'_on_epoch_end', which is not a ptrain hook.*"
                                           r"'on_epoch_end'"):
         ptrain.Trainer(callbacks=[PrivateHook()])
+
+
+class UnmarkedHook:
+    name = "unmarked-hook"
+
+    @hookimpl
+    def setup(self, trainer, stage):
+        pass
+
+    def on_epoch_end(self, trainer):  # the mark forgotten: pluggy passes it over
+        pass
+
+
+class HelperNamedLikeAHook(UnmarkedHook):
+    name = "helper-named-like-a-hook"
+    not_ptrain_hooks = ("on_epoch_end",)
+
+
+class MarkedLightningCallback(Callback):
+    """Lightning's methods (``setup``, ``state_dict``, ...) come from the base, unmarked on
+    purpose."""
+    name = "marked-lightning-callback"
+
+    @hookimpl
+    def on_epoch_end(self, trainer):
+        pass
+
+
+class OnlyUnmarked:
+    name = "only-unmarked"
+
+    def on_loop_start(self, trainer, loop):
+        pass
+
+
+def _named_like_a_hook(record) -> list[str]:
+    return [str(w.message) for w in record if "named like" in str(w.message)]
+
+
+def test_a_method_named_like_a_hook_without_the_mark_is_said():
+    """pluggy registers only marked methods: an unmarked ``on_epoch_end`` beside a marked
+    ``setup`` was never called, and nothing said so."""
+    with pytest.warns(UserWarning, match=r"'unmarked-hook'.*UnmarkedHook\.on_epoch_end, named "
+                                         r"like a ptrain hook, is not marked @ptrain\.hookimpl, "
+                                         r"so ptrain never calls it.*rename it.*"
+                                         r"not_ptrain_hooks") as record:
+        ptrain.Trainer(callbacks=[UnmarkedHook()])
+    assert len(_named_like_a_hook(record)) == 1
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ptrain.Trainer(callbacks=[HelperNamedLikeAHook(), MarkedLightningCallback()])
+    assert _named_like_a_hook(record) == []
+    with pytest.raises(PluginError, match=r"'only-unmarked'.*implements no ptrain hook.*"
+                                          r"OnlyUnmarked\.on_loop_start, named like a ptrain "
+                                          r"hook, is not marked: put @ptrain\.hookimpl above it"):
+        ptrain.Trainer(callbacks=[OnlyUnmarked()])
 
 
 class WrongArgs:

@@ -902,6 +902,11 @@ class Callback:
     where Lightning runs it (see :mod:`ptrain.hook_methods`); ``trainer`` is the ptrain
     :class:`~ptrain.Trainer` and ``pl_module`` the :class:`~ptrain.TrainModule`."""
 
+    #: Lightning's methods, some named like ptrain hooks (``setup``, ``state_dict``, ...): they
+    #: are called through an adapter (:func:`callback_hook_plugin`), not as ptrain hooks, so a
+    #: subclass that also has ``@ptrain.hookimpl`` methods is not warned that they lack the mark
+    not_ptrain_hooks = tuple(CALLBACK_METHODS)
+
     @property
     def state_key(self) -> str:
         """The key this callback's state is saved under (its class name)."""

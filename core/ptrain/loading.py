@@ -19,6 +19,7 @@ import inspect
 import operator
 import os
 import sys
+import warnings
 from types import FunctionType, ModuleType
 from typing import Any, Callable
 
@@ -345,12 +346,64 @@ def register(pm: _PluginManager, plugin: Any, name: str) -> None:
                     f"ptrain calls methods marked @ptrain.hookimpl, under its own hook names "
                     f"({how}).")
         else:
-            hint = " Mark its hook methods with @ptrain.hookimpl."
+            named = unmarked_hook_methods(plugin, {})
+            hint = (f" Its {_methods(named)} not marked: put @ptrain.hookimpl above "
+                    f"{'it' if len(named) == 1 else 'each'}."
+                    if named else " Mark its hook methods with @ptrain.hookimpl.")
         raise PluginError(
             f"plugin {name!r} ({plugin_label(plugin)}) implements no ptrain hook, so it would "
             f"take no part in the run.{hint} See \"Hook reference\" in ptrain's "
             f"documentation.")
+    unmarked = unmarked_hook_methods(plugin, marked)
+    if unmarked:
+        one = len(unmarked) == 1
+        warnings.warn(
+            f"plugin {name!r} ({plugin_label(plugin)}): its {_methods(unmarked)} not marked "
+            f"@ptrain.hookimpl, so ptrain never calls {'it' if one else 'them'}. Put "
+            f"@ptrain.hookimpl above {'it' if one else 'each'}; if "
+            f"{'it is' if one else 'one is'} a helper, not a hook, rename it (or name it in "
+            f"the plugin's attribute `{NOT_HOOKS}`, a tuple of method names).", stacklevel=2)
     hook_calls.on_register(pm, plugin)
+
+
+#: a plugin's attribute naming methods that have hook names but are not hooks on purpose (a
+#: helper, or methods called through another route, as :class:`ptrain.hook_methods.Callback`'s
+#: Lightning methods): :func:`register` does not warn that they lack ``@ptrain.hookimpl``
+NOT_HOOKS = "not_ptrain_hooks"
+
+
+def unmarked_hook_methods(plugin: Any, marked: dict[str, str]) -> list[str]:
+    """The methods of ``plugin`` (of its class, or a module's own functions) named like a
+    ptrain hook but without ``@ptrain.hookimpl``: pluggy passes them over, so they would never
+    be called. ``marked`` (attribute -> hook, see :class:`_PluginManager`) and the names in the
+    plugin's :data:`NOT_HOOKS` attribute are left out."""
+    declared = inspect.getattr_static(plugin, NOT_HOOKS, ())  # not a __getattr__'s answer
+    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)):
+        declared = (declared,) if isinstance(declared, str) else ()
+    skip = set(marked) | set(marked.values()) | set(declared)
+    names = [n for n in HOOK_NAMES if n not in skip]
+    if isinstance(plugin, ModuleType):
+        return [n for n in names if isinstance(vars(plugin).get(n), FunctionType)
+                and vars(plugin)[n].__module__ == plugin.__name__
+                and not hasattr(vars(plugin)[n], IMPL_MARK)]
+    found = []
+    for hook in names:
+        for cls in (plugin if inspect.isclass(plugin) else type(plugin)).__mro__[:-1]:
+            raw = cls.__dict__.get(hook, _ABSENT)
+            if raw is _ABSENT:
+                continue
+            function = getattr(raw, "__func__", raw)  # a staticmethod's or classmethod's
+            if isinstance(function, FunctionType) and not hasattr(function, IMPL_MARK) \
+                    and not hasattr(raw, IMPL_MARK):
+                found.append(f"{cls.__qualname__}.{hook}")
+            break
+    return found
+
+
+def _methods(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"method {names[0]}, named like a ptrain hook, is"
+    return f"methods {', '.join(names)}, named like ptrain hooks, are"
 
 
 def bind_impl(impl: Any, spec_args: tuple[str, ...] = ()) -> Callable[..., Any]:
