@@ -594,6 +594,44 @@ def test_p_module_class_loads_a_local_callback_without_packaging_it(tmp_path):
     assert_usage_error(missing, "my_callbacks:Nope", "could not be imported")
 
 
+IMPORT_FAILURES = {  # module text, -p value, what the message says, what it must not say
+    "raises": ("import ptrain\n\nclass C:\n    @ptrain.hookimpl(try_first=True)\n"
+               "    def teardown(self, trainer):\n        pass\n", "C",
+               r"importing '{mod}' raised TypeError: .*'try_first' \(at .*{mod}\.py:4\)\. "
+               r"Fix the error there\.$", "Check the"),
+    "missing-dependency": ("import no_such_dependency_xyz\n", "C",
+                           r"importing '{mod}' raised ModuleNotFoundError: No module named "
+                           r"'no_such_dependency_xyz' \(at .*{mod}\.py:1\)", "Check the"),
+    "syntax": ("def f(:\n", "C", r"raised SyntaxError: .* \(at .*{mod}\.py:1\)", "Check the"),
+    "no-class": ("class C:\n    pass\n", "Nope",
+                 r"could not be imported: AttributeError: .*'Nope'\. Check the class name\.$",
+                 "raised"),
+}
+
+
+@pytest.mark.parametrize("case", IMPORT_FAILURES)
+def test_p_module_that_raises_on_import_is_said_not_a_wrong_path(case, tmp_path, monkeypatch):
+    """A module that was found but raised while importing (a typo in @ptrain.hookimpl's
+    arguments) was "could not be imported ... Check the module path and the class name"; only
+    a missing module or class gets that advice."""
+    from ptrain.loading import import_object
+
+    text, attribute, said, not_said = IMPORT_FAILURES[case]
+    mod = f"probe_{case.replace('-', '_')}"
+    (tmp_path / f"{mod}.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ptrain.PluginError) as raised:
+        import_object(f"{mod}:{attribute}", "callback", ptrain.PluginError, "-p m:C")
+    message = str(raised.value)
+    assert re.search(said.format(mod=mod), message), message
+    assert not_said not in message
+    with pytest.raises(ptrain.PluginError, match=r"could not be imported: ModuleNotFoundError: "
+                                                 r"No module named 'no_such_probe'\. Check the "
+                                                 r"module path"):
+        import_object("no_such_probe:C", "callback", ptrain.PluginError, "-p m:C")
+
+
 def test_a_warning_is_one_sentence_once(tmp_path):
     """A warning during a CLI run is one ``ptrain: warning:`` line (no file, line number,
     category or echoed source line)."""

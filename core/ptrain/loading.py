@@ -19,6 +19,8 @@ import inspect
 import operator
 import os
 import sys
+import sysconfig
+import traceback
 import warnings
 from types import FunctionType, ModuleType
 from typing import Any, Callable
@@ -65,25 +67,68 @@ def _leave_out(info: PluginInfo) -> str:
 def import_object(path: str, what: str, error: type[Exception], example: str) -> Any:
     """The object ``MODULE:ATTRIBUTE`` names (``--model``, ``-p MODULE:CLASS``), imported with
     the current folder importable, as ``python -m`` does. A malformed path or a failed import is
-    ``error`` naming ``what`` and the path; ``example`` shows the form."""
+    ``error`` naming ``what`` and the path; ``example`` shows the form. A missing module or class
+    is told to check the path; a module that raised while importing, what it raised and where
+    (:func:`raised_at`)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise error(f"{what} {path!r} must be MODULE:CLASS, e.g. {example}.")
     try:
-        return _import_path(module_name, attribute)
+        module = _import_module(module_name)
     except Exception as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name is not None
+                and (module_name + ".").startswith(exc.name + ".")):
+            # the module was found, and its code (or what it imports) raised
+            detail = exc.msg if isinstance(exc, SyntaxError) and exc.msg else exc
+            raise error(f"{what} {path!r} could not be loaded: importing {module_name!r} raised "
+                        f"{type(exc).__name__}: {detail}{raised_at(exc)}. Fix the error there."
+                        ) from None
         raise error(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
-                    f"Check the module path (relative to {os.getcwd()!r}) and the class "
-                    f"name.") from None
+                    f"Check the module path (relative to {os.getcwd()!r}).") from None
+    try:
+        return _attribute(module, attribute)
+    except AttributeError as exc:
+        raise error(f"{what} {path!r} could not be imported: {type(exc).__name__}: {exc}. "
+                    f"Check the class name.") from None
+    except Exception as exc:  # a module's __getattr__ can raise anything
+        raise error(f"{what} {path!r} could not be loaded: getting {attribute!r} from "
+                    f"{module_name!r} raised {type(exc).__name__}: {exc}{raised_at(exc)}."
+                    ) from None
 
 
-def _import_path(module_name: str, attribute: str) -> Any:
+def raised_at(exc: BaseException) -> str:
+    """`` (at FILE:LINE)``: where ``exc`` was raised in the code being imported (the deepest
+    frame outside Python's library, the installed packages and ptrain; a ``SyntaxError``'s own
+    place), or nothing where there is no such frame."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    paths = sysconfig.get_paths()
+    library = tuple(os.path.join(os.path.realpath(paths[k]), "") for k in
+                    ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
+    own = os.path.join(os.path.dirname(os.path.realpath(hookspecs.__file__)), "")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<")
+              and not os.path.realpath(f.filename).startswith(own)]
+    user = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    frame = (user or [f for f in frames if f.name == "<module>"] or [None])[-1]
+    return "" if frame is None else f" (at {frame.filename}:{frame.lineno})"
+
+
+def _import_module(module_name: str) -> ModuleType:
+    """``module_name``, imported with the current folder importable."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    target: Any = importlib.import_module(module_name)
+    return importlib.import_module(module_name)
+
+
+def _attribute(target: Any, attribute: str) -> Any:
     for part in attribute.split("."):
         target = getattr(target, part)
     return target
+
+
+def _import_path(module_name: str, attribute: str) -> Any:
+    return _attribute(_import_module(module_name), attribute)
 
 
 def import_saved_class(class_path: str, checkpoint: str, flag: str,
