@@ -489,6 +489,26 @@ def test_a_mistyped_command_names_the_command_it_was_meant_to_be(argv, suggestio
                        f"--help` for the commands: {COMMANDS}.\n")
 
 
+@pytest.mark.parametrize("form", [["--config", "mine.toml"], ["--config=mine.toml"]])
+def test_example_with_a_config_of_ones_own_says_files_are_not_layered(form, tmp_path,
+                                                                       monkeypatch, capsys):
+    """``ptrain example digits --config mine.toml``: the last --config won, so the example's
+    config (its model included) was replaced and the run failed with "no model given". A run
+    reads one config file; the message says so and how to start one's own from the
+    example's."""
+    from ptrain.cli import main
+
+    (tmp_path / "mine.toml").write_text("[trainer]\nmax_epochs = 1\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["example", "digits", *form]) == 2
+    message = capsys.readouterr().err
+    assert "no model given" not in message
+    assert "--config mine.toml would replace it, model included (config files are not " \
+           "layered)" in message
+    assert "`ptrain example digits --print-config > digits.toml`" in message
+    assert "`ptrain fit --config digits.toml`" in message
+
+
 # ---------------------------------------------------------------------------------------------
 # --version, --help
 

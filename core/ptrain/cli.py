@@ -189,7 +189,9 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
 
 def cmd_example(argv: list[str]) -> int:
     """``ptrain example``: the examples that ship with the core; ``ptrain example NAME [fit
-    options]``: ``ptrain fit --config`` with the example's config, the options on top."""
+    options]``: ``ptrain fit --config`` with the example's config, the options on top. A
+    ``--config`` among them is refused: it would replace the example's (files are not layered).
+    """
     from ptrain.examples import EXAMPLES, config_path
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -198,14 +200,26 @@ def cmd_example(argv: list[str]) -> int:
         print(textwrap.fill(
             "usage: ptrain example NAME [fit options]  (ptrain example NAME --help: the "
             "options). Trains an example that ships with ptrain-core: `ptrain fit --config` "
-            "with its config, the options on top. The examples' data comes from scikit-learn: "
+            "with its config, the options on top (flags; a config of your own starts from "
+            "`ptrain example NAME --print-config`, run with `ptrain fit --config FILE`). The "
+            "examples' data comes from scikit-learn: "
             "pip install \"ptrain-core[examples]\".", 88, break_on_hyphens=False) + "\n\nexamples:")
         for name, what in EXAMPLES.items():
             print(textwrap.fill(what, 88, initial_indent=f"  {name}: ",
                                 subsequent_indent="    "))
             print(f"    config: {config_path(name)}")
         return 0
-    return cmd_run("fit", ["--config", config_path(argv[0]), *argv[1:]])
+    path = config_path(argv[0])
+    given = _preparse(_split_init_args(argv[1:])[0])[0].config
+    if given is not None:  # the last --config wins: the user's would replace the example's
+        raise ConfigError(
+            f"ptrain example {argv[0]} runs the example's own config ({path}), and a run reads "
+            f"one config file: --config {given} would replace it, model included (config files "
+            f"are not layered). Give your settings as flags on top (ptrain example {argv[0]} "
+            f"--max-epochs 3), or start a config of your own from the example's: `ptrain "
+            f"example {argv[0]} --print-config > {argv[0]}.toml`, add your settings to it, and "
+            f"run `ptrain fit --config {argv[0]}.toml`.")
+    return cmd_run("fit", ["--config", path, *argv[1:]])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Examples that ship with ptrain-core, each a model module and a config to train it with.
 
 ``ptrain example`` lists them; ``ptrain example NAME [fit options]`` trains one (``ptrain fit
---config`` with the example's config, which the options override). Their data comes from
+--config`` with the example's config, which the options override; a ``--config`` of one's own is
+refused, since config files are not layered). Their data comes from
 scikit-learn, installed by the ``examples`` extra: ``pip install "ptrain-core[examples]"``.
 """
 
