@@ -6,18 +6,18 @@ After every optimizer step the average moves towards the trained weights::
                                                   (n: updates so far), else d = decay
 
 It starts from the weights the run starts with. Validation (inside ``fit`` and in
-``Trainer.validate``) runs on the average; the trained weights are put back before any other
-plugin's ``on_validation_end`` (``tryfirst``), so checkpoints hold the trained weights as the
-model and the average as this plugin's state. The average and its update count are restored on
-resume, so a resumed run ends with the average of an unbroken one. The averaged tensors are the
-module's floating-point parameters that require gradients, by name; the average lives on their
-device and in their dtype.
+``Trainer.validate``; not the sanity check before training) runs on the average: it is swapped
+in when the validation loop starts (``on_loop_start(loop="validate")``, ``tryfirst``), and the
+trained weights are put back before any other plugin's ``on_validation_end`` (``tryfirst``), so
+checkpoints hold the trained weights as the model and the average as this plugin's state. The
+average and its update count are restored on resume, so a resumed run ends with the average of
+an unbroken one. The averaged tensors are the module's floating-point parameters that require
+gradients, by name; the average lives on their device and in their dtype.
 
-Built only on ptrain's public API (``ptrain``, ``ptrain.options``). Two hooks are wrappers:
-``optimizer_step`` (the average must include the step just taken before the validation that may
-follow it in the same batch) and ``model_step`` (ptrain has no "validation starts" hook, so the
-first validation batch swaps the average in); each moves its hook off the core's direct-call
-path, about two microseconds per step.
+Built only on ptrain's public API (``ptrain``, ``ptrain.options``). One per-step hook, the
+update: ``optimizer_step``, a wrapper (the average must include the step just taken before the
+validation that may follow it in the same batch), which moves that hook off the core's
+direct-call path, about two microseconds per step. The swaps cost nothing per step.
 """
 
 from __future__ import annotations
@@ -114,17 +114,21 @@ class EMA:
 
     # -- validating on the average ------------------------------------------------------------
 
-    @hookimpl(wrapper=True)
-    def model_step(self, trainer, stage: str):
-        # the sanity check before training fires no on_validation_end to swap back after it
-        if (stage == "validate" and self.validate and self._trained is None and self._pairs
+    @hookimpl(tryfirst=True)  # before anyone else looks at the model in the validation
+    def on_loop_start(self, trainer, loop: str) -> None:
+        # the sanity check before training validates the weights, as without the plugin
+        if (loop == "validate" and self.validate and self._trained is None and self._pairs
                 and not trainer.sanity_checking):
             self._swap_in()
-        return (yield)
 
     @hookimpl(tryfirst=True)  # before anyone else looks at the model after validation
     def on_validation_end(self) -> None:
         self._swap_out()
+
+    @hookimpl
+    def on_loop_end(self, loop: str) -> None:
+        if loop == "validate":  # already done by on_validation_end, which follows every one
+            self._swap_out()
 
     @hookimpl
     def teardown(self) -> None:

@@ -65,6 +65,50 @@ def test_validation_runs_on_the_average_and_training_on_the_weights(ptrain_fit):
         assert torch.equal(value, log.steps[-1][name])
 
 
+class ValidationProbe:
+    """Whether the model held the average during each validation batch, and the trained
+    weights when ``on_validation_end`` came (the checkpoint callback saves there)."""
+
+    name = "validation-probe"
+
+    def __init__(self, ema: EMA):
+        self.ema = ema
+        self.trained: dict[str, torch.Tensor] = {}
+        self.averaged_batches: list[bool] = []
+        self.trained_at_end: list[bool] = []
+
+    @ptrain.hookimpl
+    def on_train_step_end(self, trainer):  # before the validation the batch triggers
+        self.trained = weights(trainer.module)
+
+    @ptrain.hookimpl
+    def on_evaluation_batch_end(self, trainer, stage):
+        if stage == "validate" and not trainer.sanity_checking:
+            self.averaged_batches.append(all(
+                torch.equal(p, self.ema.average[n])
+                for n, p in trainer.module.named_parameters()))
+
+    @ptrain.hookimpl
+    def on_validation_end(self, trainer):
+        self.trained_at_end.append(all(torch.equal(p, self.trained[n])
+                                       for n, p in trainer.module.named_parameters()))
+
+
+def test_the_average_is_swapped_in_by_the_loop_hooks_not_per_step(ptrain_fit, hook_recorder):
+    """The average goes in when the validation loop starts (on_loop_start, first of all) and
+    out at on_validation_end: model_step was a wrapper, on every step, only to find the first
+    validation batch."""
+    module, ema = TinyModule(), EMA(decay=0.5, warmup=False)
+    probe = ValidationProbe(ema)
+    ptrain_fit(ema, probe, hook_recorder, module=module)
+    assert not any("ema" in call.plugins for call in hook_recorder.calls_of("model_step"))
+    starts = [call for call in hook_recorder.calls_of("on_loop_start")
+              if call.kwargs["loop"] == "validate"]
+    assert starts and all(call.plugins[0] == "ema" for call in starts)
+    assert probe.averaged_batches and all(probe.averaged_batches)
+    assert probe.trained_at_end and all(probe.trained_at_end)
+
+
 def test_the_checkpoint_holds_the_average_and_a_resume_continues_it(ptrain_fit):
     first = EMA(decay=0.7)
     trainer = ptrain_fit(first, max_epochs=1)
