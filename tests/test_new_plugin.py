@@ -111,6 +111,24 @@ def test_writes_a_distribution_of_the_kind(kind, tmp_path, capsys):
     assert f"Created ptrain-{name}" in result.stdout and f"pip install -e '{folder}[test]'" in result.stdout
 
 
+@pytest.mark.parametrize("kind", list(NAMES))
+@pytest.mark.parametrize("name", ["lr-probe", "gradient-noise-scheduler"])
+def test_generated_lines_are_at_most_100_characters(kind, name, tmp_path, capsys):
+    """ptrain's own line length holds in what it generates, for a name up to 24 characters (the
+    longest of the plugins shipped with ptrain): `new-plugin lr-probe --kind callback` wrote
+    102-character asserts into its tests, and a longer name pushed comments and docstrings of
+    every kind past 100."""
+    folder = tmp_path / "dist"
+    assert new_plugin(capsys, name, "--kind", kind, "--dir", str(folder)).returncode == 0
+    for path, content in files_under(folder).items():
+        text = content.decode()
+        longest = max(text.splitlines(), key=len)
+        assert len(longest) <= 100, f"{path}: {len(longest)} characters: {longest}"
+        if path.endswith(".py"):
+            compile(content, path, "exec")
+    tomllib.loads(files_under(folder)["pyproject.toml"].decode())
+
+
 def test_default_folder_is_ptrain_name_in_the_current_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     result = new_plugin(capsys, "demo-xpu", "--kind", "accelerator")

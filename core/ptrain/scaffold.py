@@ -8,15 +8,17 @@ What is written for ``ptrain new-plugin NAME --kind KIND`` (folder ``./ptrain-NA
         ptrain_NAME/__init__.py # a working plugin of that kind, to edit
         tests/test_NAME.py      # the kind's conformance suite from ptrain.testing, and more
 
-(``-`` in NAME becomes ``_`` in the package and the test file.) The contract: every check runs
-before anything is written, and nothing is ever overwritten; an existing folder is used only when it
-is empty. This module imports neither torch nor any plugin.
+(``-`` in NAME becomes ``_`` in the package and the test file.) Lines stay within 100
+characters, as in ptrain's own code, for a NAME of up to 24 (see :func:`fit_width`). The
+contract: every check runs before anything is written, and nothing is ever overwritten; an
+existing folder is used only when it is empty. This module imports neither torch nor any plugin.
 """
 
 from __future__ import annotations
 
 import re
 import string
+import textwrap
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -70,8 +72,7 @@ KIND_TEXT = {
         "Callback", "-p {name}", 'callbacks = ["{name}"]', 'callbacks=["{name}"]', False,
         "prints the epoch-level metrics at the end of every `every_n_epochs`-th epoch",
         "| option | flag | default | meaning |\n| --- | --- | --- | --- |\n"
-        "| `every_n_epochs` | `--{name}-every-n-epochs` | 1 | print at the end of every this "
-        "many epochs |"),
+        "| `every_n_epochs` | `--{name}-every-n-epochs` | 1 | epochs between two prints |"),
 }
 
 
@@ -177,8 +178,90 @@ def render(spec: PluginSpec) -> dict[str, str]:
         "starting_point": text.starting_point,
         "options": text.options.format(name=spec.name),
     }
-    return {path: _template(template).substitute(values)
+    return {path: fit_width(_template(template).substitute(values), path)
             for path, template in spec.files().items()}
+
+
+#: the longest line of a generated file, as in ptrain's own code; :func:`fit_width` keeps a name
+#: up to :data:`LONG_NAME` characters within it (a test checks every kind with such a name)
+WIDTH = 100
+LONG_NAME = 24  # as long as the longest name of a plugin shipped with ptrain
+
+
+def fit_width(text: str, path: str) -> str:
+    """``text`` with each paragraph of prose that has a line longer than :data:`WIDTH` (a long
+    plugin name put into it) filled again to that width: a comment block or a docstring
+    paragraph of a ``.py`` file, a comment block of a ``.toml`` file, a paragraph of a ``.md``
+    file. Code is left as it is: the templates keep names out of long code lines. Paragraphs
+    within the width are left as the template wrote them."""
+    lines = text.split("\n")
+    out: list[str] = []
+    for block in _paragraphs(lines, Path(path).suffix):
+        if isinstance(block, str):
+            out.append(block)
+        elif any(len(line) > WIDTH for line in block[2]):
+            first, rest, group = block
+            words = " ".join(line[len(rest if i else first):].strip()
+                             for i, line in enumerate(group))
+            # a code span (`ptrain fit ... -p NAME`) is kept on one line
+            words = _CODE_SPAN.sub(lambda m: m.group().replace(" ", "\0"), words)
+            out.extend(line.replace("\0", " ") for line in textwrap.wrap(
+                words, WIDTH, initial_indent=first, subsequent_indent=rest,
+                break_long_words=False, break_on_hyphens=False))
+        else:
+            out.extend(block[2])
+    return "\n".join(out)
+
+
+_CODE_SPAN = re.compile(r"``[^`]*``|`[^`]*`")
+_COMMENT = re.compile(r"(\s*# )\S")
+_DOCSTRING = re.compile(r'(\s*)"""')
+_NOT_PROSE_MD = ("|", "#", "    ", "```", "- ", "* ")
+
+
+def _paragraphs(lines: list[str], suffix: str):
+    """``lines`` as code lines (``str``) and paragraphs of prose: ``(first line's prefix, the
+    other lines' prefix, lines)``."""
+    group: list[str] = []
+    prefixes = ("", "")
+
+    def flush():
+        nonlocal group
+        if group:
+            yield (*prefixes, group)
+        group = []
+
+    in_doc, doc_indent = False, ""
+    for line in lines:
+        prose = None  # (first prefix, prefix) of the paragraph the line belongs to
+        starts = False  # the line starts a paragraph
+        if suffix == ".md":
+            if line.strip() and not line.startswith(_NOT_PROSE_MD):
+                prose = ("", "")
+        elif suffix == ".py" and (in_doc or _DOCSTRING.match(line)):
+            opening = not in_doc
+            if opening:
+                doc_indent = _DOCSTRING.match(line).group(1)
+                in_doc = line.count('"""') == 1
+                prose, starts = (doc_indent + '"""', doc_indent), True
+            else:
+                in_doc = '"""' not in line
+                if line.strip() not in ("", '"""') and line.startswith(doc_indent) \
+                        and not line[len(doc_indent):].startswith((" ", ":", "-", ">>>")):
+                    prose = (doc_indent, doc_indent)
+                    starts = bool(group) and group[-1].rstrip().endswith("::")
+        elif suffix in (".py", ".toml") and _COMMENT.match(line):
+            indent = _COMMENT.match(line).group(1)
+            prose, starts = (indent, indent), prefixes != (indent, indent)
+        if prose is None or starts or (group and prefixes[1] != prose[1]):
+            yield from flush()
+        if prose is None:
+            yield line
+        else:
+            if not group:
+                prefixes = prose
+            group.append(line)
+    yield from flush()
 
 
 def _check_target(folder: Path) -> None:
