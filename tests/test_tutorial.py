@@ -261,6 +261,28 @@ def test_training_reports_a_gradient_norm_per_epoch(walk):
         assert math.isfinite(float(peak)) and 0 < float(mean) <= float(peak)
 
 
+NORMS = re.compile(r"^grad-norm: epoch \d+  mean (\S+)  max (\S+)$", re.M)
+
+
+@pytest.mark.slow
+def test_the_norms_shown_are_a_run_of_the_torch_the_page_names(walk):
+    """Output is matched with numbers as any number, so the page showed norms no run gave (mean
+    0.842, max 1.556 in epoch 0, where a run gives 0.826 and 1.277). The page names the torch
+    it ran with; with that torch (major.minor), the run gives the norms shown, within 1% (room
+    for another CPU's rounding, none for another run's numbers)."""
+    import torch
+
+    named = re.search(r"these numbers are\s+from torch (\d+\.\d+)\.",
+                      TUTORIAL.read_text(encoding="utf-8"))
+    assert named, "the page no longer says which torch its numbers come from"
+    if ".".join(torch.__version__.split(".")[:2]) != named.group(1):
+        pytest.skip(f"the page's numbers are from torch {named.group(1)}")
+    fit = walk.command("ptrain example")
+    shown = [float(n) for pair in NORMS.findall("\n".join(fit.shown)) for n in pair]
+    printed = [float(n) for pair in NORMS.findall(fit.stdout) for n in pair]
+    assert shown and printed == pytest.approx(shown, rel=0.01), (shown, printed)
+
+
 @pytest.mark.slow
 def test_the_norms_are_logged_as_the_page_says(walk):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
