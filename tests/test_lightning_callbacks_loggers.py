@@ -709,6 +709,28 @@ def test_the_finders_search_then_tell_the_module(tmp_path):
         p_callbacks.LearningRateFinder(update_attr=False)
 
 
+def test_a_resumed_fit_tells_the_module_the_batch_size_its_checkpoint_found(tmp_path):
+    """The resumed run trains at the size the first run found, and the module's attribute
+    says so (it kept the module's own 2: only a search set it)."""
+    class Sized(backbone_class(ppl)):
+        def __init__(self):
+            super().__init__()
+            self.batch_size = 2
+
+    def fit(epochs, ckpt_path=None):
+        model, sizes = Sized(), p_callbacks.BatchSizeFinder(max_trials=2)
+        trainer = ppl.Trainer(max_epochs=epochs, callbacks=[sizes], logger=False,
+                              default_root_dir=str(tmp_path), **QUIET)
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return model, sizes, trainer
+
+    model, sizes, first = fit(1)
+    assert model.batch_size == sizes.optimal_batch_size == 8
+    model, sizes, _ = fit(2, ckpt_path=first.checkpoint_callback.last_model_path
+                          or first.checkpoint_callback.best_model_path)
+    assert model.batch_size == sizes.optimal_batch_size == 8
+
+
 def test_throughput_and_device_stats_reach_the_loggers(tmp_path):
     logger = p_loggers.CSVLogger(tmp_path)
     monitor = p_callbacks.ThroughputMonitor(batch_size_fn=lambda batch: len(batch[0]))

@@ -73,7 +73,8 @@ class BatchSizeFinder(Finder):
 
     After the search: ``trials`` (``[{"batch_size", "fits"}]`` in the order tried), ``found``,
     ``batch_size`` (what training uses: found x margin), ``initial`` and ``seconds``, on every
-    rank.
+    rank. A run resumed from a checkpoint holding the result searches nothing and sets only
+    ``batch_size``, to the checkpoint's.
     """
 
     name = "batch-size-finder"
@@ -168,7 +169,7 @@ class BatchSizeFinder(Finder):
         loader = trainer.train_dataloader
         if self.resumed_state is not None and self.then == "fit":
             self.applied = self.resumed_state
-            size = int(self.applied["batch_size"])
+            size = self.batch_size = int(self.applied["batch_size"])
             trainer.train_dataloader = rebuild_dataloader(loader, batch_size=size)
             self.report(trainer, f"batch-size-finder: resumed a run that trains with batch size "
                                  f"{size}; no new search.")
