@@ -709,26 +709,30 @@ def test_the_finders_search_then_tell_the_module(tmp_path):
         p_callbacks.LearningRateFinder(update_attr=False)
 
 
-def test_a_resumed_fit_tells_the_module_the_batch_size_its_checkpoint_found(tmp_path):
-    """The resumed run trains at the size the first run found, and the module's attribute
-    says so (it kept the module's own 2: only a search set it)."""
+def test_a_resumed_fit_tells_the_module_what_its_checkpoints_finders_found(tmp_path):
+    """The resumed run trains at the size and the learning rate the first run found, and the
+    module's attributes say so (they kept the module's own: only a search set them)."""
     class Sized(backbone_class(ppl)):
         def __init__(self):
             super().__init__()
-            self.batch_size = 2
+            self.batch_size, self.lr = 2, 0.05
 
     def fit(epochs, ckpt_path=None):
-        model, sizes = Sized(), p_callbacks.BatchSizeFinder(max_trials=2)
-        trainer = ppl.Trainer(max_epochs=epochs, callbacks=[sizes], logger=False,
+        model = Sized()
+        sizes = p_callbacks.BatchSizeFinder(max_trials=2)
+        rates = p_callbacks.LearningRateFinder(num_training_steps=20)
+        trainer = ppl.Trainer(max_epochs=epochs, callbacks=[sizes, rates], logger=False,
                               default_root_dir=str(tmp_path), **QUIET)
         trainer.fit(model, ckpt_path=ckpt_path)
-        return model, sizes, trainer
+        return model, sizes, rates, trainer
 
-    model, sizes, first = fit(1)
+    model, sizes, rates, first = fit(1)
     assert model.batch_size == sizes.optimal_batch_size == 8
-    model, sizes, _ = fit(2, ckpt_path=first.checkpoint_callback.last_model_path
-                          or first.checkpoint_callback.best_model_path)
+    found = rates.optimal_lr.suggestion()
+    assert model.lr == found != 0.05
+    model, sizes, rates, _ = fit(2, ckpt_path=first.checkpoint_callback.best_model_path)
     assert model.batch_size == sizes.optimal_batch_size == 8
+    assert model.lr == rates.optimal_lr.suggestion() == found
 
 
 def test_throughput_and_device_stats_reach_the_loggers(tmp_path):

@@ -47,7 +47,9 @@ class LearningRateFinder(_Finder):
 
     @hookimpl(specname="on_loop_start")
     def _tell_the_module(self, trainer: Any, loop: str) -> None:
-        if loop != "fit" or not self.lrs:
+        # a search, or a resume of a run that trains at the suggestion its checkpoint holds
+        # (whose result then has no curve: the search was the first run's)
+        if loop != "fit" or not (self.lrs or self.suggestion is not None):
             return
         self.optimal_lr = _Result(self, Path(trainer.log_dir))
         if self.suggestion is not None:

@@ -193,6 +193,7 @@ class LRFinder(Finder):
                 f"learning rate with automatic optimization, or leave out -p lr-finder.")
         if self.resumed_state is not None and self.then == "fit":
             self.applied = self.resumed_state
+            self.suggestion = float(self.applied["suggestion"])
             self.report(trainer, f"lr-finder: resumed a run that trains with the suggested lr "
                                  f"{self.applied['suggestion']:.3g}; no new search.")
             return
