@@ -56,3 +56,17 @@ class SequenceModule(TinyRegressor):
             self.validations += 1
         values = self.val_values[_rank()] if self.per_rank else self.val_values
         self.log("val_metric", _pick(values, index))
+
+
+class StepSequenceModule(TinyRegressor):
+    """TinyRegressor whose ``training_step`` also logs ``train_metric`` on step: from
+    ``per_rank`` (one sequence per rank, indexed by the global step before the step), so what
+    the ranks log differs and their mean is the known sequence."""
+
+    def __init__(self, per_rank, **kwargs):
+        super().__init__(**kwargs)
+        self.per_rank = per_rank
+
+    def training_step(self, batch, batch_idx):
+        self.log("train_metric", _pick(self.per_rank[_rank()], self.trainer.global_step))
+        return super().training_step(batch, batch_idx)

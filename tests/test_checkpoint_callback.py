@@ -21,7 +21,7 @@ from ptrain.builtins.checkpoint import RECORD, ModelCheckpoint
 from ptrain.errors import CheckpointError, ConfigError, PluginError
 from tests._cli_util import assert_ok, assert_usage_error
 from tests._ckpt_models import TopKRecorder
-from tests._es_models import SequenceModule
+from tests._es_models import SequenceModule, StepSequenceModule
 from tests.conftest import TinyRegressor, run_cli
 
 QUIET = ["no:progress-bar", "no:tensorboard"]
@@ -433,6 +433,33 @@ def test_ddp_ranks_agree_on_the_top_k(make_trainer, tmp_path):
     module = SequenceModule([0])
     make_trainer(callbacks=QUIET).validate(module, ckpt_path="best")
     _assert_weights(module, folder / name(3, 1))
+
+
+@pytest.mark.slow
+def test_ddp_ranks_agree_on_a_step_metric_at_step_triggers(make_trainer, tmp_path):
+    # a step trigger comes between two publish points (log_every_n_steps), where each rank's
+    # callback_metrics held its own step value: the ranks ranked and named the files each by
+    # their own (with save_top_k=2 they then took different decisions, and the job hung in the
+    # save's collective); the mean of the ranks' values decides, as a publish point's would
+    means = [5, 3, 4, 1, 2, 6, 7, 8]  # per optimizer step; 4 steps per epoch on each rank
+    offset = [4, -2, 3, 0.5, 1, -5, 2, -3]
+    per_rank = [[v + o for v, o in zip(means, offset)], [v - o for v, o in zip(means, offset)]]
+    records = tmp_path / "records"
+    records.mkdir()
+    callback = ModelCheckpoint(monitor="train_metric", save_top_k=-1, every_n_epochs=0,
+                               every_n_train_steps=1, filename="{step}-{train_metric:.1f}")
+    trainer = make_trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=2,
+                           log_every_n_steps=50,
+                           callbacks=[*QUIET, callback, TopKRecorder(str(records))],
+                           plugin_options={"ddp": {"timeout": 120.0}})
+    trainer.fit(StepSequenceModule(per_rank, n=64, batch_size=8))
+    files = {f"step={step}-train_metric={value:.1f}.ckpt": float(value)
+             for step, value in enumerate(means, start=1)}
+    assert kept(trainer.log_dir / "checkpoints") == sorted(files)
+    for rank in (0, 1):
+        record = json.loads((records / f"rank{rank}.json").read_text())
+        assert record["best_k_models"] == files, rank
+        assert record["best_model_path"] == "step=4-train_metric=1.0.ckpt", rank
 
 
 # -- dirpath, weights-only files, "best" without a monitor -----------------------------------------

@@ -328,6 +328,30 @@ class MetricStore:
                     callback[key] = value
         self.step_values.clear()
 
+    def agree_step_values(self) -> None:
+        """Under several processes: the training step values logged since the last publish
+        point, reduced across the processes into ``callback_metrics`` as :meth:`publish_step`
+        would reduce them, but neither logged nor cleared (the next publish point publishes
+        them as usual). Between two publish points ``callback_metrics`` holds each process's
+        own step values, so a decision taken there from them (the checkpoint callback's top-k
+        at a step trigger) would differ between the processes. A collective: every process
+        calls it at the same point."""
+        if self.trainer.world_size == 1:
+            return
+        by_op: dict[str, dict[str, torch.Tensor]] = {}
+        for name, value in self.step_values.items():
+            if name not in self.local:  # rank_zero_only: as this process has it
+                by_op.setdefault(self.step_ops.get(name, "mean"), {})[name] = value
+        callback = self.callback_metrics
+        for name, value in self._reduce_across_ranks(by_op).items():
+            logged = self.step_values.get(name)
+            if logged is None:  # logged by other processes only
+                callback[name] = value
+                continue
+            for key in (name, self.forked_steps.get(name)):
+                if key is not None and callback.get(key) is logged:
+                    callback[key] = value
+
     def publish_epoch(self, stage: str, dataloaders: int = 1) -> dict[str, torch.Tensor]:
         """Aggregate, reduce and write ``stage``'s epoch values; they join ``callback_metrics``
         (a forked ``NAME_epoch`` also as ``NAME``). After a validation or test pass (over

@@ -56,11 +56,13 @@ either ends the run with :class:`ptrain.CheckpointWriteError` or, with ``on_writ
 says so in one line and trains on, the top-k as it was.
 
 Every rank takes the same decisions: they depend only on ``trainer.callback_metrics`` (reduced
-identically on every rank), the counters, and, for the time interval, a flag reduced across ranks.
+identically on every rank: a checkpoint point reduces the step values logged since the last publish
+point first), the counters, and, for the time interval, a flag reduced across ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -73,7 +75,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -370,7 +372,7 @@ class ModelCheckpoint:
     def on_loop_end(self, trainer, loop: str) -> None:
         if loop != "train" or not self._writes:
             return
-        with trainer.checkpoint_point():
+        with self._checkpoint_point(trainer):
             if self.async_save:  # a write whose copies failed is taken again: no step follows
                 trainer.finish_checkpoint_write()
                 if self._take_again:
@@ -408,8 +410,20 @@ class ModelCheckpoint:
             self._take_again = False  # once: a retake that saves nothing is not retried
             self._last_step_saved = step
             self._last_time_checked = time.monotonic()
-            with trainer.checkpoint_point():
+            with self._checkpoint_point(trainer):
                 self._take(trainer, check_now=False)
+
+    @contextlib.contextmanager
+    def _checkpoint_point(self, trainer) -> Iterator[None]:
+        """A checkpoint point (:meth:`Trainer.checkpoint_point`) whose decisions read metrics
+        every process has alike: under several processes, the training step values logged
+        since the last publish point (each process's own until then) are reduced first
+        (:meth:`MetricStore.agree_step_values`, a collective; the points are taken on every
+        rank alike)."""
+        with trainer.checkpoint_point():
+            if trainer.world_size > 1:
+                trainer.metrics.agree_step_values()
+            yield
 
     def _time_due(self, trainer, step: int) -> bool:
         elapsed = time.monotonic() - self._last_time_checked >= self.train_time_interval
@@ -430,7 +444,7 @@ class ModelCheckpoint:
         self._metrics_published = True
         if self._topk_on_epoch_end or not self._epoch_due(trainer):
             return
-        with trainer.checkpoint_point():
+        with self._checkpoint_point(trainer):
             self._save_topk(trainer, check_now=True)
 
     @hookimpl
@@ -438,7 +452,7 @@ class ModelCheckpoint:
         self._metrics_published = True
         if not self._epoch_due(trainer):
             return
-        with trainer.checkpoint_point():
+        with self._checkpoint_point(trainer):
             if self._topk_on_epoch_end:
                 self._save_topk(trainer, check_now=True)
             # written again even when a validation at this step wrote it: the state after the
