@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +72,41 @@ def test_a_second_writer_of_a_run_is_refused_and_a_dead_one_keeps_nothing(tmp_pa
                         tmp_path / "resumed")
     resumed.finish(timeout=300)
     assert resumed.proc.returncode == 0, resumed.output()
+
+
+#: a checkpoint write that never ends: its file is pickled into the temporary file until the
+#: process is killed, as a preempted machine kills a long write
+STUCK_WRITE = """
+import sys, time, torch
+from ptrain.checkpoint_io import atomic_save
+class Stuck:
+    def __reduce__(self):
+        time.sleep(600)
+atomic_save({"model": torch.zeros(1 << 16), "stuck": Stuck()}, sys.argv[1])
+"""
+
+
+def test_what_killed_writes_left_in_a_run_is_removed_when_it_resumes(tmp_path):
+    root = tmp_path / "runs"
+    assert_ok(run_cli("fit", *TINY, "--default-root-dir", str(root)))
+    folder = root / "version_0" / "checkpoints"
+    before = (folder / "last.ckpt").read_bytes()
+    writer = subprocess.Popen([sys.executable, "-c", STUCK_WRITE, str(folder / "last.ckpt")])
+    try:
+        deadline = time.monotonic() + 120
+        while not list(folder.glob(".last.ckpt.*.tmp")):  # the write is under way
+            assert writer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        writer.kill()
+        writer.wait()
+    (folder / ".epoch=1-step=16.ckpt.tmp").mkdir()  # a sharded folder's, as fsdp leaves it
+    (folder / ".epoch=1-step=16.ckpt.tmp" / "__0_0.distcp").write_bytes(b"partial")
+    left = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+    assert len(left) == 2 and (folder / "last.ckpt").read_bytes() == before, left
+    assert_ok(run_cli("fit", *TINY, "--max-epochs", "3", "--default-root-dir", str(root),
+                      "--ckpt-path", "last"))
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
 
 
 def test_the_lock_names_its_holder_in_process(tmp_path):

@@ -161,6 +161,39 @@ def is_empty_run(run: Path) -> bool:
         return False
 
 
+#: what a checkpoint write killed before it finished leaves in a run's ``checkpoints/``: a
+#: file's temporary file (``.last.ckpt.k2x8q1zv.tmp``), a sharded folder's temporary folder
+#: (``.last.ckpt.tmp``), the top-k record's temporary file
+_UNFINISHED = re.compile(r"^\..+\.ckpt(\.[a-z0-9_]{8})?\.tmp$"
+                         r"|^\.best_k_models\.json\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_unfinished_writes(run: Path) -> list[str]:
+    """Remove what checkpoint writes that were killed left in ``run``'s ``checkpoints/`` (a
+    partial file may be as large as a checkpoint, and its random name never comes again: each
+    kill during a write would leave one for good); the names removed. For the process holding
+    the run's :class:`RunLock`: no other process writes the run's checkpoints then. A sharded
+    folder moved aside (``.NAME.old``) is kept: the next load or save puts it back."""
+    folder = run / "checkpoints"
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # no checkpoints yet
+        return removed
+    for entry in entries:
+        if not _UNFINISHED.match(entry.name):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue  # it stays, as it did before
+        removed.append(entry.name)
+    return removed
+
+
 def record_origin(run: Path, checkpoint: Path) -> None:
     """Write, in a run started from another run's checkpoint, where it came from."""
     (run / RESUMED_FROM).write_text(json.dumps({"checkpoint": str(checkpoint.resolve())},
@@ -168,4 +201,5 @@ def record_origin(run: Path, checkpoint: Path) -> None:
 
 
 __all__ = ["LOCK", "RESUMED_FROM", "RunLock", "decides_for_job", "is_empty_run", "is_run_folder",
-           "next_free", "record_origin", "release_unused", "reserve", "versions"]
+           "next_free", "record_origin", "release_unused", "remove_unfinished_writes", "reserve",
+           "versions"]

@@ -822,6 +822,8 @@ class Trainer:
         # one fit at a time writes a run's checkpoints (the process that chose the folder)
         lock = (run_folder.RunLock.acquire(self.run_dir) if stage == "fit" and scratch is None
                 and run_folder.decides_for_job() else None)
+        if lock is not None:  # what a run's killed writes left there, before this one writes
+            run_folder.remove_unfinished_writes(self.run_dir)
         try:
             function = StageFunction(self, stage, checkpoint_file)
             result = self.hook.launch(trainer=self, function=function)
