@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import ptrain
+from tests.conftest import TinyRegressor
 
 
 class TopKRecorder:
@@ -29,3 +30,12 @@ class TopKRecorder:
                  "best_model_score": callback.best_model_score}
         path = Path(self.record_dir) / f"rank{trainer.global_rank}.json"
         path.write_text(json.dumps(state), encoding="utf-8")
+
+
+class MetaHeavyRegressor(TinyRegressor):
+    """TinyRegressor with a hyperparameter of ``size`` numbers, so that everything of its
+    checkpoints but the weights (a sharded folder's ``meta.pt``) is larger than its shards."""
+
+    def __init__(self, size: int = 250_000, n: int = 2048):
+        super().__init__(n=n)
+        self.save_hyperparameters({"table": [0.5] * size})

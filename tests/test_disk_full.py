@@ -21,7 +21,8 @@ import torch
 
 from ptrain import CheckpointWriteError
 from ptrain.checkpoint_io import atomic_save, safe_load
-from tests._faults import SmallDisk, kill_marked, leftovers, start_job, unwritable_folder
+from tests._faults import (SmallDisk, kill_marked, leftovers, marked_pids, start_job,
+                           unwritable_folder)
 from tests._campaigns import JOB_MODULES
 from tests.conftest import REPO
 
@@ -197,6 +198,41 @@ def test_a_rank_killed_during_a_sharded_write_leaves_the_previous_checkpoint(tmp
     assert resumed.proc.returncode == 0, resumed.output()
     assert step_of(last_of(root)) == 60
     assert not tmp.exists()  # the next write removed the killed one's folder
+
+
+def test_a_refused_meta_pt_is_said_of_the_sharded_checkpoint_whose_previous_one_is_kept(
+        tmp_path):
+    """A sharded folder's meta.pt (everything but the shards: here a large hyperparameter)
+    refused once the shards are written: the error names the checkpoint, whose previous folder
+    is intact, and says to resume from it (it named the temporary folder's meta.pt and said no
+    checkpoint of the run had been written: train again from the start)."""
+    root = tmp_path / "runs"
+    argv = [sys.executable, "-m", "ptrain", "fit", "--model",
+            "tests._ckpt_models:MetaHeavyRegressor", "--accelerator", "cpu", "--max-epochs",
+            "50", "--strategy", "fsdp", "--devices", "2", "--checkpoint-every-n-train-steps",
+            "20", "--checkpoint-async-save", "-p", "no:tensorboard", "-p", "no:progress-bar",
+            "-p", "no:model-summary", "--default-root-dir", str(root)]
+    job = start_job(argv, tmp_path / "out")
+    try:
+        deadline = time.monotonic() + 180
+        while not (last_of(root) / "meta.pt").exists():  # a first complete checkpoint
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.output()
+            time.sleep(0.02)
+        for pid in marked_pids(job.mark):  # the shards are KBs, meta.pt 2 MB
+            subprocess.run(["prlimit", "--pid", str(pid), f"--fsize={1 << 20}"], check=True)
+        job.finish(timeout=180)
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    log = job.output()
+    assert job.proc.returncode == 2, log
+    assert f"could not write checkpoint '{last_of(root)}': File too large (EFBIG)" in log, log
+    assert "the previous last.ckpt there is intact" in log, log
+    assert f"then resume with --ckpt-path '{last_of(root)}'" in log, log
+    assert "meta.pt" not in log and "train again" not in log, log
+    assert step_of(last_of(root)) > 0  # intact and readable
+    assert not partial_files(root)
+    assert not left, f"processes left running: {left}"
 
 
 def _rank_pid(mark: str, rank: int) -> int:

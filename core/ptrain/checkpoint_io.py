@@ -157,9 +157,11 @@ def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
         fix = _WRITE_FIXES.get(errno_, "check the disk and the folder's permissions")
         here = ("train again" if resume is None else f"resume with --ckpt-path '{resume}'")
         then = f"{fix}, then {here}; or {elsewhere}"
-    return CheckpointWriteError(
+    failure = CheckpointWriteError(
         f"could not write checkpoint {str(path)!r}: {reason}. Nothing saved before was "
         f"replaced ({previous}) and the partial file was removed. To go on: {then}.")
+    failure.refused = error  # for a writer whose file is part of a checkpoint named otherwise
+    return failure
 
 
 _PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool,

@@ -119,9 +119,14 @@ def _write(path: Path, shards: dict[str, Any], meta: dict[str, Any],
         meta[CHECKSUMS] = {name: crc for part in sums for name, crc in (part or {}).items()}
         if rank0:
             atomic_save(meta, tmp / META)
-    except CheckpointWriteError:  # meta.pt's, on rank 0 (the others learn of it after)
+    except CheckpointWriteError as exc:  # meta.pt's, on rank 0 (the others learn of it after)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        refused = getattr(exc, "refused", None)
+        if refused is None:
+            raise
+        # said of the checkpoint (the folder), not of the temporary folder's file: its advice
+        # names the checkpoint that is intact there
+        raise write_failed(path, refused) from None
     except CheckpointException:  # DCP's: raised on every rank
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)
