@@ -18,7 +18,7 @@ import yaml
 import ptrain
 from ptrain import hookimpl
 from ptrain.builtins.checkpoint import RECORD, ModelCheckpoint
-from ptrain.errors import CheckpointError, ConfigError, PluginError
+from ptrain.errors import CheckpointError, CheckpointWriteError, ConfigError, PluginError
 from tests._cli_util import assert_ok, assert_usage_error
 from tests._ckpt_models import TopKRecorder
 from tests._es_models import SequenceModule, StepSequenceModule
@@ -403,6 +403,38 @@ def test_cli_fit_and_validate_with_best(tmp_path):
     assert origin["checkpoint"] == str((folder / "epoch=1-step=4.ckpt").resolve())
     last = torch.load(new_run / "checkpoints" / "last.ckpt", weights_only=True)["loop"]
     assert (last["epoch"], last["global_step"]) == (3, 6)
+
+
+class BlockRecord:
+    """After the first epoch's checkpoint, makes the top-k record's path a folder: its next
+    write is refused (EISDIR), once the checkpoint it ranks is written."""
+
+    name = "block-record"
+
+    def __init__(self, folder: Path):
+        self.folder, self.blocked = folder, False
+
+    @hookimpl(trylast=True)  # after the checkpoint callback's
+    def on_epoch_end(self, trainer):
+        if not self.blocked:
+            self.blocked = True
+            (self.folder / RECORD).unlink()
+            (self.folder / RECORD).mkdir()
+
+
+def test_a_refused_top_k_record_names_the_checkpoint_to_resume_from(make_trainer, tmp_path):
+    folder = tmp_path / "ckpts"
+    callback = ModelCheckpoint(dirpath=folder, monitor="val_metric", save_top_k=2)
+    with pytest.raises(CheckpointWriteError) as refused:
+        fit(make_trainer, callback, extra=[BlockRecord(folder)])
+    message = str(refused.value)
+    assert message.startswith(f"could not write the top-k record '{folder / RECORD}': "), message
+    # it said: resume with --ckpt-path '.../best_k_models.json', which is no checkpoint
+    assert f"resume with --ckpt-path '{folder / 'last.ckpt'}'" in message, message
+    assert f"--ckpt-path '{folder / RECORD}'" not in message, message
+    assert "--checkpoint-on-write-error warn" in message, message
+    make_trainer(callbacks=QUIET).validate(SequenceModule(VALUES),
+                                           ckpt_path=str(folder / "last.ckpt"))
 
 
 # -- two ddp ranks --------------------------------------------------------------------------------

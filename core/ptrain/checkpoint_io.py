@@ -136,16 +136,19 @@ def _intact_checkpoint(path: Path) -> Path | None:
     return max(others, key=lambda p: p.stat().st_mtime, default=None)
 
 
-def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
+def write_failed(path: str | Path, error: OSError, what: str = "checkpoint",
+                 checkpoint: str | Path | None = None) -> CheckpointWriteError:
     """The error for a checkpoint write to ``path`` that the system refused with ``error``; the
     caller has removed what it wrote. Its advice works when followed literally: it names the
-    checkpoint to resume from, which ``--default-root-dir`` elsewhere does not change."""
+    checkpoint to resume from, which ``--default-root-dir`` elsewhere does not change. For a
+    file that is not itself a checkpoint (``what``: the top-k record), ``checkpoint`` is the
+    one whose intact file (or, gone, the newest beside it) the advice names."""
     path = Path(path)
     name = errno.errorcode.get(error.errno or 0, "")
     reason = f"{error.strerror or error} ({name})" if name else str(error)
     previous = (f"the previous {path.name} there is intact" if path.exists() else
                 "no earlier file was touched")
-    resume = _intact_checkpoint(path)
+    resume = _intact_checkpoint(path if checkpoint is None else Path(checkpoint))
     elsewhere = ("train again from the start with --default-root-dir on another disk (no "
                  "checkpoint of this run was written before)" if resume is None else
                  f"resume in a new run folder on another disk with --default-root-dir NEW "
@@ -158,7 +161,7 @@ def write_failed(path: str | Path, error: OSError) -> CheckpointWriteError:
         here = ("train again" if resume is None else f"resume with --ckpt-path '{resume}'")
         then = f"{fix}, then {here}; or {elsewhere}"
     failure = CheckpointWriteError(
-        f"could not write checkpoint {str(path)!r}: {reason}. Nothing saved before was "
+        f"could not write {what} {str(path)!r}: {reason}. Nothing saved before was "
         f"replaced ({previous}) and the partial file was removed. To go on: {then}.")
     failure.refused = error  # for a writer whose file is part of a checkpoint named otherwise
     return failure

@@ -951,9 +951,12 @@ class ModelCheckpoint:
         except OSError as exc:  # the checkpoint itself was written: the record is told apart
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-            error = write_failed(folder / RECORD, exc)
+            error = write_failed(folder / RECORD, exc, what="the top-k record",
+                                 checkpoint=self.last_model_path or folder / LAST)
             if self.on_write_error == "stop":
-                raise error from None
+                raise CheckpointWriteError(
+                    f"{error} To warn and train on instead when a checkpoint can't be written, "
+                    f"pass --checkpoint-on-write-error warn.") from None
             print(f"ptrain: warning: {error} Training goes on (--checkpoint-on-write-error "
                   f"warn).", file=sys.stderr, flush=True)
 
