@@ -219,6 +219,25 @@ def test_checkpoint_files_in_dirpath_weights_only_and_best_without_a_monitor(tmp
 
 
 @DROP_IN_PAIRS
+def test_an_evaluation_without_a_model_uses_the_best_checkpoint_of_the_fit(tmp_path):
+    """dl-fundamentals' unit 5 exercise tests with ``trainer.test(dataloaders=...)`` after fit:
+    Lightning evaluates (and loads) the best checkpoint; ptrain evaluated the last weights."""
+    lightning = run_program("evaluate_without_model", tmp_path, "lightning")
+    ptrain = run_program("evaluate_without_model", tmp_path, "ptrain")
+    assert lightning["best_weights"] != lightning["ended"]  # the best file is not the last state
+    assert ptrain["best_model"] == lightning["best_model"]
+    assert ptrain["ended"] == lightning["ended"]
+    assert ptrain["after_test"] == lightning["after_test"] == lightning["best_weights"]
+    for stage in ("test", "validate"):
+        _close(lightning[stage], ptrain[stage], rel=1e-6)
+    assert ptrain["predict"] == pytest.approx(lightning["predict"], rel=1e-6)
+    assert lightning["warnings"] == ptrain["warnings"] == 3  # each stage says which weights
+    # on purpose: Lightning stops without a checkpoint callback; ptrain evaluates the weights
+    assert lightning["plain_test"] == {"error": "ValueError"}
+    _close(ptrain["plain_given"], ptrain["plain_test"], rel=0)
+
+
+@DROP_IN_PAIRS
 def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
     lightning = run_program("optimizer_hooks", tmp_path, "lightning")
     ptrain = run_program("optimizer_hooks", tmp_path, "ptrain")

@@ -178,8 +178,8 @@ class Trainer(_Trainer):
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: Any = None,
                  weights_only: bool | None = None) -> list[dict[str, float]]:
-        model, dataloaders, datamodule = self._stage_arguments("validate", model, dataloaders,
-                                                               datamodule)
+        model, dataloaders, datamodule, ckpt_path = self._stage_arguments(
+            "validate", model, dataloaders, datamodule, ckpt_path)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         with self._results_shown(verbose):
             return super().validate(model, datamodule, ckpt_path, dataloaders=dataloaders)
@@ -187,8 +187,8 @@ class Trainer(_Trainer):
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: Any = None,
              weights_only: bool | None = None) -> list[dict[str, float]]:
-        model, dataloaders, datamodule = self._stage_arguments("test", model, dataloaders,
-                                                               datamodule)
+        model, dataloaders, datamodule, ckpt_path = self._stage_arguments(
+            "test", model, dataloaders, datamodule, ckpt_path)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         with self._results_shown(verbose):
             return super().test(model, datamodule, ckpt_path, dataloaders=dataloaders)
@@ -196,8 +196,8 @@ class Trainer(_Trainer):
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
                 weights_only: bool | None = None) -> list[Any] | None:
-        model, dataloaders, datamodule = self._stage_arguments("predict", model, dataloaders,
-                                                               datamodule)
+        model, dataloaders, datamodule, ckpt_path = self._stage_arguments(
+            "predict", model, dataloaders, datamodule, ckpt_path)
         ckpt_path = self._checkpoint_argument(ckpt_path, weights_only)
         return super().predict(model, datamodule, ckpt_path,
                                return_predictions=return_predictions is not False,
@@ -239,8 +239,8 @@ class Trainer(_Trainer):
                 return None
         return ckpt_path
 
-    def _stage_arguments(self, stage: str, model: Any, dataloaders: Any,
-                         datamodule: Any) -> tuple:
+    def _stage_arguments(self, stage: str, model: Any, dataloaders: Any, datamodule: Any,
+                         ckpt_path: Any) -> tuple:
         if isinstance(dataloaders, DataModule):
             dataloaders, datamodule = None, dataloaders
         if model is None:  # Lightning: the model of the last stage
@@ -249,8 +249,32 @@ class Trainer(_Trainer):
                                       f"was given and this trainer has run no stage with one; "
                                       f"pass it: trainer.{stage}(model, ...).")
             model = self.module
+            if ckpt_path is None:
+                ckpt_path = self._best_of_last_fit(stage)
         _check_model(model, stage)
-        return model, dataloaders, datamodule
+        return model, dataloaders, datamodule, ckpt_path
+
+    def _best_of_last_fit(self, stage: str) -> str | None:
+        """Lightning's rule for an evaluation stage given neither a model nor ``ckpt_path``: it
+        loads the best checkpoint the checkpoint callback recorded in this trainer's ``fit``
+        (the newest file when it monitors nothing), and says so. Without one (no checkpoint
+        callback, or no ``fit`` that saved), Lightning stops with a ``ValueError``; here the
+        module's current weights are evaluated, and that is said instead."""
+        callback = self.checkpoint_callback
+        best = getattr(callback, "best_model_path", "") if callback is not None else ""
+        if best:
+            warnings.warn(f"trainer.{stage}() was given no model and no ckpt_path, so it "
+                          f"evaluates the best checkpoint of this trainer's fit, {best!r}, as "
+                          f"Lightning does (its weights are loaded into the module). Pass "
+                          f"ckpt_path='best', 'last' or a path to choose and silence this.",
+                          stacklevel=4)
+            return best
+        warnings.warn(f"trainer.{stage}() was given no model and no ckpt_path, and this "
+                      f"trainer's checkpoint callback recorded no best checkpoint, so it "
+                      f"evaluates the module's current weights (Lightning stops with a "
+                      f"ValueError here). Pass the model or a ckpt_path to silence this.",
+                      stacklevel=4)
+        return None
 
     # -- Lightning's attribute names ----------------------------------------------------------
 
