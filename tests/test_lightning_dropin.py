@@ -238,6 +238,17 @@ def test_an_evaluation_without_a_model_uses_the_best_checkpoint_of_the_fit(tmp_p
 
 
 @DROP_IN_PAIRS
+def test_a_trainer_without_default_root_dir_reports_lightnings_absolute_paths(tmp_path):
+    """Lightning's root is then the working directory, so its loggers' folders and checkpoint
+    paths are absolute (Lightning's computer-vision fine-tuning example printed them); ptrain's
+    were relative to the working directory."""
+    lightning = run_program("default_paths", tmp_path, "lightning")
+    ptrain = run_program("default_paths", tmp_path, "ptrain")
+    assert all(absolute for absolute, _ in lightning["default"].values())
+    assert ptrain == lightning
+
+
+@DROP_IN_PAIRS
 def test_optimizer_step_and_lr_scheduler_step_overrides_match(tmp_path):
     lightning = run_program("optimizer_hooks", tmp_path, "lightning")
     ptrain = run_program("optimizer_hooks", tmp_path, "ptrain")

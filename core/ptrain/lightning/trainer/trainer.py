@@ -640,7 +640,7 @@ def _default_logger(root: Any) -> Any:
 
     from ptrain.lightning.loggers import CSVLogger, TensorBoardLogger
 
-    save_dir = os.path.expanduser(root) if root is not None else "."
+    save_dir = os.path.expanduser(root) if root is not None else os.getcwd()  # Lightning's
     if importlib.util.find_spec("tensorboard") is None:
         return CSVLogger(save_dir=save_dir)
     return TensorBoardLogger(save_dir=save_dir)
@@ -705,7 +705,9 @@ def _translate(given: dict[str, Any]
     if logger_root is not None:
         root = os.path.expanduser(logger_root)
     else:
-        root = str(Path(os.path.expanduser(root if root is not None else ".")) / "lightning_logs")
+        # without default_root_dir Lightning's is the working directory, so paths are absolute
+        root = str(Path(os.path.expanduser(root) if root is not None else os.getcwd())
+                   / "lightning_logs")
     strategy, devices = chosen.strategy, chosen.devices
     if strategy == "auto":
         many = (isinstance(devices, int) and (devices > 1 or devices == -1)) or (
