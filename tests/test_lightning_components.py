@@ -616,6 +616,21 @@ def test_several_training_loaders_train_as_in_lightning(tmp_path):
     assert ours["dict"] == lightning["dict"] and ours["min_size"] == lightning["min_size"]
 
 
+def test_each_profiler_imports_from_the_module_lightning_defines_it_in():
+    """Lightning's profiler example does ``from lightning.pytorch.profilers.pytorch import
+    PyTorchProfiler``: every profiler is at its Lightning module's path too."""
+    import importlib
+
+    import lightning.pytorch.profilers as theirs
+    import ptrain.lightning.profilers as ours
+
+    for name in theirs.__all__:
+        module = getattr(theirs, name).__module__
+        assert module.startswith("lightning.pytorch.profilers."), (name, module)
+        path = module.replace("lightning.pytorch", "ptrain.lightning", 1)
+        assert getattr(importlib.import_module(path), name) is getattr(ours, name), path
+
+
 def test_pytorch_profiler_traces_the_loop_and_each_modules_forward(tmp_path):
     import json
 
