@@ -136,6 +136,41 @@ def test_a_stage_without_a_module_is_a_type_error_as_in_lightning():
         trainer.fit(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("inference_mode", [True, False])
+def test_validation_inside_fit_runs_without_inference_mode_as_lightnings_does(tmp_path,
+                                                                              inference_mode):
+    """Lightning validates inside fit (the sanity check too) under no_grad whatever
+    inference_mode says, so a validation_step may turn gradients back on (the UvA course's
+    ProtoMAML adapts a copy of its network there); validate/test follow inference_mode."""
+    def run(pl):
+        class Model(model_class(pl)):
+            def validation_step(self, batch, batch_idx):
+                with torch.enable_grad():
+                    grads = self.layer(batch).sum().requires_grad
+                self.modes.append((self.trainer.state.fn.value, self.trainer.sanity_checking,
+                                   torch.is_inference_mode_enabled(), grads))
+
+            def test_step(self, batch, batch_idx):
+                self.validation_step(batch, batch_idx)
+
+            def test_dataloader(self):
+                return self.val_dataloader()
+
+        model = Model()
+        model.modes = []
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             num_sanity_val_steps=1, logger=False, enable_checkpointing=False,
+                             inference_mode=inference_mode, **QUIET)
+        trainer.fit(model)
+        trainer.validate(model, verbose=False)
+        trainer.test(model, verbose=False)
+        return sorted(set(model.modes))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ("fit", True, False, True) in ours  # the sanity check, with gradients
+
+
 # -- folders ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("logger", ["default", "none", "tensorboard", "csv"])

@@ -60,12 +60,14 @@ def select(given: dict[str, Any]) -> Selection:
 
     from ptrain.lightning._checkpointing import LightningCheckpointKeys, default_checkpoint
     from ptrain.lightning._seeding import ReseedEachStage
+    from ptrain.lightning._validation_grad import FitValidationNoGrad
     from ptrain.lightning.utilities.combined_loader import CombinedTrainingData
 
     chosen = Selection(ptrain_accelerator(given["accelerator"]), given["strategy"],
                        None, given["devices"],
                        callbacks=[CombinedTrainingData(), LightningCheckpointKeys(),
-                                  ReseedEachStage(), *default_checkpoint(given)])
+                                  ReseedEachStage(), FitValidationNoGrad(),
+                                  *default_checkpoint(given)])
     if given["precision"] in TRANSFORMER_ENGINE:
         raise refuse("Trainer", "precision", given["precision"], TRANSFORMER_ENGINE_INSTEAD)
     precisions: list[Precision] = []
