@@ -171,6 +171,40 @@ def test_validation_inside_fit_runs_without_inference_mode_as_lightnings_does(tm
     assert ("fit", True, False, True) in ours  # the sanity check, with gradients
 
 
+@pytest.mark.parametrize("summary", ["default", "callback"])
+def test_the_summary_runs_the_example_input_as_lightnings_does(tmp_path, capsys, summary):
+    """Lightning's model summary runs the module's example_input_array through it (its In/Out
+    sizes), drawing what the forward draws: the UvA course's normalizing flows dequantize with
+    random noise in forward, and trained to other weights under ptrain, whose summary ran no
+    forward."""
+    def run(pl):
+        class Noisy(model_class(pl)):
+            def __init__(self):
+                super().__init__()
+                self.example_input_array = torch.zeros(2, 4)
+
+            def forward(self, x):
+                return self.layer(x + torch.rand_like(x))
+
+            def training_step(self, batch, batch_idx):
+                return self(batch).pow(2).mean()
+
+        given = dict(QUIET, enable_model_summary=True)
+        if summary == "callback":
+            given["callbacks"] = [pl.callbacks.ModelSummary(max_depth=2)]
+        pl.seed_everything(0)
+        model = Noisy()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1,
+                             logger=False, enable_checkpointing=False, **given)
+        trainer.fit(model)
+        return [p.detach().clone() for p in model.parameters()]
+
+    capsys.readouterr()
+    lightning, ours = both(run)
+    assert all(torch.equal(a, b) for a, b in zip(lightning, ours))
+    assert "In sizes" in capsys.readouterr().out.split("Trainable params")[-2]  # ptrain's table
+
+
 # -- folders ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("logger", ["default", "none", "tensorboard", "csv"])

@@ -49,6 +49,12 @@ def _accelerator_name(value: Any) -> str | None:
     return None
 
 
+def _callback_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def select(given: dict[str, Any]) -> Selection:
     """The ptrain choices for Lightning's Trainer arguments ``given``. A profiler given by name
     is made here and put back in ``given["profiler"]``, so that ``trainer.profiler`` is the
@@ -76,6 +82,14 @@ def select(given: dict[str, Any]) -> Selection:
     def implied(name: str, options: dict[str, Any]) -> None:
         if options:
             chosen.implied[name] = {**chosen.implied.get(name, {}), **options}
+
+    from ptrain.builtins.model_summary import ModelSummary
+
+    if given["enable_model_summary"] is not False and not any(
+            isinstance(c, ModelSummary) for c in _callback_list(given["callbacks"])):
+        # Lightning's summary runs the example_input_array through the module (for its In/Out
+        # sizes), drawing what the forward draws: the default summary does it too
+        implied("model-summary", {"example_sizes": True})
 
     # -- strategy --------------------------------------------------------------------------
     strategy = given["strategy"]

@@ -13,7 +13,9 @@ from ptrain.lightning._common import refuse
 class ModelSummary(_Summary):
     """Lightning's ``ModelSummary``: ptrain's ``model-summary`` (it replaces the default one),
     the table of the module's layers to ``max_depth`` when ``fit`` starts, with trainable and
-    non-trainable columns instead of Lightning's mode and FLOPs columns. Lightning's
+    non-trainable columns instead of Lightning's mode and FLOPs columns, and, for a module with
+    an ``example_input_array``, Lightning's ``In sizes`` and ``Out sizes`` from one forward pass
+    on it (eval mode, no autograd), which draws what Lightning's summary draws. Lightning's
     ``summarize_kwargs`` are refused, and so is a subclass overriding ``summarize`` (ptrain
     prints its own table)."""
 
@@ -27,7 +29,7 @@ class ModelSummary(_Summary):
                               f"ModelSummary prints; ptrain's model-summary prints its own "
                               f"table and would not call it. Print your summary from a "
                               f"Callback's on_fit_start instead.")
-        super().__init__(max_depth=max_depth)
+        super().__init__(max_depth=max_depth, example_sizes=True)  # Lightning's In/Out sizes
 
 
 __all__ = ["ModelSummary"]

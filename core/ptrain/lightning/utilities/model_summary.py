@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
-from ptrain.builtins.model_summary import Counts, format_summary, summarize as _rows
-from ptrain.data import move_to_device
+from ptrain.builtins.model_summary import UNKNOWN_SIZE, Counts, example_sizes, format_summary, \
+    summarize as _rows
+from ptrain.builtins.model_summary import batch_shape as _batch_shape
 
-UNKNOWN_SIZE = "?"
 _PREFIXES = ("", "K", "M", "B", "T")
 
 
@@ -38,11 +37,7 @@ def get_formatted_model_size(total_model_size: float) -> str:
 def parse_batch_shape(batch: Any) -> str | list:
     """The shape of a tensor as a list, of a list/tuple of tensors as a list of those, else
     ``"?"``."""
-    if hasattr(batch, "shape"):
-        return list(batch.shape)
-    if isinstance(batch, (list, tuple)):
-        return [parse_batch_shape(item) for item in batch]
-    return UNKNOWN_SIZE
+    return _batch_shape(batch)
 
 
 class ModelSummary:
@@ -65,31 +60,7 @@ class ModelSummary:
             self._forward_example_input()
 
     def _forward_example_input(self) -> None:
-        def recorder(name: str):
-            def hook(_module: nn.Module, inputs: Any, output: Any) -> None:
-                self._in[name] = parse_batch_shape(inputs[0] if len(inputs) == 1 else inputs)
-                self._out[name] = parse_batch_shape(output)
-            return hook
-
-        handles = [layer.register_forward_hook(recorder(row.name))
-                   for row, layer in zip(self._rows, self._layers)]
-        example = self._model.example_input_array
-        device = next((p.device for p in self._model.parameters()), torch.device("cpu"))
-        example = move_to_device(example, device)
-        training = self._model.training
-        self._model.eval()
-        try:
-            with torch.no_grad():
-                if isinstance(example, dict):
-                    self._model(**example)
-                elif isinstance(example, (list, tuple)):
-                    self._model(*example)
-                else:
-                    self._model(example)
-        finally:
-            self._model.train(training)
-            for handle in handles:
-                handle.remove()
+        self._in, self._out = example_sizes(self._model, [row.name for row in self._rows])
 
     @property
     def max_depth(self) -> int:
@@ -146,7 +117,7 @@ class ModelSummary:
         return self._totals.bytes / 1e6
 
     def __str__(self) -> str:
-        return format_summary(self._rows, self._totals)
+        return format_summary(self._rows, self._totals, (self._in, self._out) if self._in else None)
 
     def __repr__(self) -> str:
         return str(self)
