@@ -317,15 +317,7 @@ class MetricStore:
         reduced = self._publish({n: (v, self.step_ops.get(n, "mean"))
                                  for n, v in self.step_values.items()},
                                 update_callback_metrics=False)
-        callback = self.callback_metrics
-        for name, value in reduced.items():  # where no later value replaced them
-            logged = self.step_values.get(name)
-            if logged is None:  # logged by other processes only
-                callback[name] = value
-                continue
-            for key in (name, self.forked_steps.get(name)):
-                if key is not None and callback.get(key) is logged:
-                    callback[key] = value
+        self._step_values_to_callback_metrics(reduced)
         self.step_values.clear()
 
     def agree_step_values(self) -> None:
@@ -342,8 +334,13 @@ class MetricStore:
         for name, value in self.step_values.items():
             if name not in self.local:  # rank_zero_only: as this process has it
                 by_op.setdefault(self.step_ops.get(name, "mean"), {})[name] = value
+        self._step_values_to_callback_metrics(self._reduce_across_ranks(by_op))
+
+    def _step_values_to_callback_metrics(self, reduced: dict[str, torch.Tensor]) -> None:
+        """Put the reduced step values into ``callback_metrics`` (under a forked name's
+        ``NAME_step`` too), where no later value replaced the logged one."""
         callback = self.callback_metrics
-        for name, value in self._reduce_across_ranks(by_op).items():
+        for name, value in reduced.items():
             logged = self.step_values.get(name)
             if logged is None:  # logged by other processes only
                 callback[name] = value
