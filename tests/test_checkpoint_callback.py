@@ -141,6 +141,18 @@ def test_top_k_after_each_validation_when_validation_runs_within_the_epoch(make_
         "last.ckpt", "last.ckpt", "epoch=1-step=4-val_metric=1.ckpt", "last.ckpt", "last.ckpt"]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_last_is_written_once_after_the_top_k_file_of_an_epoch_end(make_trainer, async_save):
+    # the epoch end's top-k file is followed by last.ckpt, which the epoch end then wrote a
+    # second time, of the same state: twice the writing (and, refused, said twice)
+    callback = ModelCheckpoint(monitor="val_metric", save_top_k=2, filename="{epoch}",
+                               async_save=async_save)
+    snapshots = FolderSnapshots()
+    fit(make_trainer, callback, values=[5, 3, 4], extra=[snapshots])
+    assert [n for n, _ in snapshots.after_write] == [
+        "epoch=0.ckpt", "last.ckpt", "epoch=1.ckpt", "last.ckpt", "epoch=2.ckpt", "last.ckpt"]
+
+
 def test_a_nan_monitored_value_ranks_worst(make_trainer):
     callback = ModelCheckpoint(monitor="val_metric", save_top_k=2,
                                filename="{epoch}")

@@ -265,6 +265,7 @@ class ModelCheckpoint:
         self._last_global_step_saved = 0  # nothing trained since: no save on an exception
         self._last_checkpoint_saved = ""  # the newest file written (a link's target)
         self._last_written_step: int | None = None  # step at which last.ckpt was last written
+        self._last_writes = 0  # how many times last.ckpt was written (or linked, or begun)
         self._wrote_this_fit = True  # a file was written since the fit began (see on_loop_end)
         self._said: set[str] = set()  # what was said once already
 
@@ -453,11 +454,14 @@ class ModelCheckpoint:
         if not self._epoch_due(trainer):
             return
         with self._checkpoint_point(trainer):
+            writes = self._last_writes
             if self._topk_on_epoch_end:
                 self._save_topk(trainer, check_now=True)
             # written again even when a validation at this step wrote it: the state after the
-            # epoch's end resumes into the next epoch, the same with any number of processes
-            if self._keeps_last and not self._last_beside_topk_only():
+            # epoch's end resumes into the next epoch, the same with any number of processes;
+            # not twice for this state (the top-k file just written was followed by it)
+            if self._keeps_last and not self._last_beside_topk_only() \
+                    and self._last_writes == writes:
                 self._write_last(trainer)
 
     @hookimpl
@@ -604,6 +608,7 @@ class ModelCheckpoint:
         elif not self._save(trainer, path, undo=undo):
             return
         self._last_written_step = trainer.global_step
+        self._last_writes += 1
         # a templated name ("last-{epoch}") leaves the previous one behind: one last file
         if previous and previous != str(path) and self._own_file(trainer, previous):
             self._when_written(trainer, lambda: self._remove(trainer, previous))
