@@ -268,6 +268,7 @@ class ModelCheckpoint:
         self._last_writes = 0  # how many times last.ckpt was written (or linked, or begun)
         self._wrote_this_fit = True  # a file was written since the fit began (see on_loop_end)
         self._said: set[str] = set()  # what was said once already
+        self._said_refusal: BaseException | None = None  # the write refusal said last
 
     @staticmethod
     @hookimpl
@@ -766,9 +767,11 @@ class ModelCheckpoint:
             raise CheckpointWriteError(
                 f"{exc} To warn and train on instead when a checkpoint can't be written, "
                 f"pass --checkpoint-on-write-error warn.") from None
-        if trainer.is_global_zero:
+        # a background write's later files fail with its first refusal: said once
+        if trainer.is_global_zero and exc is not self._said_refusal:
             print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
                   f"warn).", file=sys.stderr, flush=True)
+        self._said_refusal = exc
         if undo is not None:
             undo()
 
