@@ -181,6 +181,30 @@ def test_the_recorder_keeps_errors_and_the_calls_of_two_runs(tmp_path):
     assert recorder.calls[-1].name == "teardown" and len(recorder.calls) > first
 
 
+def test_a_saved_recording_reads_back_as_the_calls_it_recorded(tmp_path):
+    """``save_to``: the process writes its calls when its outermost teardown returns; what
+    :meth:`HookRecorder.load` reads back has the names, order, plugins, plain arguments and
+    error texts of the live recording (under ddp each worker writes ``hooks-rank<N>.json``:
+    the conformance suite's ddp classes in the author test below)."""
+    class Failing:
+        name = "failing"
+
+        @ptrain.hookimpl
+        def on_epoch_end(self, trainer):
+            raise RuntimeError("deliberate")
+
+    recorder = HookRecorder(save_to=tmp_path / "hooks")
+    with pytest.raises(RuntimeError, match="deliberate"):
+        run_fit(recorder, Failing(), root_dir=tmp_path / "run", max_epochs=1)
+    loaded = HookRecorder.load(HookRecorder.saved_path(tmp_path / "hooks", None))
+    assert loaded.names() == recorder.names() and "teardown" in loaded.names()
+    assert [c.plugins for c in loaded.calls] == [c.plugins for c in recorder.calls]
+    assert [c.kwargs["stage"] for c in loaded.calls_of("setup")] == ["fit"]
+    failed = loaded.calls_of("on_epoch_end")[-1]
+    assert str(failed.error) == "RuntimeError: deliberate"
+    assert all(c.error is None for c in loaded.calls_of("setup"))
+
+
 # -- the public API ----------------------------------------------------------------------------------
 
 
@@ -266,30 +290,6 @@ def test_the_kit_works_without_pytest_and_its_pytest_plugin_imports_no_torch():
 # -- the fixtures and suites, run by pytest as a plugin author runs them ------------------------------
 
 
-def test_a_callback_suite_run_in_worker_processes_skips_its_recorder_tests():
-    """trainer_options={"strategy": "ddp", "devices": 2}: the fit runs in worker processes, each
-    recording into its own HookRecorder, and the suite's saw nothing of the stage. Comparing two
-    such recorders passed on nothing (and test_fit_completes failed with ``[] == ['fit']``):
-    both are skipped, saying why."""
-    from types import SimpleNamespace
-
-    from ptrain.testing import CallbackSuite
-    from ptrain.testing.suites import SuiteRun
-
-    class Suite(CallbackSuite):
-        plugin = "early-stopping"
-
-    def launched_elsewhere() -> SuiteRun:
-        trainer = SimpleNamespace(plugins={HookRecorder.name: HookRecorder()})
-        return SuiteRun(trainer, TinyModule(), 1.0, 0.5, Path("."))
-
-    suite = Suite()
-    with pytest.raises(pytest.skip.Exception, match="ran in worker processes"):
-        suite.test_other_plugins_hooks_unchanged(launched_elsewhere(), launched_elsewhere())
-    with pytest.raises(pytest.skip.Exception, match="ran in worker processes"):
-        suite.test_fit_completes(launched_elsewhere())
-
-
 AUTHOR_TESTS = '''
 import os
 
@@ -353,6 +353,15 @@ class Grabby:
 
 class TestGrabby(CallbackSuite):
     plugin = Grabby
+
+
+# under ddp each worker process saves its hook calls; the suite compares every rank's
+class TestEarlyStoppingUnderDdp(TestEarlyStopping):
+    trainer_options = {"strategy": "ddp", "devices": 2}
+
+
+class TestGrabbyUnderDdp(TestGrabby):
+    trainer_options = {"strategy": "ddp", "devices": 2}
 
 
 class Jittery:
@@ -437,6 +446,7 @@ class TestNoPlugin(CallbackSuite):
 EXPECTED = {
     "TestForgetful": {"test_state_round_trips_through_a_checkpoint": "failed"},
     "TestGrabby": {"test_other_plugins_hooks_unchanged": "failed"},
+    "TestGrabbyUnderDdp": {"test_other_plugins_hooks_unchanged": "failed"},
     "TestJittery": {"test_resume_continues_exactly": "failed"},
     "TestLying": {"test_parameters_have_the_promised_dtype": "failed"},
     "TestGradless": {"test_backward_gives_finite_gradients": "failed"},
@@ -470,7 +480,8 @@ def test_the_fixtures_and_suites_work_for_a_plugin_author_and_catch_broken_plugi
     outcomes = _outcomes(junit)
     assert outcomes[("test_author", "test_fixtures")] == "passed", proc.stdout
     classes = {cls for cls, _ in outcomes} - {"test_author"}
-    assert classes == {*EXPECTED, "TestEarlyStopping", "TestFactoryFunction", "TestNoPlugin"}
+    assert classes == {*EXPECTED, "TestEarlyStopping", "TestEarlyStoppingUnderDdp",
+                       "TestFactoryFunction", "TestNoPlugin"}
     for (cls, test), outcome in outcomes.items():
         if cls == "TestNoPlugin":
             expected = "error"  # `plugin` is not set: every test says so

@@ -48,6 +48,7 @@ from ptrain.trainer import Trainer
 #: A fit must bring the training loss below this fraction of where it started.
 LOSS_DROP = 0.9
 _PER_PLUGIN_HOOKS = ("state_dict", "load_state_dict")
+_HOOK_RECORDS = "hooks"  # the folder of a run's out_dir where worker processes save their calls
 
 
 @dataclass
@@ -204,8 +205,9 @@ class PluginSuite:
         return None
 
     @classmethod
-    def _extra_callbacks(cls) -> list[Any]:
-        """Callbacks a suite adds to its first run (probes, a recorder)."""
+    def _extra_callbacks(cls, out_dir: Path) -> list[Any]:
+        """Callbacks a suite adds to its first run (probes, a recorder); ``out_dir`` is the
+        run's folder, where probes in worker processes write what they saw."""
         return []
 
     @classmethod
@@ -238,7 +240,7 @@ class PluginSuite:
         is kept for :meth:`resumed_run`."""
         out = tmp_path_factory.mktemp(f"{cls.__name__}-full")
         probe = ResumeProbe(cls._plugin_name(), str(out))
-        return cls._fit(out, callbacks=[probe, *cls._extra_callbacks()])
+        return cls._fit(out, callbacks=[probe, *cls._extra_callbacks(out)])
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -368,7 +370,7 @@ class AcceleratorSuite(PluginSuite):
     kind = "accelerator"
 
     @classmethod
-    def _extra_callbacks(cls) -> list[Any]:
+    def _extra_callbacks(cls, out_dir: Path) -> list[Any]:
         return [StepProbe()]
 
     @staticmethod
@@ -414,7 +416,7 @@ class PrecisionSuite(PluginSuite):
     kind = "precision"
 
     @classmethod
-    def _extra_callbacks(cls) -> list[Any]:
+    def _extra_callbacks(cls, out_dir: Path) -> list[Any]:
         return [StepProbe()]
 
     def test_backward_gives_finite_gradients(self, full_run: SuiteRun):
@@ -494,8 +496,8 @@ class CallbackSuite(PluginSuite):
     kind = "callback"
 
     @classmethod
-    def _extra_callbacks(cls) -> list[Any]:
-        return [HookRecorder()]
+    def _extra_callbacks(cls, out_dir: Path) -> list[Any]:
+        return [HookRecorder(save_to=out_dir / _HOOK_RECORDS)]
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -503,27 +505,33 @@ class CallbackSuite(PluginSuite):
         """The same fit without the callback (blocked, if it is on by default)."""
         out = tmp_path_factory.mktemp(f"{cls.__name__}-baseline")
         probe = ResumeProbe(cls._plugin_name(), str(out))
-        return cls._fit(out, callbacks=[probe, HookRecorder()],
+        return cls._fit(out, callbacks=[probe, *cls._extra_callbacks(out)],
                         selection=cls._selection(with_plugin=False))
 
     @staticmethod
-    def _recorder(run: SuiteRun) -> HookRecorder:
-        """The run's :class:`HookRecorder`; the test is skipped when the stage ran in worker
-        processes (a multi-process strategy in ``trainer_options``): each recorded into its own
-        copy, and this one saw only ``launch``, so a comparison of its calls would pass on
-        nothing."""
+    def _recorders(run: SuiteRun) -> list[HookRecorder]:
+        """The hook calls of the run's fit, one recorder per process: the run's own
+        :class:`HookRecorder` when the fit ran in this process, else what each worker
+        process of a multi-process strategy saved (rank 0 first)."""
         recorder: HookRecorder = run.trainer.plugins[HookRecorder.name]
-        if not recorder.calls_of("setup_device"):
-            pytest.skip("the fit ran in worker processes (trainer_options select a "
-                        "multi-process strategy): their hook calls are not recorded here, so "
-                        "this test runs in a single-process suite only")
-        return recorder
+        if recorder.calls_of("setup_device"):
+            return [recorder]
+        saved = sorted((run.out_dir / _HOOK_RECORDS).glob("hooks-rank*.json"),
+                       key=lambda p: int(p.stem.removeprefix("hooks-rank")))
+        assert saved, (f"the fit ran in worker processes, and none of them saved its hook "
+                       f"calls to {run.out_dir / _HOOK_RECORDS} (did a worker fail to start "
+                       f"or end?)")
+        return [HookRecorder.load(path) for path in saved]
 
     def test_fit_completes(self, full_run: SuiteRun):
-        recorder = self._recorder(full_run)
-        assert [c.kwargs["stage"] for c in recorder.calls_of("setup")] == ["fit"]
-        teardowns = recorder.calls_of("teardown")
-        assert len(teardowns) == 1 and teardowns[0].error is None
+        """Every process set up for ``fit`` once and tore down without an error."""
+        for recorder in self._recorders(full_run):
+            where = _process(recorder)
+            stages = [c.kwargs["stage"] for c in recorder.calls_of("setup")]
+            assert stages == ["fit"], f"{where}: setup ran for {stages}"
+            teardowns = recorder.calls_of("teardown")
+            assert len(teardowns) == 1 and teardowns[0].error is None, (
+                f"{where}: teardown {[c.error for c in teardowns]}")
 
     def test_other_plugins_hooks_unchanged(self, full_run: SuiteRun, baseline_run: SuiteRun):
         """Compared with a run without it, the callback removes no hook from the run, and in
@@ -532,10 +540,17 @@ class CallbackSuite(PluginSuite):
         wrapper). It may add hook calls (a checkpoint callback adds ``save_checkpoint``) and
         end the run earlier; ``state_dict``/``load_state_dict`` are compared as sets of
         plugins, since the core calls them plugin by plugin."""
+        base, test = self._recorders(baseline_run), self._recorders(full_run)
+        assert len(base) == len(test), (
+            f"{len(base)} processes recorded without the callback, {len(test)} with it")
+        for base_calls, test_calls in zip(base, test):
+            self._same_other_implementations(base_calls, test_calls)
+
+    def _same_other_implementations(self, base: HookRecorder, test: HookRecorder) -> None:
         own = {self._plugin_name(), HookRecorder.name, ResumeProbe.name}
-        base, test = self._recorder(baseline_run), self._recorder(full_run)
+        where = _process(test)
         missing = sorted(set(base.names()) - set(test.names()))
-        assert not missing, f"with the callback these hooks never fire: {missing}"
+        assert not missing, f"{where}: with the callback these hooks never fire: {missing}"
 
         def others(call: HookCall) -> list[str]:
             return [p for p in call.plugins if p not in own]
@@ -543,13 +558,19 @@ class CallbackSuite(PluginSuite):
         for hook in sorted(set(base.names())):
             before, after = base.calls_of(hook), test.calls_of(hook)
             if hook in _PER_PLUGIN_HOOKS:
-                lost = {p for c in before for p in others(c)} - {p for c in after for p in others(c)}
-                assert not lost, f"{hook} is no longer called for {sorted(lost)}"
+                lost = ({p for c in before for p in others(c)}
+                        - {p for c in after for p in others(c)})
+                assert not lost, f"{where}: {hook} is no longer called for {sorted(lost)}"
                 continue
             for i, (b, a) in enumerate(zip(before, after)):
                 assert others(a) == others(b), (
-                    f"call {i} of {hook}: the other plugins' implementations that ran changed "
-                    f"from {others(b)} to {others(a)} (all that ran: {a.plugins})")
+                    f"{where}: call {i} of {hook}: the other plugins' implementations that ran "
+                    f"changed from {others(b)} to {others(a)} (all that ran: {a.plugins})")
+
+
+def _process(recorder: HookRecorder) -> str:
+    ranks = {call.rank for call in recorder.calls} - {None}
+    return f"rank {min(ranks)}" if ranks else "the process"
 
 
 __all__ = ["AcceleratorSuite", "CallbackSuite", "PluginSuite", "PrecisionSuite",
