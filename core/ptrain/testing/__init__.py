@@ -23,6 +23,7 @@ _LAZY = {
     "HookRecorder": "ptrain.testing.recorder",
     "HookCall": "ptrain.testing.recorder",
     "ImplCall": "ptrain.testing.recorder",
+    "RecordedError": "ptrain.testing.recorder",
     "PluginSuite": "ptrain.testing.suites",
     "AcceleratorSuite": "ptrain.testing.suites",
     "PrecisionSuite": "ptrain.testing.suites",
