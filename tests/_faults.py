@@ -194,12 +194,15 @@ def unwritable_folder(path: Path):
 
 
 def stall_job(out: Path, *, strategy: str = "ddp", stall_timeout: float = 2.0,
-              launcher: str = "auto", timeout: float = 600.0) -> Job:
+              launcher: str = "auto", timeout: float = 600.0,
+              block_at: int | None = None) -> Job:
     """``tests/_stall_script.py``: 2 ranks training slowly until stopped from outside;
-    ``timeout`` is the strategy's collective timeout."""
+    ``timeout`` is the strategy's collective timeout; ``block_at``: the step at which rank 0
+    blocks in a barrier rank 1 never joins."""
+    block = ["--block-at", str(block_at)] if block_at is not None else []
     return start_job([sys.executable, str(REPO / "tests" / "_stall_script.py"), str(out),
                       "--strategy", strategy, "--stall-timeout", str(stall_timeout),
-                      "--launcher", launcher, "--timeout", str(timeout)], out)
+                      "--launcher", launcher, "--timeout", str(timeout), *block], out)
 
 
 __all__ = ["Job", "SmallDisk", "clean_env", "unwritable_folder", "kill_marked", "leftovers", "marked_pids", "stall_job",

@@ -2,11 +2,13 @@
 fault benchmark (``benchmarks/faults.py``).
 
     python tests/_stall_script.py OUT_DIR [--strategy ddp|fsdp] [--stall-timeout S]
-                                  [--launcher script|spawn] [--timeout S]
+                                  [--launcher script|spawn] [--timeout S] [--block-at STEP]
 
 Trains for many slow steps (a 20 ms sleep in each). Every rank writes ``OUT_DIR/rank<r>.pid``
 at its first step, then ``OUT_DIR/rank<r>.step`` (its global step) at each; the test stops or
-kills a rank from outside once both have started.
+kills a rank from outside once both have started. ``--block-at STEP``: at that step rank 0
+enters a barrier that rank 1 never joins (rank 1 sleeps, alive, its heartbeat going); each
+writes ``OUT_DIR/rank<r>.blocked`` first.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ class Progress:
 
     name = "progress-files"
 
-    def __init__(self, out: str):
-        self.out = Path(out)
+    def __init__(self, out: str, block_at: int | None = None):
+        self.out, self.block_at = Path(out), block_at
 
     @ptrain.hookimpl
     def on_train_batch_end(self, trainer):
@@ -40,6 +42,14 @@ class Progress:
         if not (self.out / f"rank{rank}.pid").exists():
             (self.out / f"rank{rank}.pid").write_text(str(os.getpid()))
         (self.out / f"rank{rank}.step").write_text(str(trainer.global_step))
+        if trainer.global_step == self.block_at:
+            (self.out / f"rank{rank}.blocked").write_text("")
+            if rank == 0:
+                import torch.distributed as dist
+
+                dist.barrier()
+            while True:
+                time.sleep(1)
 
 
 class Slow(ptrain.TrainModule):
@@ -69,13 +79,14 @@ def main() -> None:
     parser.add_argument("--stall-timeout", type=float, default=2.0)
     parser.add_argument("--launcher", default="auto")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--block-at", type=int)
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     trainer = ptrain.Trainer(
         strategy=args.strategy, devices=2, accelerator="cpu", max_epochs=5,
         default_root_dir=str(Path(args.out) / "runs"),
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary", "no:checkpoint",
-                   Progress(args.out)],
+                   Progress(args.out, args.block_at)],
         plugin_options={args.strategy: {"stall_timeout": args.stall_timeout,
                                          "launcher": args.launcher, "timeout": args.timeout}})
     trainer.fit(Slow())

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -168,3 +169,53 @@ def test_an_unknown_signal_name_is_a_usage_error(tmp_path):
                      str(tmp_path))
     assert result.returncode == 2, result.stderr
     assert "SIGNOPE" in result.stderr and "SIGUSR1" in result.stderr
+
+
+def main_thread_sleeps(pid: int) -> bool:
+    """Whether process ``pid``'s main thread is asleep in the kernel (a blocking call)."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "S"
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` sent to process ``pid`` waits to be delivered."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    pending = next(line for line in status.splitlines() if line.startswith("ShdPnd:"))
+    return bool(int(pending.split()[1], 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.slow
+@JOB_MODULES
+def test_a_second_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path):
+    """Rank 0 waits in a barrier rank 1 never joins (rank 1 alive, its heartbeat going, so the
+    stall watch does not end the job; the collective timeout is 600 s). Python runs no signal
+    handler while the main thread is in the C++ wait: before, two SIGTERMs changed nothing."""
+    from tests._faults import kill_marked, leftovers, stall_job
+
+    job = stall_job(tmp_path / "job", block_at=3, stall_timeout=60.0)
+    try:
+        job.wait_for_files(["rank0.blocked", "rank1.blocked"])
+        rank0 = job.pid_of(0)
+        deadline = time.monotonic() + 60
+        while not main_thread_sleeps(rank0):  # in the barrier's wait
+            assert time.monotonic() < deadline, job.output()
+            time.sleep(0.05)
+        for _ in range(2):  # the second once the first was taken (pending ones merge)
+            os.kill(rank0, signal.SIGTERM)
+            while signal_pending(rank0, signal.SIGTERM):
+                time.sleep(0.01)
+        job.finish(timeout=60)  # the job is killed and this fails if it was still running
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    log = job.output()
+    assert job.proc.returncode == 128 + signal.SIGTERM, log
+    assert "a second SIGTERM while the main thread was blocked" in log, log
+    assert log.count("a second SIGTERM") == 1, log
+    assert not left, f"processes left running: {left}\n{log}"

@@ -6,7 +6,11 @@ current optimizer step; the ranks agree on the step to stop after, every rank ta
 writing a resumable ``last.ckpt`` (as the periodic checkpoints are, so a resumed run ends as one
 never interrupted), and ``fit`` raises :class:`ptrain.Interrupted` (the CLI exits with
 ``128 + signal number``: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal
-stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action. A
+stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action. Where
+the main thread can't take it within a second (blocked in a collective a peer never joins: Python
+runs a handler only between bytecodes), a thread ends the process instead, with one line on
+stderr and exit code ``128 + signal number``; it learns of the signals from the C-level handler
+through a wakeup file descriptor (:func:`signal.set_wakeup_fd`), so it costs nothing per step. A
 signal that arrives after the last step boundary is passed on when ``fit`` ends (its handler
 before ``fit``, e.g. the default: the process ends), the run being complete.
 
@@ -43,6 +47,8 @@ from ptrain.hookspecs import hookimpl
 from ptrain.options import to_bool, to_str_list
 
 DEFAULT_SIGNALS = ["SIGTERM", "SIGINT", "SIGUSR1"]
+#: How long a second signal waits for the main thread's handler before a thread ends the process.
+BLOCKED_GRACE = 1.0
 
 
 def _signal_names(value: Any) -> list[str]:
@@ -67,6 +73,8 @@ class StopSignals:
         self._previous: dict[signal.Signals, Any] = {}
         self._group = None
         self._posted: tuple[Any, torch.Tensor] | None = None
+        self._wakeup: tuple[int, int] | None = None  # (our pipe's write end, the previous fd)
+        self._second_taken = threading.Event()  # the main thread's handler took a second signal
 
     @staticmethod
     @hookimpl
@@ -91,6 +99,7 @@ class StopSignals:
             print("ptrain: stop-signals: requeue is on, but this is not a SLURM job "
                   "(no SLURM_JOB_ID): a signal will save and stop without requeueing.",
                   file=sys.stderr, flush=True)
+        self._restore()  # a fit that ended without its teardown left its handlers
         if threading.current_thread() is not threading.main_thread():
             if trainer.is_global_zero:
                 print("ptrain: stop-signals: fit runs outside the main thread, where Python "
@@ -99,16 +108,49 @@ class StopSignals:
         else:
             for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+            self._watch_while_blocked()
         if trainer.world_size > 1 and self._group is None:  # once per job: later stages reuse it
             import torch.distributed as dist
 
             self._group = dist.new_group(backend="gloo")  # CPU flags, whatever the main backend
         self._posted = None
 
+    def _watch_while_blocked(self) -> None:
+        """Start the thread that ends the process on a second signal the main thread can't
+        take (see the module docstring). The C-level handler writes each signal's number to the
+        wakeup fd whatever the main thread does; a wakeup fd set before (asyncio's) still gets
+        every byte."""
+        self._second_taken.clear()
+        if not hasattr(os, "register_at_fork"):  # Windows: its wakeup fd must be a socket
+            return
+        global _pipe
+        read, write = _pipe = os.pipe()
+        os.set_blocking(write, False)  # set_wakeup_fd needs it: a signal handler never blocks
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._wakeup = (write, previous)
+        ours = {int(s) for s in self.signals}
+
+        def watch() -> None:
+            count = 0
+            with open(read, "rb", buffering=0) as pipe:
+                while data := pipe.read(64):  # empty once _restore closed the write end
+                    if previous != -1:
+                        try:
+                            os.write(previous, data)
+                        except OSError:
+                            pass
+                    for signum in (b for b in data if b in ours):
+                        count += 1
+                        if count >= 2 and not self._second_taken.wait(BLOCKED_GRACE):
+                            _exit_now(signum)
+
+        threading.Thread(target=watch, name="ptrain-stop-signals", daemon=True).start()
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)  # acted on at the next step boundary
             return
+        self._second_taken.set()
         self._restore()  # the second signal: stop at once
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -134,6 +176,12 @@ class StopSignals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
+        if self._wakeup is not None:
+            global _pipe
+            write, previous_fd = self._wakeup
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write)  # the watching thread reads the end of its pipe and ends
+            self._wakeup = _pipe = None
 
     # -- each step -----------------------------------------------------------------------------
 
@@ -205,6 +253,46 @@ class StopSignals:
                   file=sys.stderr, flush=True)
         else:
             print(f"ptrain: requeued SLURM job {job_id}.", file=sys.stderr, flush=True)
+
+
+#: The wakeup pipe (read end, write end) while a fit watches for a blocked second signal.
+_pipe: tuple[int, int] | None = None
+
+
+def _forget_pipe() -> None:
+    """In a process forked during fit (a DataLoader worker): the signals it gets are its own,
+    not the training process's to count, and its copy of the pipe must not keep the pipe open."""
+    global _pipe
+    if _pipe is None:
+        return
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # the pipe stays open (its fds never reused) where it can't be unset
+        return
+    for fd in _pipe:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _pipe = None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere no pipe is made (no fork either)
+    os.register_at_fork(after_in_child=_forget_pipe)
+
+
+def _exit_now(signum: int) -> None:
+    """End this process at once for a second ``signum`` its main thread could not take: the
+    ranks it started (the script launcher's) are killed first, as it runs no exit handlers."""
+    from ptrain import script_launch
+
+    name = signal.Signals(signum).name
+    rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+    print(f"ptrain: {rank}a second {name} while the main thread was blocked (in a collective "
+          f"another rank has not joined?): stopping now, without saving.", file=sys.stderr,
+          flush=True)
+    script_launch.kill_copies()
+    os._exit(128 + signum)
 
 
 __all__ = ["StopSignals"]
