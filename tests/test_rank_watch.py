@@ -107,7 +107,7 @@ def test_a_killed_rank_ends_the_job_at_once_naming_what_it_was_doing(hurt_jobs):
     assert "It was last training (epoch 0, global step" in log, log
     assert last_step(log) >= 10, log
     # how old that position is is said: heartbeats come every stall_timeout / 4 (0.5 s here)
-    age = re.search(r"its last heartbeat, read (\d+\.\d) s before this", log)
+    age = re.search(r"its last heartbeat, sent (\d+\.\d) s before this", log)
     assert age is not None and float(age.group(1)) < STALL * 5, log
     assert not left, f"processes left running: {left}\n{log}"
 
@@ -121,4 +121,28 @@ def test_a_collective_timeout_names_the_rank_that_stopped(hurt_jobs):
     assert "rank 1 (pid" in log and "had sent no heartbeat for" in log, log
     assert last_step(log) >= 10, log
     assert "Timed out waiting" not in log, log  # ptrain's paragraph, not gloo's error
+    assert not left, f"processes left running: {left}\n{log}"
+
+
+def test_a_rank_killed_early_ends_the_job_promptly_without_a_stale_step(tmp_path):
+    """The default stall timeout (300 s: a heartbeat every 5 s), rank 1 killed at its third
+    step, before its first heartbeat after the one written as its watch started. Before, rank 0
+    learned which rank was gone only from its next read of the heartbeats (up to 5 s; 4 to 11 s
+    in all), and said it was "last training (epoch 0, global step 0, batch 0), in
+    where_main_thread_is": its watch's first beat, written before any step, describing itself."""
+    job = stall_job(tmp_path, stall_timeout=300.0)
+    try:
+        job.wait_for_step(1, 3)
+        os.kill(job.pid_of(1), signal.SIGKILL)
+        took = job.finish(timeout=120)
+        left = leftovers(job.mark)
+    finally:
+        kill_marked(job.mark)
+    log = job.output()
+    assert job.proc.returncode == 1, log
+    assert "rank 1 was killed by SIGKILL" in log, log
+    assert took < 4.0, f"the job took {took:.1f} s to end:\n{log}"
+    # it told no step since its watch started: none is named (a step it is known to have
+    # reached would be, with its heartbeat's age)
+    assert "global step 0," not in log and "where_main_thread_is" not in log, log
     assert not left, f"processes left running: {left}\n{log}"

@@ -7,7 +7,7 @@ collective until the process group's timeout (30 minutes by default). The watch 
 
 Each rank runs a thread that writes a heartbeat into the job's TCPStore (the store the process
 group met at, through a client of its own whose operations time out) every ``interval``
-seconds: a counter, its process and host, and what it is doing (stage, epoch, step, and the
+seconds: a counter, its process and host, when, and what it is doing (stage, epoch, step, the
 function its main thread is in). Rank 0 reads every rank's heartbeat; the other ranks read rank
 0's. A rank whose counter has not moved for ``stall_timeout`` seconds, or whose process is gone
 without saying it ended, or (for rank 0, when it holds the store) whose store stops answering,
@@ -69,23 +69,41 @@ class RankStalled(WorkerError):
     gone_rank: int | None = None
 
 
+#: What a rank's first heartbeat, written as its watch starts, says it is doing: no step yet.
+_STARTING = "starting"
+
+
 class _Heartbeat:
-    """What one rank last said, and when (this process's monotonic clock) it last changed."""
+    """What one rank last said, when it said it (``sent``: its wall clock), and when (this
+    process's monotonic clock) it last changed."""
 
     def __init__(self, now: float):
-        self.count, self.state, self.pid, self.host, self.doing = -1, "running", 0, "", "starting"
-        self.changed = now
+        self.count, self.state, self.pid, self.host, self.doing = -1, "running", 0, "", _STARTING
+        self.changed, self.sent = now, 0.0
 
     def where(self) -> str:
         """Its process and host, as the messages name them."""
         return f"pid {self.pid} on {self.host}" if self.pid else "not heard from yet"
 
+    def position(self) -> str | None:
+        """What it said it was doing, and how long before now it said so; ``None`` when it has
+        told nothing yet (only its first beat, written as its watch started)."""
+        if self.count < 0 or self.doing == _STARTING:
+            return None
+        return (f"{self.doing} (its last heartbeat, sent {max(0.0, time.time() - self.sent):.1f}"
+                f" s before this)")
+
+    def last_said(self) -> str:
+        """``position()`` as a clause of a message ("; it was last ..."), or nothing."""
+        position = self.position()
+        return f"; it was last {position}" if position else ""
+
     def update(self, raw: bytes, now: float) -> None:
-        count, state, pid, host, doing = raw.decode("utf-8", "replace").split(_SEP, 4)
+        count, state, pid, host, sent, doing = raw.decode("utf-8", "replace").split(_SEP, 5)
         if int(count) != self.count:
             self.changed = now
-        self.count, self.state, self.pid, self.host, self.doing = \
-            int(count), state, int(pid), host, doing
+        self.count, self.state, self.pid, self.host, self.sent, self.doing = \
+            int(count), state, int(pid), host, float(sent), doing
 
 
 class RankWatch:
@@ -160,9 +178,13 @@ class RankWatch:
 
     def _beat(self) -> None:
         self._count += 1
-        doing = self.describe() if self._state == "running" else self._failure or self._state
+        if self._state != "running":
+            doing = self._failure or self._state
+        else:  # the first beat comes from start(), on the main thread: nothing to tell yet
+            doing = self.describe() if self._count > 1 else _STARTING
         self._store.set(str(self.rank), _SEP.join(
-            (str(self._count), self._state, str(os.getpid()), self._hostname, doing)))
+            (str(self._count), self._state, str(os.getpid()), self._hostname, repr(time.time()),
+             doing)))
 
     def _run_beats(self) -> None:
         """Beat and read the watched heartbeats every ``interval``; the last beat says how this
@@ -206,8 +228,7 @@ class RankWatch:
             for peer, beat in self._peers.items():
                 if beat.state in ("exited", "failed"):  # gone, or reporting its own error
                     continue
-                if beat.state == "running" and beat.host == self._hostname and beat.pid \
-                        and not _alive(beat.pid) and not self._said_it_ended(peer, beat):
+                if self._gone_here(peer, beat):
                     self.gone_rank = peer
                     self._end_job(peer, "its process is gone without saying it ended (killed?)")
                     return
@@ -215,6 +236,21 @@ class RankWatch:
                 if silent > self.stall_timeout:
                     self._end_job(peer, f"no heartbeat for {silent:.1f} s")
                     return
+
+    def _read_peers(self) -> None:
+        """Read the watched ranks' heartbeats now (those the store answers for)."""
+        for peer, beat in self._peers.items():
+            try:
+                if self._store.check([str(peer)]):
+                    beat.update(self._store.get(str(peer)), time.monotonic())
+            except Exception:  # the store can't tell: what was read before
+                continue
+
+    def _gone_here(self, peer: int, beat: _Heartbeat) -> bool:
+        """Whether ``peer``, running by its last word, ran on this machine and its process is
+        gone without saying that its part ended."""
+        return beat.state == "running" and beat.host == self._hostname and bool(beat.pid) \
+            and not _alive(beat.pid) and not self._said_it_ended(peer, beat)
 
     def _said_it_ended(self, peer: int, beat: _Heartbeat) -> bool:
         """Whether ``peer``'s beat in the store, read now, says its part ended. The cached
@@ -241,14 +277,18 @@ class RankWatch:
         return said
 
     def last_doing(self, rank: int) -> str | None:
-        """What ``rank`` last said it was doing, and how long ago this watch read it (a beat
-        comes every ``interval`` seconds, so the rank may have gone on after it), when this
-        watch has heard from it."""
+        """What ``rank`` last said it was doing, and how long before now it said so (a beat
+        comes every ``interval`` seconds, so the rank may have gone on after it: its step is
+        the last one it is known to have reached), read from the store now where it answers;
+        ``None`` when it has told nothing since its watch started."""
         beat = self._peers.get(rank)
-        if beat is None or beat.count < 0:
+        if beat is None:
             return None
-        return (f"{beat.doing} (its last heartbeat, read {time.monotonic() - beat.changed:.1f} s "
-                f"before this)")
+        try:
+            beat.update(self._store.get(str(rank)), time.monotonic())
+        except Exception:  # the store can't tell: what was read before
+            pass
+        return beat.position()
 
     def _decide(self, peer: int, message: str) -> bool:
         """Make ``message`` (about ``peer``) the job's error, unless another thread of this
@@ -286,8 +326,16 @@ class RankWatch:
         every round): that one is gone, and the job ends naming it, without waiting out the
         stall timeout. At most the stall timeout and three rounds."""
         deadline = time.monotonic() + self.stall_timeout + 3 * self.interval
+        self._read_peers()  # the beat thread reads them only every interval: pids, last words
         while self.message is None and time.monotonic() < deadline:
             for peer, beat in self._peers.items():
+                if self._gone_here(peer, beat):  # no need to wait for its heartbeat to stop
+                    self.gone_rank = peer
+                    self._decide(peer, f"rank {peer} ({beat.where()}) is gone: its process "
+                                       f"ended without saying it ended (killed?) and its "
+                                       f"connection closed under a collective"
+                                       f"{beat.last_said()}. The job was ended.")
+                    return
                 if beat.state == "failed" and beat.host != self._hostname:
                     error = f" with {beat.doing}" if beat.doing != "failed" else ""
                     self._decide(peer, f"rank {peer} ({beat.where()}) failed{error} (that "
@@ -301,15 +349,15 @@ class RankWatch:
                 if beat.state == "running" and silent > 3 * self.interval:
                     self._decide(peer, f"rank {peer} ({beat.where()}) is gone: its connection "
                                        f"closed under a collective and it has sent no "
-                                       f"heartbeat for {silent:.1f} s; it was last {beat.doing}. "
+                                       f"heartbeat for {silent:.1f} s{beat.last_said()}. "
                                        f"The job was ended.")
                     return
-            time.sleep(self.interval / 4)
+            time.sleep(min(self.interval / 4, 0.05))
 
     def _end_job(self, peer: int, why: str) -> None:
         beat = self._peers.get(peer) or _Heartbeat(time.monotonic())
-        if not self._decide(peer, f"rank {peer} ({beat.where()}) stopped responding: {why}; it "
-                                  f"was last {beat.doing}. The job was ended (a rank silent for "
+        if not self._decide(peer, f"rank {peer} ({beat.where()}) stopped responding: {why}"
+                                  f"{beat.last_said()}. The job was ended (a rank silent for "
                                   f"{self.hint} {self.stall_timeout:g} seconds ends it)."):
             return
         from ptrain import script_launch
