@@ -79,31 +79,33 @@ def explain_loss(module: torch.nn.Module, loss: Any) -> ModelError | None:
     return None
 
 
-def resume_batch(saved: dict[str, Any], now: dict[str, Any]) -> int:
+def resume_batch(saved: dict[str, Any], now: dict[str, Any], say: bool = True) -> int:
     """The batch of the checkpoint's epoch that a resumed run goes on after. Resuming mid-epoch
     drops the batches the checkpointed run already trained on; if the training loader's batch
     size changed since, what was trained is counted in samples, so none of the epoch's samples
     is skipped (up to a batch of them is trained again), and it is said. A changed loader
     length or number of processes can't be reconciled (the epoch's data is not what the
     checkpointed run saw): that is said too. ``saved`` is the checkpoint's loop state, ``now``
-    this run's (their ``batch_size``, ``loader_batches``, ``world_size``)."""
+    this run's (their ``batch_size``, ``loader_batches``, ``world_size``); ``say``: whether this
+    process says it (global rank 0: every rank computes the same, one says it)."""
     batch = saved["batch"]
     if batch == 0 or saved["epoch_rng"] is None:  # at an epoch boundary: nothing to reconcile
         return batch
     where = f"the checkpoint was saved after batch {batch} of epoch {saved['epoch']}"
     before, after = saved.get("batch_size"), now["batch_size"]
+    warn = warnings.warn if say else _silent
     if saved.get("world_size") not in (None, now["world_size"]):
-        warnings.warn(
-            f"resuming mid-epoch: {where} by {saved['world_size']} processes; {now['world_size']}"
-            f" run now, so each process's share of the epoch differs from the checkpointed "
-            f"run's and the rest of this epoch repeats some samples and leaves others out. "
-            f"Resume with {saved['world_size']} processes, or from a checkpoint saved at an "
-            f"epoch's end.", stacklevel=3)
+        saved_by = f"{saved['world_size']} process{'es' if saved['world_size'] != 1 else ''}"
+        warn(
+            f"resuming mid-epoch: {where} by {saved_by}; {now['world_size']} run now, so each "
+            f"process's share of the epoch differs from the checkpointed run's and the rest of "
+            f"this epoch repeats some samples and leaves others out. Resume with {saved_by}, or "
+            f"from a checkpoint saved at an epoch's end.", stacklevel=3)
     elif before is not None and after is not None and before != after:
         samples = batch * before
         batch = samples // after
         again = samples - batch * after
-        warnings.warn(
+        warn(
             f"resuming mid-epoch: {where} with batches of {before} ({samples} samples); the "
             f"training loader's batches now hold {after}, so the epoch goes on after its "
             f"first {batch} batches of {after}"
@@ -112,13 +114,17 @@ def resume_batch(saved: dict[str, Any], now: dict[str, Any]) -> int:
             + " Resume from a checkpoint saved at an epoch's end to start with a whole epoch.",
             stacklevel=3)
     elif saved.get("loader_batches") not in (None, now["loader_batches"]):
-        warnings.warn(
+        warn(
             f"resuming mid-epoch: {where}, when the training loader had "
             f"{saved['loader_batches']} batches; it has {now['loader_batches']} now, so the "
             f"rest of the epoch is not the rest of the data the checkpointed run saw (it goes "
             f"on after batch {batch}). Resume with the same data, or from a checkpoint saved "
             f"at an epoch's end.", stacklevel=3)
     return batch
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """What a rank other than 0 does with a warning every rank would give alike."""
 
 
 class FitLoop:
@@ -176,8 +182,9 @@ class FitLoop:
                  "world_size": trainer.world_size}
         if checkpoint is not None:
             loop = checkpoint["loop"]
-            state.update(epoch=loop["epoch"], batch=resume_batch(loop, state),
-                         epoch_rng=loop["epoch_rng"], elapsed_before=loop["elapsed"])
+            batch = resume_batch(loop, state, say=trainer.is_global_zero)
+            state.update(epoch=loop["epoch"], batch=batch, epoch_rng=loop["epoch_rng"],
+                         elapsed_before=loop["elapsed"])
             trainer.global_step = self.last_published = loop["global_step"]
             self.resume_rng = checkpoint["rng"]
         elif trainer.fit_progress is not None:  # this trainer fitted before: its counters go on

@@ -716,3 +716,19 @@ def test_16_mixed_under_ddp_matches_32_true_and_saves_its_scaler(make_trainer, t
     checkpoint = torch.load(runs["16-mixed"][0].last_checkpoint_path, weights_only=True)
     scaler = checkpoint["plugins"]["16-mixed"]
     assert scaler["scale"] > 0 and scaler["_growth_tracker"] == steps_per_epoch(64, 8)
+
+
+@TWO_PROCESS_RUNS
+def test_a_resume_by_another_number_of_processes_is_said_once(tmp_path):
+    """A mid-epoch checkpoint of one process resumed by two ddp ranks: every rank computes the
+    same resume point, rank 0 alone says it (before, each rank printed the warning)."""
+    common = ("--model", "tests.conftest:TinyRegressor", "--accelerator", "cpu",
+              "-p", "no:progress-bar", "-p", "no:model-summary", "--default-root-dir",
+              str(tmp_path))
+    first = run_cli("fit", *common, "--max-steps", "3")  # 8 batches an epoch: mid-epoch
+    assert first.returncode == 0, first.stderr
+    resumed = run_cli("fit", *common, "--strategy", "ddp", "--devices", "2", "--max-steps", "5",
+                      "--ckpt-path", "last")
+    assert resumed.returncode == 0, resumed.stderr
+    said = "saved after batch 3 of epoch 0 by 1 process; 2 run now"
+    assert resumed.stderr.count(said) == 1, resumed.stderr
