@@ -228,7 +228,7 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     env = {**os.environ, "LP_PROBE_DIR": str(probes), "PYTHONHASHSEED": "0",
            "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
            "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1",
-           "NO_COLOR": "1",           "PYTHONPATH": str(HERE / "probe"), **program.get("env", {})}
+           "NO_COLOR": "1", "PYTHONPATH": _pythonpath(program), **program.get("env", {})}
     env.pop("PTRAIN_TRACE", None)
     if args.shims:
         env["LP_SHIMS"] = "1"
@@ -275,6 +275,17 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
     out["metrics"], out["probe_errors"] = _metrics_from_probes(
         probes, steps[-1][0], mean_over_ranks=config == "ddp")
     return out
+
+
+def _pythonpath(program: dict) -> str:
+    """The probe first, then the stand-ins for a program marked ``standins``, then the caller's
+    own ``PYTHONPATH`` (a checkout's ``core`` and plugins put there are the ptrain that runs)."""
+    parts = [str(HERE / "probe")]
+    if program.get("standins"):
+        parts.append(str(HERE / "standins"))
+    if os.environ.get("PYTHONPATH"):
+        parts.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(parts)
 
 
 def _head() -> str:

@@ -125,6 +125,16 @@ def test_a_resume_is_judged_against_lightnings_unbroken_run():
     assert rows["resume"]["compare"]["within"] and "against" not in rows["resume"]["compare"]
 
 
+def test_a_run_keeps_the_callers_pythonpath_after_the_probe(monkeypatch):
+    # without it a run from a checkout imports the installed ptrain, not the checkout's
+    monkeypatch.setenv("PYTHONPATH", "/checkout/core")
+    assert lp._pythonpath({}).split(os.pathsep) == [str(lp.HERE / "probe"), "/checkout/core"]
+    assert lp._pythonpath({"standins": True}).split(os.pathsep) == [
+        str(lp.HERE / "probe"), str(lp.HERE / "standins"), "/checkout/core"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert lp._pythonpath({}) == str(lp.HERE / "probe")
+
+
 @pytest.mark.slow
 def test_lightnings_bug_report_program_runs_alike(tmp_path):
     _snapshot("Lightning-AI+pytorch-lightning")
