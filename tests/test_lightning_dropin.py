@@ -27,9 +27,14 @@ IMPORT_LINE = re.compile(r"^(\s*(?:import|from)\s+)(lightning\.pytorch|pytorch_l
                          re.MULTILINE)
 
 
+BARE_IMPORT = re.compile(r"^(\s*import\s+)lightning(\s+as\s+\w+)", re.MULTILINE)
+
+
 def ported(source: str) -> str:
-    """``source`` with only its import lines switched to ``ptrain.lightning``."""
-    return IMPORT_LINE.sub(r"\1ptrain.lightning", source)
+    """``source`` with only its import lines switched to ``ptrain.lightning`` (also
+    ``import lightning as L``, the ``lightning`` package itself)."""
+    source = IMPORT_LINE.sub(r"\1ptrain.lightning", source)
+    return BARE_IMPORT.sub(r"\1ptrain.lightning\2", source)
 
 
 def run_program(name: str, where: Path, framework: str, *args: str) -> dict:
@@ -235,6 +240,19 @@ def test_an_evaluation_without_a_model_uses_the_best_checkpoint_of_the_fit(tmp_p
     # on purpose: Lightning stops without a checkpoint callback; ptrain evaluates the weights
     assert lightning["plain_test"] == {"error": "ValueError"}
     _close(ptrain["plain_given"], ptrain["plain_test"], rel=0)
+
+
+@DROP_IN_PAIRS
+def test_import_lightning_as_l_reaches_the_trainer_through_l_pytorch(tmp_path):
+    """``import lightning as L`` becomes ``import ptrain.lightning as L``; the dl-fundamentals
+    course's unit 7 notebooks then call ``L.pytorch.seed_everything(123)``, which was an
+    AttributeError under ptrain."""
+    lightning = run_program("bare_lightning_package", tmp_path, "lightning")
+    ptrain = run_program("bare_lightning_package", tmp_path, "ptrain")
+    assert lightning["same_classes"] and ptrain["same_classes"]
+    assert ptrain["weights"] == lightning["weights"]
+    assert ptrain["train_loss"] == pytest.approx(lightning["train_loss"], rel=1e-6)
+    assert ptrain["checkpoint"] == lightning["checkpoint"]
 
 
 @DROP_IN_PAIRS

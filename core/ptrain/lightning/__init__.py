@@ -1,6 +1,7 @@
 """Lightning's names over ptrain: a program written against ``lightning.pytorch`` (or
-``pytorch_lightning``) runs when those words in its import lines are replaced by
-``ptrain.lightning``.
+``pytorch_lightning``, or the ``lightning`` package: ``import lightning as L``) runs when those
+words in its import lines are replaced by ``ptrain.lightning``; ``L.pytorch`` is then this package
+itself.
 
 This package holds names and thin adapters only: ``LightningModule`` *is*
 :class:`ptrain.TrainModule` and ``LightningDataModule`` *is* :class:`ptrain.DataModule`;
@@ -12,6 +13,7 @@ name, its native form and every deliberate difference.
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 from ptrain.hook_methods import Callback
@@ -36,6 +38,10 @@ _SUBMODULES = ("accelerators", "callbacks", "cli", "core", "demos", "loggers", "
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "pytorch":
+        # this package also stands for the ``lightning`` package (``import lightning as L``
+        # becomes ``import ptrain.lightning as L``), whose trainer is ``L.pytorch``
+        return sys.modules[__name__]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
