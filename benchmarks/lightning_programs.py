@@ -230,6 +230,8 @@ def run_once(program: dict, framework: str, config: str, work: Path, args) -> di
            "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1",
            "NO_COLOR": "1", "PYTHONPATH": _pythonpath(program), **program.get("env", {})}
     env.pop("PTRAIN_TRACE", None)
+    if program.get("standins"):
+        env["LP_STANDIN_ROOT"] = str(folder)
     if args.shims:
         env["LP_SHIMS"] = "1"
     if config == "single" and not args.full:
@@ -319,7 +321,8 @@ def _commands(program: dict, framework: str, config: str, folder: Path, where: P
         return [(first, where), (second, where)]
     if not program.get("build"):
         raise KeyError("no recipe")
-    module = f"{stem}_defs" if kind in ("ipynb", "jupytext") else Path(program["path"]).stem
+    module = program.get("module") or (
+        f"{stem}_defs" if kind in ("ipynb", "jupytext") else Path(program["path"]).stem)
     build = folder / "_build.py"
     build.write_text(program["build"])
     package = "ptrain" if framework == "ptrain" else program.get("package", "lightning.pytorch")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,6 +134,33 @@ def test_a_run_keeps_the_callers_pythonpath_after_the_probe(monkeypatch):
         str(lp.HERE / "probe"), str(lp.HERE / "standins"), "/checkout/core"]
     monkeypatch.delenv("PYTHONPATH")
     assert lp._pythonpath({}) == str(lp.HERE / "probe")
+
+
+def test_the_torchvision_standin_serves_the_programs_files_only(tmp_path):
+    # torchmetrics and Lightning probe for torchvision and then import parts the stand-in
+    # lacks: to them it must look absent, to the program's own files present
+    pytest.importorskip("PIL")
+    lp._load("data").make_mnist(tmp_path)
+    (tmp_path / "program.py").write_text(
+        "from lightning_utilities.core.imports import RequirementCache\n"
+        "assert not RequirementCache('torchvision')  # as torchmetrics asks, on import\n"
+        "from torchvision import datasets, transforms\n"
+        "ds = datasets.MNIST('.', train=False, transform=transforms.Compose(\n"
+        "    [transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))]))\n"
+        "x, y = ds[3]\n"
+        "raw = ds.data[3].float() / 255\n"
+        "assert len(ds) == 10000 and x.shape == (1, 28, 28) and isinstance(y, int)\n"
+        "assert (x[0] - (raw - 0.5) / 0.5).abs().max() < 1e-6\n"
+        "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(lp.HERE / "standins"),
+           "LP_STANDIN_ROOT": str(tmp_path)}
+    out = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    env["LP_STANDIN_ROOT"] = str(tmp_path / "elsewhere")
+    out = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert "the torchvision stand-in is for the program's own files only" in out.stderr
 
 
 @pytest.mark.slow

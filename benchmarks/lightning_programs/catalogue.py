@@ -15,6 +15,9 @@ needs torchvision, run with ``--tv-python``), ``cwd`` (run folder, relative to t
 root; default the file's folder), ``data`` ((kind, folder it is linked into) pairs), ``packages``,
 ``package`` (the Lightning package the program imports, default ``lightning.pytorch``),
 ``argv``, ``hydra`` (the template's own overrides for each setting), ``env``, ``timeout``,
+``standins`` (run with ``standins/`` on the path: small stand-ins for torchvision's MNIST and
+transforms and for ``watermark``, where this environment has neither), ``module`` (the module
+the recipe imports, for a script whose own module can't be imported without running it),
 ``max_epochs`` (``single``: a Trainer's ``max_epochs`` above it is capped to it, for notebooks
 that train for hundreds of epochs).
 """
@@ -29,6 +32,8 @@ UVADLC = dict(repository="phlippe/uvadlc_notebooks", mirror="phlippe+uvadlc_note
 HYDRA = dict(repository="ashleve/lightning-hydra-template",
              mirror="ashleve+lightning-hydra-template",
              commit="bddbc24b82ab6ccfa6243e815a49dc5bfe8d4144")
+DLF = dict(repository="Lightning-AI/dl-fundamentals", mirror="Lightning-AI+dl-fundamentals",
+           commit="3074b8c8e993d5a5d7bfc55424d3feef191841c5")
 WANDB = dict(repository="wandb/examples", mirror="wandb+examples",
              commit="5cab88702fc51edfb4afc79a1de89e9acf6cb605")
 
@@ -253,5 +258,76 @@ trainer = dict({SHORT},
                           M("callbacks").ModelCheckpoint()])
 fit = dict(datamodule=P.dm)
 test = dict(dataloaders=P.dm.test_dataloader())
+"""),
+    dict(DLF, name="dlf-regression", source="dl-fundamentals",
+         path="unit05-lightning/exercises/solutions/1_lightning-regression/training.py",
+         tree=["unit05-lightning/exercises/solutions/1_lightning-regression/training.py",
+               "unit05-lightning/exercises/solutions/1_lightning-regression/shared_utilities.py"],
+         standins=True, packages=["torchmetrics", "pandas", "scikit-learn", "matplotlib"],
+         data=[("ames", "unit05-lightning/exercises/solutions/1_lightning-regression")],
+         # training.py plots its CSV log at import, outside its __main__ block
+         module="shared_utilities",
+         build=f"""
+import torch
+torch.manual_seed(123)
+dm = P.AmesHousingDataModule()
+model = P.LightningModel(model=P.PyTorchMLP(num_features=3), learning_rate=0.001)
+trainer = dict(accelerator="cpu", devices=1, deterministic=True, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir="logs/", name="my-model"))
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(DLF, name="dlf-custom-callback", source="dl-fundamentals",
+         path="unit05-lightning/exercises/solutions/2_custom-callback/training.py",
+         tree=["unit05-lightning/exercises/solutions/2_custom-callback/training.py",
+               "unit05-lightning/exercises/solutions/2_custom-callback/shared_utilities.py"],
+         standins=True, packages=["torchmetrics", "pandas", "scikit-learn"],
+         data=[("mnist", "unit05-lightning/exercises/solutions/2_custom-callback/mnist")],
+         build=f"""
+import torch
+torch.manual_seed(123)
+dm = P.MNISTDataModule()
+model = P.LightningModel(model=P.PyTorchMLP(num_features=784, num_classes=10),
+                         learning_rate=0.05)
+trainer = dict(accelerator="cpu", devices=1, deterministic=True, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir="logs/", name="my-model"),
+               callbacks=[P.CustomCallback()])
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(DLF, name="dlf-cli-hpo", source="dl-fundamentals",
+         path="unit06-dl-tips/6.5-hparam-opt/6.5-part4-lightning-hpo/mlp_cli2.py",
+         tree=["unit06-dl-tips/6.5-hparam-opt/6.5-part4-lightning-hpo/mlp_cli2.py",
+               "unit06-dl-tips/6.5-hparam-opt/6.5-part4-lightning-hpo/shared_utilities.py"],
+         standins=True, packages=["jsonargparse[signatures]", "torchmetrics", "scikit-learn"],
+         # part 3's README command line, two epochs (part 3's own mlp_cli2.py passes
+         # save_config_overwrite=, gone since Lightning 2.0: a TypeError under both; part 4's
+         # is the same program with save_config_kwargs)
+         argv=["--model.learning_rate", "0.1", "--model.hidden_units", "[100, 200]",
+               "--trainer.max_epochs", "2"],
+         build=f"""
+model = P.LightningModel2(hidden_units=[100, 200], learning_rate=0.1)
+dm = P.CustomDataModule()
+trainer = dict(callbacks=[M("callbacks").ModelCheckpoint(monitor="val_acc")], {SHORT})
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
+"""),
+    dict(DLF, name="dlf-cnn-mnist", source="dl-fundamentals",
+         path="unit07-computer-vision/7.4-cnn-training/7.4-part-2-cnn.ipynb",
+         tree=["unit07-computer-vision/7.4-cnn-training/7.4-part-2-cnn.ipynb",
+               "unit07-computer-vision/7.4-cnn-training/shared_utilities.py"],
+         # cell 3 shows a grid of images with torchvision.utils.make_grid (not in the
+         # stand-in); cell 0 is IPython magics
+         kind="ipynb", cells=[1, 2, 4, 5, 6, 7, 8, 9], defs_cells=[1, 4, 5], max_epochs=3,
+         standins=True, packages=["torchmetrics", "pandas", "matplotlib"],
+         data=[("mnist", "unit07-computer-vision/7.4-cnn-training")],
+         build=f"""
+L.seed_everything(123)
+dm = P.MnistDataModule()
+model = P.LightningModel(model=P.PyTorchCNN(num_classes=10), learning_rate=0.1)
+trainer = dict(accelerator="cpu", devices="auto", deterministic=True, {SHORT},
+               logger=M("loggers").CSVLogger(save_dir="logs/", name="my-model"))
+fit = dict(datamodule=dm)
+test = dict(datamodule=dm)
 """),
 ]

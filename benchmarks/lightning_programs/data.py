@@ -15,6 +15,9 @@ Formats:
   real data set; the probe (``probe/sitecustomize.py``) accepts files that are present instead.
 - ``wikitext2``: ``wikitext-2.txt`` as Lightning's demo ``WikiText2`` reads it (one sentence a
   line), about 150,000 words over a 400-word vocabulary.
+- ``ames``: ``AmesHousing.txt``, the Ames housing table as its public copy is laid out (tab
+  separated, 2,930 rows, one of them with a missing ``Total Bsmt SF``), with the columns the
+  programs read; the price follows the other columns with noise.
 """
 
 from __future__ import annotations
@@ -120,11 +123,36 @@ def make_wikitext2(root: Path) -> Path:
     return root
 
 
+def make_ames(root: Path) -> Path:
+    """``root/AmesHousing.txt`` (see the module's docstring)."""
+    path = root / "AmesHousing.txt"
+    if path.exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(4)
+    n = 2930
+    qual = rng.integers(1, 11, n)
+    cond = rng.integers(1, 10, n)
+    area = rng.normal(1500, 500, n).clip(400, 5000).round()
+    air = rng.choice(["Y", "N"], n, p=[0.93, 0.07])
+    bsmt = rng.normal(1050, 440, n).clip(0, 6000).round()
+    price = 20000 * qual + 60 * area + 30 * bsmt + rng.normal(0, 20000, n)
+    lines = ["Order\tOverall Qual\tOverall Cond\tGr Liv Area\tCentral Air\tTotal Bsmt SF"
+             "\tSalePrice"]
+    for i in range(n):
+        basement = "" if i == 1341 else f"{bsmt[i]:.0f}"
+        lines.append(f"{i + 1}\t{qual[i]}\t{cond[i]}\t{area[i]:.0f}\t{air[i]}\t{basement}"
+                     f"\t{price[i]:.0f}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf8")
+    return root
+
+
 MAKERS = {
     "mnist": make_mnist,
     "cifar10": make_cifar10,
     "cifar10-small": lambda root: make_cifar10(root, 1000, 200),
     "wikitext2": make_wikitext2,
+    "ames": make_ames,
 }
 
 

@@ -17,6 +17,8 @@ Active only when ``LP_PROBE_DIR`` is set. It then
 - gives torchvision's pretrained weights, which it would download, as the weights of the same
   architecture built under a seeded generator (the same under both frameworks: made locally,
   like the data sets);
+- with ``LP_STANDIN_ROOT`` set (a program run with the harness's stand-ins), imports
+  torchmetrics at start-up, before the program can import the torchvision stand-in;
 - writes ``probe-<pid>.json`` into ``LP_PROBE_DIR`` when the process exits.
 
 With ``LP_LIMIT_BATCHES=T,E`` it gives every ``Trainer(...)`` the program makes
@@ -299,3 +301,12 @@ if _DIR:
         torch.manual_seed(0)
     except ImportError:
         pass
+    if os.environ.get("LP_STANDIN_ROOT"):
+        # torchmetrics decides on import whether torchvision is there, and then imports parts
+        # of it the stand-in lacks; imported first, it finds none (the stand-in refuses
+        # libraries), whatever order the program imports them in (Lightning imports it first
+        # anyway; ptrain.lightning does not)
+        try:
+            importlib.import_module("torchmetrics")
+        except ImportError:
+            pass
