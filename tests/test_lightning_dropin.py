@@ -326,3 +326,32 @@ def test_the_tuner_under_ddp_sets_every_rank_what_rank_zero_found(tmp_path):
     assert 1e-8 < ptrain["lr"] < 1
     assert ptrain["batch_size"] == ptrain["model_batch_size"] > 8
     assert ptrain["global_step"] == 2 * 512 // (2 * ptrain["batch_size"])
+
+
+@DROP_IN_PAIRS
+def test_several_evaluation_loaders_accumulation_and_a_prediction_writer_match(tmp_path):
+    """Two validation, test and predict loaders from a DataModule's ``setup(stage)``, a fit
+    that accumulates, clips and steps a scheduler per optimizer step, resumed with a callback's
+    ``state_dict``. ``write_on_epoch_end`` got every predict loader's batches in one flat list
+    (and their indices as one loader's) where Lightning gives one list per loader."""
+    lightning = run_program("several_loaders", tmp_path, "lightning")
+    ptrain = run_program("several_loaders", tmp_path, "ptrain")
+    shapes = [[[8, 2]] * 4, [[5, 2]] * 6 + [[2, 2]]]  # a list of batches per loader
+    assert lightning["predict"]["writer_epoch"]["shapes"] == shapes
+    assert ptrain["predict"]["writer_epoch"] == lightning["predict"]["writer_epoch"]
+    assert ptrain["predict"]["writer_batches"] == lightning["predict"]["writer_batches"]
+    assert ptrain["weights"] == lightning["weights"]
+    assert ptrain["resumed"]["loaded"] == lightning["resumed"]["loaded"] == {"batches": 24,
+                                                                             "epochs": 2}
+    for key in ("first", "resumed"):
+        assert ptrain[key]["global_step"] == lightning[key]["global_step"]
+        assert ptrain[key]["counter"] == lightning[key]["counter"]
+        assert ptrain[key]["lr"] == pytest.approx(lightning[key]["lr"], rel=1e-12)
+        _close(lightning[key]["metrics"], ptrain[key]["metrics"], rel=1e-6)
+    for key in ("validate", "test"):
+        assert len(ptrain[key]) == len(lightning[key]) == 2
+        for mine, theirs in zip(ptrain[key], lightning[key]):
+            _close(theirs, mine, rel=1e-6)
+    assert ptrain["predict"]["shapes"] == lightning["predict"]["shapes"]
+    assert ptrain["predict"]["sum"] == pytest.approx(lightning["predict"]["sum"], rel=1e-6)
+    assert ptrain["stages"] == lightning["stages"]

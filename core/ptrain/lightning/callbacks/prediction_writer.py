@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptrain.errors import ConfigError
+from ptrain.evaluation_loop import loaders_of
 from ptrain.hook_methods import Callback
 
 INTERVALS = ("batch", "epoch", "batch_and_epoch")
@@ -33,11 +34,11 @@ class BasePredictionWriter(Callback):
     ``callbacks``; ``trainer.predict(...)`` calls them on every process with that process's
     predictions, as Lightning does.
 
-    ``batch_indices`` are the dataset indices of the batch (``write_on_epoch_end``: one list per
-    batch, in a list per dataloader, as Lightning's) where the predict loader's order is fixed
-    (no shuffling), else ``None``. ``dataloader_idx`` is 0: ptrain predicts over one dataloader.
-    For ``write_on_epoch_end`` the writer keeps this process's predictions itself, so it works
-    with ``return_predictions=False`` too.
+    ``batch_indices`` are the dataset indices of the batch where the predict loader's order is
+    fixed (no shuffling), else ``None``. ``write_on_epoch_end`` gets them as Lightning gives
+    them: one list per batch, in a list per dataloader; and ``predictions`` as the list of batch
+    outputs, or under several predict dataloaders one such list per dataloader. The writer
+    keeps this process's predictions itself, so it works with ``return_predictions=False`` too.
     """
 
     def __init__(self, write_interval: str = "batch") -> None:
@@ -45,8 +46,8 @@ class BasePredictionWriter(Callback):
             raise ConfigError(f"BasePredictionWriter(write_interval={write_interval!r}) is not "
                               f"an interval; valid choices: {', '.join(INTERVALS)}.")
         self.interval = WriteInterval(write_interval)
-        self._predictions: list[Any] = []
-        self._batch_indices: list[Any] = []
+        self._predictions: list[list[Any]] = []  # per dataloader
+        self._batch_indices: list[list[Any]] = []
 
     def write_on_batch_end(self, trainer: Any, pl_module: Any, prediction: Any,
                            batch_indices: Any, batch: Any, batch_idx: int,
@@ -73,14 +74,21 @@ class BasePredictionWriter(Callback):
             self.write_on_batch_end(trainer, pl_module, outputs, indices, batch, batch_idx,
                                     dataloader_idx)
         if self.interval.on_epoch:
-            self._predictions.append(outputs)
-            self._batch_indices.append(indices)
+            while len(self._predictions) <= dataloader_idx:
+                self._predictions.append([])
+                self._batch_indices.append([])
+            self._predictions[dataloader_idx].append(outputs)
+            self._batch_indices[dataloader_idx].append(indices)
 
     def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.interval.on_epoch:
-            predictions, indices = self._predictions, [self._batch_indices]
+            # a dataloader that gave no batch (the last ones, limited to 0) has its empty list
+            count = len(loaders_of(trainer.predict_dataloader))
+            predictions = self._predictions + [[] for _ in range(count - len(self._predictions))]
+            indices = self._batch_indices + [[] for _ in range(count - len(self._batch_indices))]
             self._predictions, self._batch_indices = [], []
-            self.write_on_epoch_end(trainer, pl_module, predictions, indices)
+            self.write_on_epoch_end(trainer, pl_module,
+                                    predictions[0] if count == 1 else predictions, indices)
 
 
 __all__ = ["BasePredictionWriter"]
