@@ -34,6 +34,8 @@ HYDRA = dict(repository="ashleve/lightning-hydra-template",
              commit="bddbc24b82ab6ccfa6243e815a49dc5bfe8d4144")
 DLF = dict(repository="Lightning-AI/dl-fundamentals", mirror="Lightning-AI+dl-fundamentals",
            commit="3074b8c8e993d5a5d7bfc55424d3feef191841c5")
+LMP = dict(repository="SatvikPraveen/LightningMasterPro", mirror="SatvikPraveen+LightningMasterPro",
+           commit="50f7c0ebf3181a34cac166f7bd02c710145fe47b")
 WANDB = dict(repository="wandb/examples", mirror="wandb+examples",
              commit="5cab88702fc51edfb4afc79a1de89e9acf6cb605")
 
@@ -330,4 +332,14 @@ trainer = dict(accelerator="cpu", devices="auto", deterministic=True, {SHORT},
 fit = dict(datamodule=dm)
 test = dict(datamodule=dm)
 """),
+    dict(LMP, package="pytorch_lightning", name="lmp-custom-callbacks",
+         source="LightningMasterPro", kind="ipynb",
+         path="notebooks/03_callbacks_and_checkpointing/07_custom_callbacks_swa_ema.ipynb",
+         # cells 0-1: the fit with the notebook's monitor and SWA callbacks, then
+         # trainer.test on a module without test_step, an error under both (after the fit's
+         # metrics are recorded); cell 2 on index trainer.val_dataloaders (one DataLoader
+         # since Lightning 2.0), another error under both. The monitor reads p.grad in
+         # on_train_batch_end, where ptrain has already set the gradients to None
+         # (docs/from-lightning.md, "Hook methods"): it prints a mean norm of 0
+         cells=[0, 1], packages=["torchmetrics", "numpy"]),
 ]
