@@ -136,6 +136,7 @@ class FitLoop:
         self.step_hooks = trainer.step_hooks
         self.accumulate = trainer.accumulate_grad_batches
         self.automatic = trainer.module.automatic_optimization
+        self.clears_before_backward = trainer.clears_gradients_before_backward
         if not self.automatic and self.accumulate > 1:
             raise ConfigError(
                 f"accumulate_grad_batches={self.accumulate} applies to automatic optimization; "
@@ -449,6 +450,9 @@ class FitLoop:
             if self.automatic:
                 # Trainer.run_backward's steps, inlined: the hot path saves a call per batch
                 scaled = loss / self.accumulate if self.accumulate > 1 else loss
+                if self.clears_before_backward and batch_idx % self.accumulate == 0:
+                    for optimizer in t.optimizers:
+                        self._clear_gradients(optimizer)
                 if hook.has_on_before_backward:
                     hook.on_before_backward(trainer=t, loss=scaled)
                 hook.backward(trainer=t, loss=scaled)
@@ -478,12 +482,17 @@ class FitLoop:
                 hooks.clip_gradients(trainer=t, optimizer=optimizer)
             hooks.optimizer_step(trainer=t, optimizer=optimizer)
             t.global_step += 1
-            if hooks.has_on_before_zero_grad:
-                hooks.on_before_zero_grad(trainer=t, optimizer=optimizer)
-            optimizer.zero_grad(set_to_none=True)
+            if not self.clears_before_backward:
+                self._clear_gradients(optimizer)
         for entry in self.step_schedulers:
             if t.global_step % entry["frequency"] == 0:
                 step_scheduler(entry, t.callback_metrics)
+
+    def _clear_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """``on_before_zero_grad``, then the optimizer's gradients set to ``None``."""
+        if self.step_hooks.has_on_before_zero_grad:
+            self.step_hooks.on_before_zero_grad(trainer=self.trainer, optimizer=optimizer)
+        optimizer.zero_grad(set_to_none=True)
 
     def _step_epoch_schedulers(self, entries: list[dict[str, Any]]) -> None:
         t = self.trainer

@@ -121,10 +121,10 @@ MODULE_PLUGIN = "module-hooks"
 UNSUPPORTED_MODULE_METHODS = {
     "configure_sharded_model": "Lightning deprecated it for configure_model, which ptrain "
                                "calls in its place; create the layers in configure_model",
-    "optimizer_zero_grad": "ptrain sets the gradients to None right after each optimizer step "
-                           "(so their memory is free during the next forward pass), not "
-                           "before the next backward, so an override would not decide how "
-                           "they are cleared; act in on_before_zero_grad, which runs right "
+    "optimizer_zero_grad": "ptrain sets the gradients to None itself (its own Trainer right "
+                           "after each optimizer step, ptrain.lightning's before the next "
+                           "window's backward, as Lightning), so an override would not decide "
+                           "how they are cleared; act in on_before_zero_grad, which runs right "
                            "before",
 }
 #: Module methods Lightning 2.0 removed and refuses: ptrain refuses them too, under either

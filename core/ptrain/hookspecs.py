@@ -52,7 +52,7 @@ part alone on their dataloader, ``predict`` the prediction part)::
                     on_before_optimizer_step(trainer, optimizer)
                     clip_gradients(trainer, optimizer)       # only when clipping is configured
                     optimizer_step(trainer, optimizer)
-                    on_before_zero_grad(trainer, optimizer)
+                    on_before_zero_grad(trainer, optimizer)  # see its contract for where
                     optimizer.zero_grad(set_to_none=True); schedulers with interval "step"
                 # a module that optimizes manually calls, inside model_step instead:
                 #   backward (manual_backward), and per optimizer.step() the three step hooks
@@ -598,8 +598,10 @@ def on_before_zero_grad(trainer: Trainer, optimizer: torch.optim.Optimizer) -> N
 
     Fires: in automatic optimization, after each ``optimizer_step``, before
     ``optimizer.zero_grad(set_to_none=True)`` (ptrain clears gradients right after the step, so
-    their memory is free during the next forward pass; Lightning clears them before the next
-    backward).
+    their memory is free during the next forward pass). A trainer whose
+    ``clears_gradients_before_backward`` is true (``ptrain.lightning``'s, as Lightning) clears
+    them later: at the first batch of the next accumulation window, after its ``model_step`` and
+    before its ``on_before_backward``; the hook fires there.
 
     Result: all. Implemented by: callbacks (weight averaging, gradient statistics).
     """

@@ -97,6 +97,13 @@ class Trainer:
     #: starts; ``False``: a warning, and the run goes on without calling it
     #: (``ptrain.lightning.Trainer``: Lightning runs such programs, ignoring the method).
     stops_on_removed_lightning_hooks = True
+    #: Under automatic optimization the gradients are set to ``None`` right after each optimizer
+    #: step, so their memory is free during the next forward pass; ``True``: at the first batch
+    #: of the next accumulation window, after its training step and before its backward
+    #: (``ptrain.lightning.Trainer``: Lightning's point, so a callback reading ``p.grad`` in
+    #: ``on_train_batch_end``, or a program after ``fit``, finds the last step's gradients).
+    #: ``on_before_zero_grad`` fires right before, either way.
+    clears_gradients_before_backward = False
 
     def __init__(
         self, *,

@@ -77,6 +77,9 @@ class Trainer(_Trainer):
     # Lightning 2 runs a program whose module or callbacks keep a hook of Lightning 1.x
     # (the UvA course's energy-model callbacks define on_epoch_end), never calling it
     stops_on_removed_lightning_hooks = False
+    # Lightning keeps a step's gradients until the next window's backward: a gradient-norm
+    # callback reads them in on_train_batch_end
+    clears_gradients_before_backward = True
 
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
