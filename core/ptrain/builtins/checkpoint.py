@@ -14,8 +14,10 @@ difference):
   atomically; where the filesystem allows no links it is a copy (said once). With weights-only
   top-k files, or none written yet, it is written as a file;
 - with a ``monitor``, the ``save_top_k`` files with the best values are kept (``-1``: all); a file
-  that falls out of the top k is deleted only after the new one (and ``last.ckpt``) is written,
-  by global rank 0. ``epoch`` and ``step`` can be monitored and named without being logged;
+  that falls out of the top k is deleted only after the new one (and ``last.ckpt``) is written
+  and ``best_k_models.json`` no longer names it, by global rank 0; the checkpoints written
+  until then list it, so that a fit resumed after a kill in between deletes it. ``epoch`` and
+  ``step`` can be monitored and named without being logged;
 - without a ``monitor``, ``save_top_k=1`` keeps the newest checkpoint, which is ``last.ckpt``
   itself unless ``save_last`` is off or a ``filename`` is given (no second copy is written);
   ``-1`` keeps every one; ``0`` none; ``best_model_path`` is the newest;
@@ -125,6 +127,15 @@ def _yaml_number(value: float) -> str:
     if math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
     return repr(float(value))
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    """A file's size and modification time (ns), a link's own; ``None`` where there is none."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_size, found.st_mtime_ns
 
 
 def link_or_copy(target: str | Path, link: str | Path) -> bool:
@@ -269,6 +280,11 @@ class ModelCheckpoint:
         self._wrote_this_fit = True  # a file was written since the fit began (see on_loop_end)
         self._said: set[str] = set()  # what was said once already
         self._said_refusal: BaseException | None = None  # the write refusal said last
+        #: files this callback wrote that are to be deleted (path -> their size and modification
+        #: time when the deletion was decided), listed in every checkpoint until deleted
+        self._due: dict[str, tuple[int, int] | None] = {}
+        self._ready: set[str] = set()  # due files whose replacement is complete
+        self._record_stale = False  # the last write of best_k_models.json was refused
 
     @staticmethod
     @hookimpl
@@ -369,6 +385,8 @@ class ModelCheckpoint:
             self._last_written_step = None
             self._wrote_this_fit = False
             self._take_again = False
+            if self._writes and trainer.ckpt_path:  # what a kill left undeleted
+                self._tidy(trainer)
 
     @hookimpl
     def on_loop_end(self, trainer, loop: str) -> None:
@@ -421,11 +439,14 @@ class ModelCheckpoint:
         every process has alike: under several processes, the training step values logged
         since the last publish point (each process's own until then) are reduced first
         (:meth:`MetricStore.agree_step_values`, a collective; the points are taken on every
-        rank alike)."""
+        rank alike). Once its files are written (or refused), the files due for deletion whose
+        replacement is complete are deleted (:meth:`_tidy`)."""
         with trainer.checkpoint_point():
             if trainer.world_size > 1:
                 trainer.metrics.agree_step_values()
             yield
+            if self._writes:
+                trainer.after_checkpoint_write(lambda error: self._tidy(trainer, error))
 
     def _time_due(self, trainer, step: int) -> bool:
         elapsed = time.monotonic() - self._last_time_checked >= self.train_time_interval
@@ -599,20 +620,24 @@ class ModelCheckpoint:
         candidates = self._candidates(trainer)
         path = self._full_state_path(trainer, candidates)
         previous, self.last_model_path = self.last_model_path, str(path)  # part of the state
+        # a templated name ("last-{epoch}") leaves the previous one behind: one last file
+        replaced = previous if previous and previous != str(path) \
+            and self._own_file(trainer, previous) else None
+        self._due_for_deletion(replaced)
 
         def undo() -> None:
             self.last_model_path = previous
+            self._not_due(replaced)
 
         if self._links_last(path):
             target = self._last_checkpoint_saved
             self._when_written(trainer, lambda: self._link_last(trainer, path, target))
+            trainer.after_checkpoint_write(lambda error: undo() if error is not None else None)
         elif not self._save(trainer, path, undo=undo):
             return
         self._last_written_step = trainer.global_step
         self._last_writes += 1
-        # a templated name ("last-{epoch}") leaves the previous one behind: one last file
-        if previous and previous != str(path) and self._own_file(trainer, previous):
-            self._when_written(trainer, lambda: self._remove(trainer, previous))
+        self._deletable_once_written(trainer, replaced)
 
     def _links_last(self, path: Path) -> bool:
         """Whether ``last.ckpt`` is a link to the newest top-k file: ``save_last="link"``, a
@@ -656,16 +681,18 @@ class ModelCheckpoint:
             path = self._unique(trainer, self._format(trainer, candidates),
                                 reuse=self.best_model_path)
             previous, self.best_model_path = self.best_model_path, path
+            replaced = previous if self.save_top_k == 1 and previous and previous != path \
+                and self._own_file(trainer, previous) else None
+            self._due_for_deletion(replaced)
 
             def undo_newest() -> None:
                 self.best_model_path = previous
+                self._not_due(replaced)
 
             if not self._save(trainer, path, self.save_weights_only, undo=undo_newest):
                 return
+            self._deletable_once_written(trainer, replaced)
             self._after_topk_write(trainer)
-            if self.save_top_k == 1 and previous and previous != path \
-                    and self._own_file(trainer, previous):
-                self._when_written(trainer, lambda: self._remove(trainer, previous))
             return
         if self.monitor not in candidates:
             message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
@@ -698,10 +725,14 @@ class ModelCheckpoint:
         path = self._unique(trainer, self._format(trainer, candidates), reuse=dropped)
         self.current_score = self.best_k_models[path] = self._kept_score(raw, score)
         self._rank()
+        replaced = dropped if dropped is not None and dropped != path \
+            and self._own_file(trainer, dropped) else None
+        self._due_for_deletion(replaced)
 
         def undo_ranking() -> None:  # the top-k as before
             (self.best_k_models, self.best_model_path, self.best_model_score,
              self.kth_best_model_path, self.kth_value, self.current_score) = ranking
+            self._not_due(replaced)
 
         if not self._save(trainer, path, self.save_weights_only, undo=undo_ranking):
             return
@@ -712,9 +743,8 @@ class ModelCheckpoint:
         if trainer.writes_run_files and folder is not None:
             record = self._record(folder)  # the ranking with this file: it is written first
             self._when_written(trainer, lambda: self._write_record(folder, record))
+        self._deletable_once_written(trainer, replaced)
         self._after_topk_write(trainer)
-        if dropped is not None and dropped != path and self._own_file(trainer, dropped):
-            self._when_written(trainer, lambda: self._remove(trainer, dropped))
 
     def _newest_is_last(self) -> bool:
         """Whether the one top-k file kept without a monitor would be a copy of ``last.ckpt``
@@ -939,6 +969,78 @@ class ModelCheckpoint:
             return
         replaced_files.remove(path)  # its blocks freed off the training thread
 
+    # -- deletions -------------------------------------------------------------------------------
+
+    def _due_for_deletion(self, path: str | None) -> None:
+        """``path`` (a file this callback wrote; ``None``: nothing) is to be deleted once what
+        replaces it is complete. From now on the checkpoints this callback's state goes into
+        list it, with its size and modification time (where this process sees it), so that a
+        run resumed from one deletes it if a kill came first (:meth:`_restore_state`)."""
+        if path is not None:
+            self._due[path] = _identity(path)
+
+    def _not_due(self, path: str | None) -> None:
+        """What replaced ``path`` was not written: it stays."""
+        if path is not None:
+            self._due.pop(path, None)
+            self._ready.discard(path)
+
+    def _deletable_once_written(self, trainer, path: str | None) -> None:
+        """``path`` may go once the file just saved is complete (the checkpoint point's end
+        deletes it: :meth:`_tidy`)."""
+        if path is not None:
+            self._when_written(trainer, lambda: self._ready.add(path))
+
+    def _tidy(self, trainer, error: BaseException | None = None) -> None:
+        """Delete the due files whose replacement is complete, on the process that writes the
+        run's files: at a checkpoint point's end once its files are written, with the error of
+        the last one (under ``on_write_error="stop"`` a refusal ends the run: nothing is
+        deleted), and as a resumed fit begins. A file the top-k record on disk names stays
+        until the record is rewritten: where the record's last write was refused, or it names
+        a due file, it is rewritten first, when every file of the ranking is there. A file
+        that is no longer as this callback wrote it (another file by that name) is not
+        deleted."""
+        if error is not None and self.on_write_error == "stop":
+            return
+        ready = [path for path in self._due if path in self._ready]
+        if not ready and not self._record_stale:
+            return
+        if trainer.writes_run_files:
+            folder = self._record_folder(trainer)
+            named = self._recorded(folder)
+            if folder is not None and (self._record_stale or named is None
+                                       or named.intersection(ready)) and self._ranking_on_disk():
+                self._write_record(folder, self._record(folder))
+                named = self._recorded(folder)
+            if named is None:  # unreadable: which files it names is not known
+                return
+            kept = {self.best_model_path, self.last_model_path, *self.best_k_models} | named
+            ready = [path for path in ready if path not in kept]
+        for path in ready:
+            identity = self._due.pop(path)
+            self._ready.discard(path)
+            if identity is not None and _identity(path) == identity \
+                    and self._own_file(trainer, path):
+                self._remove(trainer, path)
+
+    def _recorded(self, folder: Path | None) -> set[str] | None:
+        """The files the top-k record in ``folder`` names (none where there is none);
+        ``None`` where it can't be read."""
+        if folder is None or not (folder / RECORD).exists():
+            return set()
+        try:
+            record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+            return {str(folder / path) for path in (record["best_model_path"],
+                                                    *record["best_k_models"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _ranking_on_disk(self) -> bool:
+        """Whether the top-k is monitored and every file it names is there (the record may
+        then be rewritten to it)."""
+        return self.monitor is not None and bool(self.best_k_models) and all(
+            os.path.lexists(path) for path in self.best_k_models)
+
     def _record(self, folder: Path) -> dict[str, Any]:
         """The top-k as ``best_k_models.json`` records it, relative to ``folder``."""
         return {"monitor": self.monitor, "mode": self.mode,
@@ -956,9 +1058,11 @@ class ModelCheckpoint:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(record, f, indent=1)
             os.replace(tmp, folder / RECORD)
+            self._record_stale = False
         except OSError as exc:  # the checkpoint itself was written: the record is told apart
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
+            self._record_stale = True  # rewritten at the next checkpoint point's end
             error = write_failed(folder / RECORD, exc, what="the top-k record",
                                  checkpoint=self.last_model_path or folder / LAST)
             if self.on_write_error == "stop":
@@ -1058,18 +1162,28 @@ class ModelCheckpoint:
                 "kth_best_model_path": rel(self.kth_best_model_path),
                 "kth_value": self.kth_value,
                 "last_model_path": rel(self.last_model_path),
-                "current_score": self.current_score}
+                "current_score": self.current_score,
+                # deleted by the run that resumes, if a kill came before this one deleted them
+                "due_for_deletion": {rel(p): list(identity)
+                                     for p, identity in self._due.items() if identity}}
 
     @hookimpl(specname="load_state_dict")
     def _restore_state(self, trainer, state: dict[str, Any]) -> None:
         """A resumed run continues the same top-k (in its run folder, where ptrain resumes) when
-        it monitors the same metric the same way; otherwise it starts a new top-k."""
-        if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
-            return
+        it monitors the same metric the same way; otherwise it starts a new top-k. Either way,
+        the files the checkpoint lists as due for deletion are deleted as the fit begins, as
+        far as they are still as the callback left them (:meth:`_tidy`)."""
         folder = self._folder(trainer)
 
         def full(path: str) -> str:
             return str(folder / path) if path else ""
+
+        if trainer.stage_call == "fit":
+            self._due = {full(p): (int(identity[0]), int(identity[1]))
+                         for p, identity in state.get("due_for_deletion", {}).items()}
+            self._ready = set(self._due)  # the checkpoint holding them was complete
+        if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
+            return
 
         self.best_model_path = full(state["best_model_path"])
         self.best_model_score = state["best_model_score"]

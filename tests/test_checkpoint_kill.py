@@ -1,0 +1,65 @@
+"""A kill between a checkpoint point's complete files and the deletion of the file that fell
+out of the top-k: the resumed run deletes it (the checkpoints written list it as due), so the
+folder ends with the top-k files its record names, and nothing else.
+
+The runs are tests/_checkpoint_kill_script.py's, in their own processes (a SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._campaigns import TWO_PROCESS_RUNS
+from tests._checkpoint_kill_script import TOP_K, top_k_files
+from tests.conftest import REPO
+
+SCRIPT = "tests._checkpoint_kill_script"
+
+
+def run(root: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", SCRIPT, str(root), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          start_new_session=True)  # the kill is of the script's process group
+
+
+def kill_then_resume(root: Path, *flags: str) -> Path:
+    killed = run(root, *flags)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    folder = root / "version_0" / "checkpoints"
+    # the window was hit: epoch 2's point is complete, epoch 0's file still there
+    held = json.loads((root / "killed.json").read_text())["held"]
+    assert held == ["epoch=0-val_metric=5.0.ckpt", "epoch=1-val_metric=3.0.ckpt",
+                    "epoch=2-val_metric=4.0.ckpt"], held
+    assert top_k_files(folder) == held
+    resumed = run(root, *flags, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    return folder
+
+
+def assert_only_the_recorded_top_k(folder: Path) -> None:
+    record = json.loads((folder / "best_k_models.json").read_text())
+    assert top_k_files(folder) == sorted(record["best_k_models"]), record
+    assert len(record["best_k_models"]) == TOP_K
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*record["best_k_models"], "best_k_models.json", "last.ckpt"])
+
+
+@pytest.mark.parametrize("flags", [(), ("--async",)], ids=["sync", "async"])
+def test_a_file_left_by_a_kill_before_its_deletion_is_deleted_by_the_resumed_run(tmp_path,
+                                                                               flags):
+    folder = kill_then_resume(tmp_path, *flags)
+    assert_only_the_recorded_top_k(folder)
+    assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
+
+
+@pytest.mark.slow
+@TWO_PROCESS_RUNS
+@pytest.mark.parametrize("flags", [(), ("--async",)], ids=["sync", "async"])
+def test_under_ddp_rank_0_deletes_what_a_kill_left_on_resume(tmp_path, flags):
+    folder = kill_then_resume(tmp_path, *flags, "--strategy", "ddp")
+    assert_only_the_recorded_top_k(folder)
