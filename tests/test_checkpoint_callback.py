@@ -664,6 +664,29 @@ def test_save_last_link_points_at_the_newest_top_k_file_and_resumes(make_trainer
     assert resumed.ckpt_path == str(last) and resumed.global_step == 12
 
 
+def _kinds(folder: Path) -> dict[str, str]:
+    """Each file in ``folder``: ``"file"``, or ``"link to NAME"``."""
+    return {p.name: f"link to {os.readlink(p)}" if p.is_symlink() else "file"
+            for p in folder.iterdir()}
+
+
+def test_save_last_link_resumed_leaves_the_files_of_an_uninterrupted_run(make_trainer,
+                                                                        tmp_path):
+    def callback():
+        return ModelCheckpoint(monitor="val_metric", save_top_k=2, save_last="link",
+                               filename="{epoch}-{val_metric:.1f}")
+
+    whole, _ = fit(make_trainer, callback(), default_root_dir=str(tmp_path / "whole"))
+    # stopped after epoch 4; epoch 5 (6.0) writes no top-k file: last.ckpt links to epoch 4's
+    fit(make_trainer, callback(), max_epochs=5, default_root_dir=str(tmp_path / "parts"))
+    resumed = make_trainer(callbacks=[*QUIET, callback()], max_epochs=len(VALUES),
+                           default_root_dir=str(tmp_path / "parts"))
+    resumed.fit(SequenceModule(VALUES), ckpt_path="last")
+    kinds = _kinds(resumed.run_dir / "checkpoints")
+    assert kinds == _kinds(whole.run_dir / "checkpoints"), kinds
+    assert kinds["last.ckpt"] == f"link to {name(4, 2)}"
+
+
 def test_link_or_copy_replaces_what_is_there_and_copies_where_links_fail(tmp_path, monkeypatch):
     from ptrain.builtins import checkpoint
 

@@ -11,8 +11,9 @@ difference):
   ``last.ckpt`` is also written after every top-k file, and at a due epoch end unless it was
   written at that step already (then it resumes into that epoch's end);
 - ``save_last="link"``: ``last.ckpt`` is a symbolic link to the newest top-k file, made
-  atomically; where the filesystem allows no links it is a copy (said once). With weights-only
-  top-k files, or none written yet, it is written as a file;
+  atomically (in a resumed run too: the file it resumed from is the newest); where the
+  filesystem allows no links it is a copy (said once). With weights-only top-k files, or none
+  written yet, it is written as a file;
 - with a ``monitor``, the ``save_top_k`` files with the best values are kept (``-1``: all); a file
   that falls out of the top k is deleted only after the new one (and ``last.ckpt``) is written
   and ``best_k_models.json`` no longer names it, by global rank 0; the checkpoints written
@@ -1192,3 +1193,9 @@ class ModelCheckpoint:
         self.kth_value = state["kth_value"]
         self.last_model_path = full(state["last_model_path"])
         self.current_score = state.get("current_score")
+        resumed = Path(os.path.realpath(trainer.ckpt_path)) if trainer.ckpt_path else None
+        if trainer.stage_call == "fit" and resumed is not None \
+                and resumed.parent == Path(os.path.realpath(folder)):
+            # the newest file written at that state is the one resumed from (a link's target:
+            # with save_last="link", last.ckpt links to it as in a run never stopped)
+            self._last_checkpoint_saved = str(folder / resumed.name)
