@@ -443,8 +443,7 @@ class ModelCheckpoint:
         rank alike). Once its files are written (or refused), the files due for deletion whose
         replacement is complete are deleted (:meth:`_tidy`)."""
         with trainer.checkpoint_point():
-            if trainer.world_size > 1:
-                trainer.metrics.agree_step_values()
+            trainer.metrics.agree_step_values()
             yield
             if self._writes:
                 trainer.after_checkpoint_write(lambda error: self._tidy(trainer, error))
