@@ -538,6 +538,33 @@ def test_lambda_callback_is_called_where_lightning_calls_it(tmp_path):
     assert ours == theirs
 
 
+def test_a_callback_with_ptrain_hooks_too_runs_its_lightning_methods(tmp_path):
+    """A user's ``Callback`` subclass that also marks a ptrain hook is registered as a plugin;
+    its Lightning-named methods still run where Lightning runs them."""
+    def make(calls):
+        def factory(c):
+            class Both(c.Callback):
+                def on_fit_start(self, trainer, pl_module):
+                    calls.append(("fit_start", trainer.global_step))
+
+                def on_train_epoch_end(self, trainer, pl_module):
+                    calls.append(("epoch_end", trainer.global_step))
+
+                @ptrain.hookimpl
+                def on_train_step_end(self, trainer, batch_idx):  # Lightning never calls it
+                    steps.append(batch_idx)
+
+            return [Both()]
+        return factory
+
+    steps, theirs, ours = [], [], []
+    fit_weights(pl, make(theirs), tmp_path / "l", epochs=2)
+    assert steps == []
+    _, trainer = fit_weights(ppl, make(ours), tmp_path / "p", epochs=2)
+    assert ours == theirs
+    assert len(steps) == trainer.global_step and steps[0] == 0
+
+
 def predictions_written(framework, root):
     class Writer(CALLBACKS[framework].BasePredictionWriter):
         def __init__(self):

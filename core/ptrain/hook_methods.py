@@ -637,6 +637,19 @@ def _callback_base(obj: Any) -> type | None:
     return Callback if isinstance(obj, Callback) else None
 
 
+#: the prefix of the attributes under which a :class:`Callback` carries its Lightning methods'
+#: hook implementations
+_CARRIED = "_lightning_"
+
+
+def _implements_ptrain_hooks(cls: type) -> bool:
+    """Whether ``cls`` (or a base) has a method marked ``@ptrain.hookimpl``."""
+    from ptrain.loading import IMPL_MARK
+
+    return any(hasattr(getattr(value, "__func__", value), IMPL_MARK) or hasattr(value, IMPL_MARK)
+               for base in cls.__mro__ for value in vars(base).values())
+
+
 def state_key(callback: Any) -> str:
     """The key a callback's state is saved under: its ``state_key`` (Lightning's), else its
     class's qualified name."""
@@ -900,12 +913,43 @@ class Callback:
     signatures, as ``ptrain.lightning.Callback``: subclass it (or write any object with such
     methods) and pass it in ``callbacks``; no ``@ptrain.hookimpl`` is needed. Each method runs
     where Lightning runs it (see :mod:`ptrain.hook_methods`); ``trainer`` is the ptrain
-    :class:`~ptrain.Trainer` and ``pl_module`` the :class:`~ptrain.TrainModule`."""
+    :class:`~ptrain.Trainer` and ``pl_module`` the :class:`~ptrain.TrainModule`.
+
+    A subclass may also implement ptrain hooks (``@ptrain.hookimpl``): ptrain then registers
+    the object as a plugin, as it is, and both kinds of method are called. For that, each object
+    of such a class carries, as its own attributes, the adapter's hook implementations for the
+    Lightning methods its class defines (:func:`callback_hook_plugin`), under private names
+    (``_lightning_<hook>``, marked with the hook's ``specname``); they are left out of its
+    pickled state and made again when it is unpickled."""
 
     #: Lightning's methods, some named like ptrain hooks (``setup``, ``state_dict``, ...): they
     #: are called through an adapter (:func:`callback_hook_plugin`), not as ptrain hooks, so a
     #: subclass that also has ``@ptrain.hookimpl`` methods is not warned that they lack the mark
     not_ptrain_hooks = tuple(CALLBACK_METHODS)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Callback:
+        self = super().__new__(cls)
+        if _implements_ptrain_hooks(cls):
+            self._carry_lightning_methods()
+        return self
+
+    def _carry_lightning_methods(self) -> None:
+        from ptrain.loading import HOOK_NAMES, IMPL_MARK
+
+        adapter = callback_hook_plugin([self], type(self).__name__)
+        for hook in HOOK_NAMES:
+            function = getattr(adapter, hook, None)
+            if function is not None and isinstance(getattr(function, IMPL_MARK, None), dict):
+                setattr(function, IMPL_MARK, {**getattr(function, IMPL_MARK), "specname": hook})
+                self.__dict__[_CARRIED + hook] = function
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the carried implementations are closures, made again when the object is (unpickling
+        # calls __new__)
+        return {k: v for k, v in self.__dict__.items() if not k.startswith(_CARRIED)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @property
     def state_key(self) -> str:
