@@ -152,7 +152,7 @@ def test_listing_survives_a_broken_plugin(runs):
     assert "libfrobnicate" not in listing.stdout + listing.stderr  # it was not imported
 
 
-def test_check_reports_ok_and_broken(runs):
+def test_check_reports_ok_and_broken(runs, site):
     check_listing = runs["check"]
     assert_ok(check_listing)
     rows = table_rows(check_listing.stdout)
@@ -165,6 +165,7 @@ def test_check_reports_ok_and_broken(runs):
     assert broken.startswith("broken"), broken
     assert "ptrain-broken-plugin" in broken
     assert "ImportError" in broken and "libfrobnicate.so.3" in broken
+    assert f"(at {site / 'ptrain_broken_plugin.py'}:3)" in broken  # the raise, in its file
     assert "Traceback" not in check_listing.stdout
 
 
@@ -249,9 +250,10 @@ def test_blocking_keeps_plugins_out_of_the_run(runs):
     assert not (run_folder / "step_counter.json").exists()
 
 
-def test_selecting_a_broken_plugin_is_a_usage_error(runs):
+def test_selecting_a_broken_plugin_is_a_usage_error(runs, site):
     assert_usage_error(runs["select-broken"], "'broken'", "ptrain-broken-plugin", "ImportError",
-                       "libfrobnicate.so.3")
+                       f"libfrobnicate.so.3: cannot open shared object file (at "
+                       f"{site / 'ptrain_broken_plugin.py'}:3)")
     assert not runs.dirs["select-broken"].exists()
 
 
@@ -269,3 +271,20 @@ def test_unknown_callback_suggests_an_installed_third_party_one(runs):
     message = assert_usage_error(runs["unknown"], "step-countr", "Did you mean 'step-counter'?")
     for name in ("step-counter", "broken", "twin", "typo-hook", "checkpoint"):
         assert name in message
+
+
+def test_an_installed_plugins_own_file_is_where_its_import_raised():
+    """A plugin installed among the packages (site-packages): the frames of its own files count
+    as the code imported, so the message names its line, not nothing or a library's module."""
+    import json.decoder
+    import traceback
+
+    from ptrain.loading import raised_at
+
+    with pytest.raises(json.JSONDecodeError) as caught:
+        json.loads("{")
+    own = os.path.realpath(json.decoder.__file__)  # in Python's library, as a plugin would be
+    line = [f.lineno for f in traceback.extract_tb(caught.value.__traceback__)
+            if os.path.realpath(f.filename) == own][-1]
+    assert raised_at(caught.value, frozenset({own})) == f" (at {json.decoder.__file__}:{line})"
+    assert raised_at(caught.value) == ""  # only the library's frames

@@ -15,6 +15,7 @@ before anything is instantiated.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import operator
 import os
@@ -46,8 +47,9 @@ def import_target(info: PluginInfo) -> Any:
         for part in filter(None, attribute.strip().split(".")):
             target = getattr(target, part)
     except Exception as exc:  # a broken plugin can raise anything while importing
+        where = raised_at(exc, _distribution_files(info.distribution))
         raise PluginError(
-            f"{info.label} failed to import: {type(exc).__name__}: {exc}. Fix or reinstall "
+            f"{info.label} failed to import: {type(exc).__name__}: {exc}{where}. Fix or reinstall "
             f"{info.distribution} (or `pip uninstall {info.distribution}`), or "
             f"{_leave_out(info)}."
         ) from exc
@@ -96,22 +98,36 @@ def import_object(path: str, what: str, error: type[Exception], example: str) ->
                     ) from None
 
 
-def raised_at(exc: BaseException) -> str:
+def raised_at(exc: BaseException, imported: frozenset[str] = frozenset()) -> str:
     """`` (at FILE:LINE)``: where ``exc`` was raised in the code being imported (the deepest
-    frame outside Python's library, the installed packages and ptrain; a ``SyntaxError``'s own
-    place), or nothing where there is no such frame."""
+    frame in a file of ``imported``, real paths, or outside Python's library, the installed
+    packages and ptrain; a ``SyntaxError``'s own place), or nothing where there is no such
+    frame. ``imported``: the files of an installed plugin, which lie among the packages. It is
+    called where the import was tried: the frame that caught ``exc`` does not count."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f" (at {exc.filename}:{exc.lineno})"
     paths = sysconfig.get_paths()
     library = tuple(os.path.join(os.path.realpath(paths[k]), "") for k in
                     ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
     own = os.path.join(os.path.dirname(os.path.realpath(hookspecs.__file__)), "")
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<")
-              and not os.path.realpath(f.filename).startswith(own)]
-    user = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    frames = [(f, os.path.realpath(f.filename))  # the first frame is ptrain's, which caught it
+              for f in traceback.extract_tb(exc.__traceback__)[1:]
+              if not f.filename.startswith("<")]
+    frames = [(f, path) for f, path in frames if path in imported or not path.startswith(own)]
+    user = [f for f, path in frames if path in imported or not path.startswith(library)]
+    frames = [f for f, _ in frames]
     frame = (user or [f for f in frames if f.name == "<module>"] or [None])[-1]
     return "" if frame is None else f" (at {frame.filename}:{frame.lineno})"
+
+
+def _distribution_files(distribution: str) -> frozenset[str]:
+    """The real paths of the Python files installed distribution ``distribution`` records (none
+    where it records none, as an editable install)."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return frozenset()
+    return frozenset(os.path.realpath(f.locate()) for f in files if f.suffix == ".py")
 
 
 def _import_module(module_name: str) -> ModuleType:
