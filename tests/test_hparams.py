@@ -188,3 +188,21 @@ def test_checkpoint_carries_the_hyperparameters_and_rebuilds_the_module(tmp_path
     for (name, a), (_, b) in zip(module.state_dict().items(), rebuilt.state_dict().items()):
         assert torch.equal(a, b), name
     assert Saved.load_from_checkpoint(str(path), hidden=9).hparams["hidden"] == 9
+
+
+def test_a_run_without_hyperparameters_writes_no_hparams_toml(tmp_path):
+    """hparams.toml is written when there are hyperparameters to log (the documented contract:
+    Lightning's empty hparams.yaml has no counterpart), and its absence reads as none."""
+    from ptrain.hyperparameters import read_hyperparameters_file
+
+    runs = {}
+    for name, module in (("none", TinyRegressor()), ("saved", Saved(hidden=6))):
+        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, seed=0,
+                                 default_root_dir=str(tmp_path / name),
+                                 callbacks=["no:progress-bar", "no:tensorboard"])
+        trainer.fit(module)
+        runs[name] = trainer.log_dir
+        assert trainer.last_checkpoint_path.is_file()  # the run folder holds its checkpoint
+    assert not (runs["none"] / "hparams.toml").exists()
+    saved = read_hyperparameters_file(runs["saved"] / "hparams.toml")
+    assert saved.keys() == Saved().hparams.keys() and saved["hidden"] == 6
