@@ -682,3 +682,84 @@ def test_the_same_warning_is_printed_once_per_process(capsys):
     assert lines[0].startswith("ptrain: warning from ") and lines[0].endswith(
         "test_cli: a plugin is broken: it says so"), lines
     assert lines[1].endswith(": something else"), lines
+
+
+DEFAULT_WIDTH_MODELS = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import ptrain
+
+
+class Net(ptrain.TrainModule):
+    saves = True
+
+    def __init__(self, width: int = WIDTH, lr: float = 0.1):
+        super().__init__()
+        if self.saves:
+            self.save_hyperparameters()
+        self.lr = lr
+        self.net = nn.Sequential(nn.Linear(4, width), nn.Linear(width, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def _loader(self):
+        x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+    def train_dataloader(self):
+        return self._loader()
+
+    val_dataloader = predict_dataloader = train_dataloader
+
+
+class Unsaved(Net):
+    saves = False
+'''
+
+
+def test_a_model_rebuilt_from_its_checkpoint_takes_the_saved_hyperparameters(tmp_path):
+    """validate/predict --ckpt-path without --model build the model with the hyperparameters
+    the checkpoint saved (as load_from_checkpoint does), not with a default changed since the
+    run; a model that saved none is still refused, naming why."""
+    quiet = ["--accelerator", "cpu", "-p", "no:progress-bar", "-p", "no:model-summary"]
+    source = tmp_path / "widthmodels.py"
+    source.write_text(DEFAULT_WIDTH_MODELS.replace("WIDTH", "4"))
+    fits = {}
+    for name in ("Net", "Unsaved"):
+        fits[name] = run_cli("fit", "--model", f"widthmodels:{name}", "--model.lr", "0.05",
+                             "--max-epochs", "1", "--default-root-dir", name, *quiet,
+                             cwd=tmp_path)
+        assert_ok(fits[name])
+    source.write_text(DEFAULT_WIDTH_MODELS.replace("WIDTH", "6"))  # the default changed since
+
+    def rebuilt(stage, name):
+        return run_cli(stage, "--ckpt-path", f"{name}/version_0/checkpoints/last.ckpt", *quiet,
+                       cwd=tmp_path)
+
+    validated = rebuilt("validate", "Net")
+    assert_ok(validated)
+    assert final_val_loss(validated.stdout) == final_val_loss(fits["Net"].stdout)
+    predicted = rebuilt("predict", "Net")
+    assert_ok(predicted)
+    written = next((tmp_path / "Net").rglob("predictions.pt"))
+    assert [p.shape for p in torch.load(written, weights_only=True)] == [(4, 1)] * 4
+    assert_usage_error(rebuilt("validate", "Unsaved"), "does not fit this model (Unsaved)",
+                       "It was written by --model widthmodels:Unsaved --model.lr 0.05",
+                       "the model's code has changed since")

@@ -173,11 +173,12 @@ def test_a_mismatch_of_a_run_with_the_models_defaults_names_the_defaults_of_then
             result, "does not fit this model (Net)", "size mismatch for net.0.weight",
             "The checkpoint's model was built with width=4, this one with width=6.",
             "It was written by --model mymodels:Net with the model's defaults, which were then "
-            "--model.width 4", "give those init arguments.")
-        assert "leave --model out" not in message  # it would build the defaults of now
-    # following it
+            "--model.width 4", "give those init arguments, or leave --model out to build "
+            "the model from the checkpoint's saved hyperparameters.")
+    # following it, either way (the saved width, not the default of now)
     assert_ok(run_cli("validate", "--model", "mymodels:Net", "--model.width", "4",
                       "--ckpt-path", str(last), *COMMON, cwd=folder))
+    assert_ok(run_cli("validate", "--ckpt-path", str(last), *COMMON, cwd=folder))
     # the same hyperparameters, other layers: the code changed
     model.write_text(MODELS.replace("nn.Linear(width, 1))",
                                     "nn.Linear(width, 2), nn.Linear(2, 1))"))

@@ -405,11 +405,12 @@ def _fitting_configuration(checkpoint: dict[str, Any], path: Path,
     if given:
         return (f"{differ}{written}{where}: give those init arguments, or leave --model out to "
                 f"build the model from the checkpoint's own record.")
-    if saved:
+    if saved:  # the CLI rebuilds from them without --model
         return (f"{differ}{written}, which were then {_flags(saved)}{where}: give those init "
-                f"arguments" + ("." if differ else
-                                 "; if this model has them, its code has changed since (other "
-                                 "layers or shapes)."))
+                f"arguments, or leave --model out to build the model from the checkpoint's "
+                f"saved hyperparameters" + ("." if differ else
+                                            "; if this model has them, its code has changed "
+                                            "since (other layers or shapes)."))
     return (f"{differ}{written} (no init arguments, and it saved no hyperparameters): leave out "
             f"any --model.KEY you gave; if you gave none, the model's code or its defaults have "
             f"changed since the checkpoint was written, so build it with the code of then.")

@@ -442,8 +442,10 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
                    args.print_config or pre.print_config, args.trace)
 
 
-def build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
-    """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it."""
+def build_component(cfg: dict[str, Any], base: type, flag: str,
+                    init_args: dict[str, Any] | None = None) -> Any:
+    """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it with
+    ``init_args`` (by default ``cfg["init_args"]``)."""
     from ptrain.loading import import_object
 
     cls = import_object(cfg["class_path"], flag, ModelError,
@@ -451,7 +453,8 @@ def build_component(cfg: dict[str, Any], base: type, flag: str) -> Any:
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
                          f"(it is {cls!r}).")
-    return _instantiate(cls, cfg.get("init_args", {}), flag.lstrip("-"))
+    return _instantiate(cls, cfg.get("init_args", {}) if init_args is None else init_args,
+                        flag.lstrip("-"))
 
 
 def cmd_run(stage: str, argv: list[str]) -> int:
@@ -492,17 +495,20 @@ def cmd_run(stage: str, argv: list[str]) -> int:
         print(resume + dump_config(trainer.config), end="")
         return 0
     ckpt_path = spec.ckpt_path
+    rebuild: dict[str, dict[str, Any]] = {}
     if not spec.model.get("class_path"):
         if not ckpt_path:
             raise ModelError("no model given: pass --model MODULE:CLASS (a ptrain.TrainModule), "
                              "set class_path in the [model] table of --config, or give "
                              "--ckpt-path of a checkpoint to rebuild it from.")
         ckpt_path = str(trainer.resolve_ckpt_path(ckpt_path))
-        spec.model, spec.data = _components_from_checkpoint(ckpt_path, spec.model, spec.data)
+        spec.model, spec.data, rebuild = _components_from_checkpoint(ckpt_path, spec.model,
+                                                                     spec.data)
         trainer.config.update(model=spec.model, data=spec.data)
     # the trainer seeded when it was made (--seed): the model is built after it, as from Python
-    module = build_component(spec.model, TrainModule, "--model")
-    datamodule = build_component(spec.data, DataModule, "--data") if spec.data else None
+    module = build_component(spec.model, TrainModule, "--model", rebuild.get("model"))
+    datamodule = (build_component(spec.data, DataModule, "--data", rebuild.get("data"))
+                  if spec.data else None)
     run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test,
            "predict": trainer.predict}[stage]
     result = run(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -528,13 +534,14 @@ def _unused_path(path: Path) -> Path:
     return candidate
 
 
-def _components_from_checkpoint(path: str, model: dict[str, Any],
-                                data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _components_from_checkpoint(path: str, model: dict[str, Any], data: dict[str, Any]
+                                ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The ``[model]`` (and, when none was given, ``[data]``) recipe a checkpoint carries: the
-    CLI's own, or the classes and saved hyperparameters of a run from Python. ``model`` may hold
-    init arguments given on the command line: they override the saved ones."""
+    CLI's own, or the classes and saved hyperparameters of a run from Python; and, by table,
+    the init arguments that rebuild each (:func:`_rebuild_arguments`). ``model`` may hold init
+    arguments given on the command line: they override the saved ones."""
     from ptrain.checkpoint_io import safe_load, sharded_meta
-    from ptrain.hyperparameters import restored_hyperparameters
+    from ptrain.hyperparameters import DATAMODULE_KEYS, MODULE_KEYS, restored_hyperparameters
     from ptrain.loading import import_saved_class
 
     # a sharded folder's meta.pt holds what a single file does, but the tensors
@@ -547,8 +554,10 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
         raise ModelError(f"checkpoint {path!r} does not say how to build its model (it was "
                          f"written by an older ptrain); pass --model MODULE:CLASS and its init "
                          f"arguments.")
+    given = model.get("init_args", {})
     model = {"class_path": saved["class_path"],
-             "init_args": {**saved.get("init_args", {}), **model.get("init_args", {})}}
+             "init_args": {**saved.get("init_args", {}), **given}}
+    rebuild = {}
     if not data:
         data = checkpoint.get("config", {}).get("data") or {}
         if not data.get("class_path") and checkpoint.get("datamodule_class"):
@@ -556,9 +565,25 @@ def _components_from_checkpoint(path: str, model: dict[str, Any],
                     "init_args": restored_hyperparameters(
                         checkpoint.get("datamodule_hyper_parameters"))}
         if data.get("class_path"):
-            import_saved_class(data["class_path"], path, "--data", data.get("init_args"))
-    import_saved_class(model["class_path"], path, "--model", saved.get("init_args"))
-    return model, data
+            cls = import_saved_class(data["class_path"], path, "--data", data.get("init_args"))
+            rebuild["data"] = _rebuild_arguments(cls, checkpoint, DATAMODULE_KEYS, "data", {})
+    cls = import_saved_class(model["class_path"], path, "--model", saved.get("init_args"))
+    rebuild["model"] = _rebuild_arguments(cls, checkpoint, MODULE_KEYS, "model", given)
+    return model, data, rebuild
+
+
+def _rebuild_arguments(cls: type, checkpoint: dict[str, Any], keys: tuple[str, str],
+                       table: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The init arguments that rebuild ``cls`` (the ``table`` component) from ``checkpoint``, as
+    ``load_from_checkpoint`` does: the run's recorded ``--TABLE.KEY`` arguments, then the
+    hyperparameters saved in the checkpoint (those ``cls`` takes), then ``given`` (today's
+    command line). The saved values, not today's defaults, so a default changed since the run
+    does not build another model; without saved ones, today's defaults fill in (and a model
+    that no longer fits is refused naming the old ones)."""
+    from ptrain.hyperparameters import init_arguments_from
+
+    recorded = (checkpoint.get("config", {}).get(table) or {}).get("init_args") or {}
+    return {**recorded, **init_arguments_from(cls, checkpoint, keys, {}), **given}
 
 
 def _unknown_flag(flag: str, parser: _Parser, catalog: Catalog, active: set[str],
