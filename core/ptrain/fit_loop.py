@@ -137,6 +137,9 @@ class FitLoop:
         self.accumulate = trainer.accumulate_grad_batches
         self.automatic = trainer.module.automatic_optimization
         self.clears_before_backward = trainer.clears_gradients_before_backward
+        # with clears_before_backward: an optimizer step (or the start) came since the clearing,
+        # so the next backward starts a window (whoever decided where windows end)
+        self.gradients_stale = True
         if not self.automatic and self.accumulate > 1:
             raise ConfigError(
                 f"accumulate_grad_batches={self.accumulate} applies to automatic optimization; "
@@ -450,9 +453,10 @@ class FitLoop:
             if self.automatic:
                 # Trainer.run_backward's steps, inlined: the hot path saves a call per batch
                 scaled = loss / self.accumulate if self.accumulate > 1 else loss
-                if self.clears_before_backward and batch_idx % self.accumulate == 0:
+                if self.clears_before_backward and self.gradients_stale:
                     for optimizer in t.optimizers:
                         self._clear_gradients(optimizer)
+                    self.gradients_stale = False
                 if hook.has_on_before_backward:
                     hook.on_before_backward(trainer=t, loss=scaled)
                 hook.backward(trainer=t, loss=scaled)
@@ -484,6 +488,7 @@ class FitLoop:
             t.global_step += 1
             if not self.clears_before_backward:
                 self._clear_gradients(optimizer)
+        self.gradients_stale = True
         for entry in self.step_schedulers:
             if t.global_step % entry["frequency"] == 0:
                 step_scheduler(entry, t.callback_metrics)

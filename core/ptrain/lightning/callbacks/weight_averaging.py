@@ -19,8 +19,8 @@ class WeightAveraging(Callback):
     for which ``should_update(epoch_idx=...)`` does (by default every step); validation runs on
     the average, and when ``fit`` ends the module holds it.
 
-    The average is updated right after the optimizer step (ptrain's ``on_before_zero_grad``),
-    so a validation after that batch sees it, as in Lightning. Checkpoints differ: ptrain's keep
+    The average is updated in ``on_train_batch_end`` after a batch that stepped the optimizer,
+    before the validation that batch triggers, as in Lightning. Checkpoints differ: ptrain's keep
     the trained weights as the model and the average in this callback's state (a callback's
     ``on_save_checkpoint`` gets a dict of its own); a resumed ``fit`` continues both.
     """
@@ -49,7 +49,8 @@ class WeightAveraging(Callback):
             self._average_model.load_state_dict(self._saved_average)
             self._saved_average = None
 
-    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if trainer.global_step > self._latest_update_step \
                 and self.should_update(step_idx=trainer.global_step - 1):
             self._average_model.update_parameters(pl_module)
