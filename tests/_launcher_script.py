@@ -2,6 +2,7 @@
 
     python tests/_launcher_script.py OUT_DIR [--launcher auto|script|spawn] [--kill-rank-zero]
         [--fail-every-rank] [--rank-one-fails-outside-a-stage between|after]
+        [--rank-zero-fails-alone]
 
 It calls ``fit``, then ``validate`` twice, on one trainer, and every process that ran a stage
 writes ``OUT_DIR/<pid>.json``: its pid, its parent's, its rank, and, for each stage it ran, the
@@ -11,7 +12,9 @@ itself at the second training step (rank 1 writes ``OUT_DIR/rank1.pid`` first).
 ``--fail-every-rank``: at the second training step every rank raises ``RuntimeError("every rank
 broke: rank R")``, together (after a collective). ``--rank-one-fails-outside-a-stage``: rank 1
 raises ``RuntimeError("rank 1 broke outside a stage")`` in the script itself, ``between`` fit
-and the first validate, or ``after`` the last validate.
+and the first validate, or ``after`` the last validate. ``--rank-zero-fails-alone``: at the
+second training step rank 0 raises ``RuntimeError("rank 0 broke alone")`` while rank 1 goes on
+into the next step's collectives, where it waits for rank 0 until it is stopped.
 
 ``main`` is importable, so that ``python -c`` can run the same job without a script file.
 """
@@ -39,9 +42,10 @@ class StageRecorder:
 
     name = "stage-recorder"
 
-    def __init__(self, out: str, kill_rank_zero: bool = False, fail_every_rank: bool = False):
+    def __init__(self, out: str, kill_rank_zero: bool = False, fail_every_rank: bool = False,
+                 rank_zero_fails_alone: bool = False):
         self.out, self.kill_rank_zero = out, kill_rank_zero
-        self.fail_every_rank = fail_every_rank
+        self.fail_every_rank, self.rank_zero_fails_alone = fail_every_rank, rank_zero_fails_alone
 
     def _write(self, trainer, entry):
         path = Path(self.out) / f"{os.getpid()}.json"
@@ -62,6 +66,8 @@ class StageRecorder:
         if self.fail_every_rank and trainer.global_step == 2:
             trainer.hook.all_gather_object(trainer=trainer, obj=None)
             raise RuntimeError(f"every rank broke: rank {trainer.global_rank}")
+        if self.rank_zero_fails_alone and trainer.global_step == 2 and trainer.global_rank == 0:
+            raise RuntimeError("rank 0 broke alone")
         if not self.kill_rank_zero or trainer.global_step != 2:
             return
         if trainer.global_rank == 1:
@@ -100,7 +106,8 @@ class Regressor(ptrain.TrainModule):
 
 
 def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False,
-         fail_every_rank: bool = False, rank_one_fails: str | None = None) -> None:
+         fail_every_rank: bool = False, rank_one_fails: str | None = None,
+         rank_zero_fails_alone: bool = False) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     ptrain.seed_everything(3)
     module = Regressor()
@@ -108,7 +115,8 @@ def main(out: str, launcher: str = "auto", kill_rank_zero: bool = False,
         strategy="ddp", devices=2, accelerator="cpu", max_epochs=2,
         default_root_dir=str(Path(out) / "runs"),
         callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary",
-                   StageRecorder(out, kill_rank_zero, fail_every_rank)],
+                   StageRecorder(out, kill_rank_zero, fail_every_rank,
+                                 rank_zero_fails_alone)],
         plugin_options={"ddp": {"launcher": launcher, "timeout": 60}})
     trainer.fit(module)
     if rank_one_fails == "between" and trainer.global_rank == 1:
@@ -129,6 +137,7 @@ if __name__ == "__main__":
     parser.add_argument("--kill-rank-zero", action="store_true")
     parser.add_argument("--fail-every-rank", action="store_true")
     parser.add_argument("--rank-one-fails-outside-a-stage", choices=["between", "after"])
+    parser.add_argument("--rank-zero-fails-alone", action="store_true")
     args = parser.parse_args()
     main(args.out, args.launcher, args.kill_rank_zero, args.fail_every_rank,
-         args.rank_one_fails_outside_a_stage)
+         args.rank_one_fails_outside_a_stage, args.rank_zero_fails_alone)

@@ -236,9 +236,23 @@ def watch_launcher() -> None:
     threading.Thread(target=watch, name="ptrain-launcher-watch", daemon=True).start()
 
 
+#: The file in the job's error folder that says rank 0 is stopping the ranks it started: a
+#: rank's second signal then ends it without a word (it is no user's second Ctrl-C).
+STOPPING = "stopping"
+
+
+def stopped_by_launcher() -> bool:
+    """On a started rank: whether rank 0 is stopping this job's ranks (:func:`_stop_copies`)."""
+    folder = os.environ.get(ERROR_DIR)
+    return bool(folder) and os.path.exists(os.path.join(folder, STOPPING))
+
+
 def _stop_copies(grace: float = 5.0) -> None:
     """SIGTERM the ranks still running, twice (the first only asks ``stop-signals`` to save at the
     next step; the job failed, there is none), then SIGKILL those left after ``grace`` seconds."""
+    folder = os.environ.get(ERROR_DIR)
+    if folder and os.path.isdir(folder):
+        Path(folder, STOPPING).touch()
     for _ in range(2):
         for child in _children:
             if child.poll() is None:
@@ -313,7 +327,7 @@ def _wait_unless_stopped(rank: int, child: subprocess.Popen) -> int:
 def _remove_error_folder() -> None:
     folder = os.environ.get(ERROR_DIR)
     if folder and os.environ.get(LAUNCHER_PID) == str(os.getpid()):  # the launcher's own
-        for path in Path(folder).glob("*"):
+        for path in Path(folder).glob("*"):  # the records, STOPPING
             path.unlink(missing_ok=True)
         try:
             os.rmdir(folder)

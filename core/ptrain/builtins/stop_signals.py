@@ -286,11 +286,12 @@ def _exit_now(signum: int) -> None:
     ranks it started (the script launcher's) are killed first, as it runs no exit handlers."""
     from ptrain import script_launch
 
-    name = signal.Signals(signum).name
-    rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
-    print(f"ptrain: {rank}a second {name} while the main thread was blocked (in a collective "
-          f"another rank has not joined?): stopping now, without saving.", file=sys.stderr,
-          flush=True)
+    if not script_launch.stopped_by_launcher():  # rank 0 reports why it stops the job
+        name = signal.Signals(signum).name
+        rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+        print(f"ptrain: {rank}a second {name} while the main thread was blocked (in a "
+              f"collective another rank has not joined?): stopping now, without saving.",
+              file=sys.stderr, flush=True)
     script_launch.kill_copies()
     os._exit(128 + signum)
 

@@ -60,6 +60,8 @@ def jobs(tmp_path_factory):
                                       str(root / f"rank-one-fails-{when}"),
                                       "--rank-one-fails-outside-a-stage", when]
            for when in ("between", "after")},
+        "rank-zero-fails-alone": [sys.executable, str(SCRIPT), str(root / "rank-zero-fails-alone"),
+                                  "--rank-zero-fails-alone"],
     }
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run, argv) for name, argv in argvs.items()}
@@ -150,6 +152,17 @@ def test_a_started_ranks_error_after_rank_zero_finished_is_shown_at_exit(jobs):
     assert "ptrain: rank 1 (pid " in proc.stderr, detail(proc)
     assert "exited with code 1 after rank 0 finished; its error:" in proc.stderr, detail(proc)
     assert proc.stderr.count("RuntimeError: rank 1 broke outside a stage") == 1, detail(proc)
+
+
+def test_ranks_stopped_by_rank_zero_after_its_failure_say_nothing_of_their_own(jobs):
+    """Rank 0 fails while rank 1 waits in a collective; rank 0 stops it with two SIGTERMs.
+    Rank 1's main thread is blocked, so its stop-signals thread ends it: without a word, since
+    the job's error is rank 0's (it said "a second SIGTERM while the main thread was
+    blocked", as if a user had sent them)."""
+    proc, _ = jobs["rank-zero-fails-alone"]
+    assert proc.returncode == 1, detail(proc)
+    assert proc.stderr.count("RuntimeError: rank 0 broke alone") == 1, detail(proc)
+    assert "a second SIGTERM" not in proc.stderr, detail(proc)
 
 
 def test_relaunch_command_of_a_script_and_of_a_module(tmp_path):
