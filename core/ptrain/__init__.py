@@ -25,6 +25,7 @@ _LAZY = {
     "PluginError": "ptrain.errors",
     "CheckpointError": "ptrain.errors",
     "CheckpointWriteError": "ptrain.errors",
+    "LogWriteError": "ptrain.errors",
     "ChangedBeforeCopiedError": "ptrain.errors",
     "NoCheckpointYetError": "ptrain.errors",
     "ModelError": "ptrain.errors",

@@ -26,7 +26,8 @@ import torch
 
 from ptrain import private_descriptors, replaced_files
 from ptrain.direct_file import DirectFile
-from ptrain.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+from ptrain.errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
+                           LogWriteError)
 
 FORMAT = "ptrain-checkpoint"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -118,7 +119,7 @@ class _RecordingWriter:
 _WRITE_FIXES = {
     errno.ENOSPC: "free space on that disk",
     errno.EDQUOT: "free space within your quota",
-    errno.EFBIG: "raise the file-size limit (ulimit -f), which is below the checkpoint's size",
+    errno.EFBIG: "raise the file-size limit (ulimit -f), which is below the file's size",
     errno.EACCES: "make the folder writable",
     errno.EPERM: "make the folder writable",
 }
@@ -144,27 +145,49 @@ def write_failed(path: str | Path, error: OSError, what: str = "checkpoint",
     file that is not itself a checkpoint (``what``: the top-k record), ``checkpoint`` is the
     one whose intact file (or, gone, the newest beside it) the advice names."""
     path = Path(path)
-    name = errno.errorcode.get(error.errno or 0, "")
-    reason = f"{error.strerror or error} ({name})" if name else str(error)
     previous = (f"the previous {path.name} there is intact" if path.exists() else
                 "no earlier file was touched")
     resume = _intact_checkpoint(path if checkpoint is None else Path(checkpoint))
+    failure = CheckpointWriteError(
+        f"could not write {what} {str(path)!r}: {_reason(error)}. Nothing saved before was "
+        f"replaced ({previous}) and the partial file was removed. To go on: "
+        f"{_to_go_on(error, resume)}.")
+    failure.refused = error  # for a writer whose file is part of a checkpoint named otherwise
+    return failure
+
+
+def log_write_failed(path: str | Path, error: OSError, what: str,
+                     checkpoint: str | Path | None) -> LogWriteError:
+    """The error for a write of a logger's file (``what``: "the TensorBoard log") to ``path``
+    that the system refused with ``error``: the same advice as :func:`write_failed`'s, naming the
+    run's checkpoint to resume from (``checkpoint``'s file, else the newest beside it)."""
+    resume = None if checkpoint is None else _intact_checkpoint(Path(checkpoint))
+    saved = (", and so do the run's checkpoints" if resume is not None else
+             "; no checkpoint of this run was written yet")
+    return LogWriteError(
+        f"could not write {what} {os.fsdecode(path)!r}: {_reason(error)}. What it holds up to "
+        f"now stays readable{saved}. To go on: {_to_go_on(error, resume)}.")
+
+
+def _reason(error: OSError) -> str:
+    """``error`` in words, with its errno's name: "No space left on device (ENOSPC)"."""
+    name = errno.errorcode.get(error.errno or 0, "")
+    return f"{error.strerror or error} ({name})" if name else str(error)
+
+
+def _to_go_on(error: OSError, resume: Path | None) -> str:
+    """What to do after a refused write: the fix where the write was, then resuming from
+    ``resume`` (or training again without one), or going on on another disk."""
     elsewhere = ("train again from the start with --default-root-dir on another disk (no "
                  "checkpoint of this run was written before)" if resume is None else
                  f"resume in a new run folder on another disk with --default-root-dir NEW "
                  f"--ckpt-path '{resume}'")
     errno_ = error.errno or 0
     if errno_ in _ONLY_ELSEWHERE:
-        then = f"{_ONLY_ELSEWHERE[errno_]}; {elsewhere}"
-    else:
-        fix = _WRITE_FIXES.get(errno_, "check the disk and the folder's permissions")
-        here = ("train again" if resume is None else f"resume with --ckpt-path '{resume}'")
-        then = f"{fix}, then {here}; or {elsewhere}"
-    failure = CheckpointWriteError(
-        f"could not write {what} {str(path)!r}: {reason}. Nothing saved before was "
-        f"replaced ({previous}) and the partial file was removed. To go on: {then}.")
-    failure.refused = error  # for a writer whose file is part of a checkpoint named otherwise
-    return failure
+        return f"{_ONLY_ELSEWHERE[errno_]}; {elsewhere}"
+    fix = _WRITE_FIXES.get(errno_, "check the disk and the folder's permissions")
+    here = ("train again" if resume is None else f"resume with --ckpt-path '{resume}'")
+    return f"{fix}, then {here}; or {elsewhere}"
 
 
 _PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, complex, str, bytes, bool,

@@ -35,6 +35,11 @@ class CheckpointWriteError(CheckpointError):
     nothing saved before was replaced, and the partial file was removed."""
 
 
+class LogWriteError(PtrainError):
+    """A logger could not write its file (no space, no permission, a quota, a file-size limit);
+    what the file held before stays readable, and so do the run's checkpoints."""
+
+
 class ChangedBeforeCopiedError(CheckpointError):
     """An asynchronous save found a tensor it copies while training goes on (a parameter an
     optimizer holds, or its state) changed in place before its copy was made: the checkpoint,
