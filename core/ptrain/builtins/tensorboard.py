@@ -14,14 +14,24 @@ record is written, so TensorBoard builds the HParams table from every run under 
 one row per run, a column per hyperparameter seen in any run and per scalar metric. Nested
 dicts are flattened with ``/``; values other than bool, int, float and str are shown as text.
 The configuration (``trainer.config``) is the text ``config`` (TOML, in the Text tab).
+
+A write the system refuses (a full disk) is met on TensorBoard's writer thread; it is kept there
+(Python prints no traceback for it, and the writes after it are dropped, so the file ends where
+it was refused) and handled on the training thread at the next publish point or epoch end as
+``on_write_error`` says (:mod:`ptrain.builtins.log_writes`): the run stops with the error
+(``stop``, the default), or it is said once and training goes on without the log (``warn``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Callable
 
+from ptrain.builtins.log_writes import add_write_error_option, refused, write_error_choice
 from ptrain.config import dump_config
 from ptrain.hookspecs import hookimpl
+
+WHAT = "the TensorBoard log"
 
 
 def flat_hparams(values: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
@@ -42,17 +52,28 @@ def flat_hparams(values: dict[str, Any], prefix: str = "") -> dict[str, bool | i
 class TensorBoardLogger:
     name = "tensorboard"  # its entry point's name, also when given as an object
 
-    def __init__(self) -> None:
+    def __init__(self, on_write_error: str = "stop") -> None:
+        self.on_write_error = write_error_choice("tensorboard", on_write_error)
         self.writer = None
         self._log_dir: str | None = None  # where this stage's writer opens (rank 0 only)
         # what was given before the writer opened: ("hparams", flat dict | "config", text, step)
         self._pending: list[tuple[str, Any, int]] = []
         self._session_started = False
+        self._checkpoint: Any = None  # the run's last.ckpt, named by a refusal's advice
+        self._refusal: OSError | None = None  # the first write the system refused
+        self._file: str | None = None  # the event file it was refused in
+        self._handled = False  # the refusal was raised or said: nothing more is written
+
+    @staticmethod
+    @hookimpl
+    def add_options(options) -> None:
+        add_write_error_option(options, "the event file")
 
     @property
     def experiment(self) -> Any:
         """The ``SummaryWriter`` of the run under way (global rank 0 only; ``None`` elsewhere
-        and outside a stage): ``self.logger.experiment.add_image(...)`` in a module."""
+        and outside a stage): ``self.logger.experiment.add_image(...)`` in a module. Once its
+        file could not be written, what is given to it is dropped."""
         return self._open()
 
     def _open(self) -> Any:
@@ -60,7 +81,9 @@ class TensorBoardLogger:
         if self.writer is None and self._log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_writer_threads()
             self.writer = SummaryWriter(log_dir=self._log_dir)
+            self._keep_refusals(self.writer)
             for kind, value, step in self._pending:
                 if kind == "config":
                     self.writer.add_text("config", value, step)
@@ -69,11 +92,48 @@ class TensorBoardLogger:
             self._pending.clear()
         return self.writer
 
+    def _keep_refusals(self, writer: Any) -> None:
+        """Have the writer thread keep a refused write for :meth:`_writable` and drop every
+        write after it (raised there, the thread would end and each later write on the
+        training thread raise it again)."""
+        file = getattr(writer.file_writer.event_writer, "_general_file_writer", None)
+        if file is None:  # another TensorBoard: its error comes up at the next write instead
+            return
+        write = file.write
+
+        def kept(data: bytes) -> None:
+            if self._refusal is None:
+                try:
+                    write(data)
+                except OSError as exc:
+                    self._file, self._refusal = file.filename, exc
+
+        file.write = kept
+
+    def _write(self, write: Callable[[Any], None], stage_over: bool = False) -> None:
+        """``write(writer)`` unless there is no writer (not global rank 0, outside a stage) or
+        a write was refused. A refusal found (here, or kept by the writer thread) is handled
+        as ``on_write_error`` says, once."""
+        if self._handled:
+            return
+        try:
+            writer = self._open()
+            if writer is not None:
+                write(writer)
+        except OSError as exc:  # the folder can't be made, or the thread's error raised again
+            self._refusal = self._refusal or exc
+        if self._refusal is not None:
+            self._handled = True
+            refused("tensorboard", self.on_write_error, self._file or self._log_dir,
+                    self._refusal, WHAT, self._checkpoint, stage_over)
+
     @hookimpl
     def setup(self, trainer) -> None:
         self._session_started = False
+        self._refusal, self._file, self._handled = None, None, False
         if trainer.is_global_zero and self.writer is None:
             self._log_dir = str(trainer.run_dir)
+            self._checkpoint = trainer.last_checkpoint_path
 
     @hookimpl
     def log_hyperparams(self, trainer, hyperparameters: dict[str, Any]) -> None:
@@ -87,28 +147,49 @@ class TensorBoardLogger:
 
     @hookimpl
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        writer = self._open()
-        if writer is not None:
+        def scalars(writer: Any) -> None:
             for name, value in metrics.items():
                 writer.add_scalar(name, value, global_step=step)
 
+        self._write(scalars)
+
     @hookimpl
     def on_epoch_end(self) -> None:
-        writer = self._open()
-        if writer is not None:
-            writer.flush()
+        self._write(lambda writer: writer.flush())
 
     @hookimpl
     def teardown(self, trainer) -> None:
-        writer = self._open()
-        self._log_dir = None
-        if writer is None:
-            return
-        if self._session_started:
-            writer.file_writer.add_summary(session_end(trainer.exception is None),
-                                           trainer.global_step)
-        writer.close()
-        self.writer = None
+        def close(writer: Any) -> None:
+            if self._session_started:
+                writer.file_writer.add_summary(session_end(trainer.exception is None),
+                                               trainer.global_step)
+            writer.close()
+
+        self._write(close, stage_over=True)
+        if self.writer is not None:  # after a refusal: ends its thread (closing twice is fine)
+            self.writer.close()
+        self._log_dir, self.writer = None, None
+
+
+def _quiet_writer_threads() -> None:
+    """Have Python print no traceback for an ``OSError`` that ends a TensorBoard writer thread:
+    the writer raises it again on its next use, on the thread that uses it (where this logger
+    handles it). Needed for the event file's first write, made as the writer opens, before
+    :meth:`TensorBoardLogger._keep_refusals` can keep it. Python's hook is chained, not
+    replaced."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread)
+                and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
 
 
 def _hparams_summary(tag: str, **plugin_data: Any) -> Any:
