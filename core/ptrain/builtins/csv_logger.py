@@ -16,15 +16,22 @@ teardown (also after an error). Only global rank 0 writes.
 With ``log_config`` (on by default) the run's resolved configuration is written next to it as
 ``config.toml`` (``ptrain fit --config`` reads it back); the hyperparameters are in
 ``hparams.toml`` there, written by the core.
+
+A write the system refuses (a full disk) leaves the file as it was (a rewrite goes to a temporary
+file first; an append that fails is cut off again) and is handled as ``on_write_error`` says
+(:mod:`ptrain.builtins.log_writes`): the run stops with the error (``stop``, the default), or it
+is said once and training goes on without the file (``warn``).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 from typing import Any
 
+from ptrain.builtins.log_writes import add_write_error_option, refused, write_error_choice
 from ptrain.config import dump_config, positive
 from ptrain.hookspecs import hookimpl
 from ptrain.options import to_int
@@ -44,9 +51,13 @@ class CSVLogger:
 
     name = "csv"  # its entry point's name, also when given as an object
 
-    def __init__(self, flush_every_n_steps: int = 100, log_config: bool = True) -> None:
+    def __init__(self, flush_every_n_steps: int = 100, log_config: bool = True,
+                 on_write_error: str = "stop") -> None:
         self.flush_every_n_steps = _positive_int(flush_every_n_steps)
         self.log_config = log_config
+        self.on_write_error = write_error_choice("csv", on_write_error)
+        self._checkpoint: Path | None = None  # the run's last.ckpt, named by a refusal's advice
+        self._refused = False  # a write was refused: nothing more is written this stage
         self.path: Path | None = None
         self.columns: list[str] = []  # the header of the file as written
         self.rows: list[dict[str, Any]] = []  # published, not yet written
@@ -61,28 +72,35 @@ class CSVLogger:
         options.add("log_config", bool, default=True,
                     help="also write the run's resolved configuration to config.toml in the run "
                          "folder")
+        add_write_error_option(options, "metrics.csv or config.toml")
 
     @hookimpl
     def setup(self, trainer) -> None:
         self.rows, self.columns, self.path = [], [], None
         self._flushed_step = trainer.global_step
+        self._refused = False
         if not trainer.is_global_zero:
             return
         self.path = Path(trainer.run_dir) / METRICS_FILE
+        self._checkpoint = trainer.last_checkpoint_path
         if self.path.is_file():  # a resumed run continues its own file
             with open(self.path, newline="", encoding="utf-8") as f:
                 self.columns = next(csv.reader(f), [])
 
     @hookimpl
     def log_hyperparams(self, trainer) -> None:
-        if self.path is not None and self.log_config:
+        if self.path is None or not self.log_config or self._refused:
+            return
+        file = self.path.parent / CONFIG_FILE
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            (self.path.parent / CONFIG_FILE).write_text(dump_config(trainer.config),
-                                                        encoding="utf-8")
+            file.write_text(dump_config(trainer.config), encoding="utf-8")
+        except OSError as exc:
+            self._refuse(file, exc, "the run's configuration")
 
     @hookimpl
     def log_metrics(self, trainer, metrics: dict[str, float], step: int) -> None:
-        if self.path is None:
+        if self.path is None or self._refused:
             return
         self.rows.append({"step": step, "epoch": trainer.current_epoch, **metrics})
         if step - self._flushed_step >= self.flush_every_n_steps:
@@ -94,14 +112,27 @@ class CSVLogger:
 
     @hookimpl
     def teardown(self) -> None:
-        self.flush()
+        self.flush(stage_over=True)
 
-    def flush(self) -> None:
+    def flush(self, stage_over: bool = False) -> None:
         """Write the buffered rows: appended when the header has all their names, else the
-        whole file rewritten with a header of all names, sorted."""
-        if self.path is None or not self.rows:
+        whole file rewritten with a header of all names, sorted. A write the system refuses
+        leaves the file as it was and is handled as ``on_write_error`` says (at the end of a
+        stage, ``stage_over``, it is said)."""
+        if self.path is None or not self.rows or self._refused:
             return
         self._flushed_step = self.rows[-1]["step"]
+        try:
+            self._write_rows()
+        except OSError as exc:
+            self._refuse(self.path, exc, "the CSV log", stage_over)
+        self.rows = []
+
+    def _refuse(self, file: Path, error: OSError, what: str, stage_over: bool = False) -> None:
+        self._refused = True
+        refused("csv", self.on_write_error, file, error, what, self._checkpoint, stage_over)
+
+    def _write_rows(self) -> None:
         new = [k for row in self.rows for k in row if k not in self.columns]
         new = list(dict.fromkeys(new))
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,19 +141,28 @@ class CSVLogger:
             if self.path.is_file():
                 with open(self.path, newline="", encoding="utf-8") as f:
                     old_rows = list(csv.DictReader(f))
-            self.columns = sorted({*self.columns, *INDEX_COLUMNS, *new})
+            columns = sorted({*self.columns, *INDEX_COLUMNS, *new})
             tmp = self.path.with_suffix(".csv.tmp")
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=self.columns)
-                writer.writeheader()
-                writer.writerows(old_rows)
-                writer.writerows(_cells(row) for row in self.rows)
-            tmp.replace(self.path)
+            try:
+                with open(tmp, "w", newline="", encoding="utf-8") as f:
+                    writer = csv.DictWriter(f, fieldnames=columns)
+                    writer.writeheader()
+                    writer.writerows(old_rows)
+                    writer.writerows(_cells(row) for row in self.rows)
+                tmp.replace(self.path)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                raise
+            self.columns = columns
         else:
-            with open(self.path, "a", newline="", encoding="utf-8") as f:
-                csv.DictWriter(f, fieldnames=self.columns).writerows(
-                    _cells(row) for row in self.rows)
-        self.rows = []
+            size = self.path.stat().st_size
+            try:
+                with open(self.path, "a", newline="", encoding="utf-8") as f:
+                    csv.DictWriter(f, fieldnames=self.columns).writerows(
+                        _cells(row) for row in self.rows)
+            except OSError:
+                os.truncate(self.path, size)  # no row cut short (a number read as another)
+                raise
 
 
 def _cells(row: dict[str, Any]) -> dict[str, Any]:

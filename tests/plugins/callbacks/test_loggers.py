@@ -145,7 +145,8 @@ def test_csv_rows_are_the_published_metrics(make_trainer):
     # the run's configuration next to it, readable by --config
     config = tomllib.loads((trainer.log_dir / "config.toml").read_text())
     assert config["trainer"]["max_epochs"] == 2
-    assert config["plugins"]["csv"] == {"flush_every_n_steps": 1, "log_config": True}
+    assert config["plugins"]["csv"] == {"flush_every_n_steps": 1, "log_config": True,
+                                        "on_write_error": "stop"}
 
 
 def test_csv_buffers_until_the_epoch_ends(make_trainer, tmp_path):
