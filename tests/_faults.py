@@ -151,13 +151,7 @@ class SmallDisk:
     def fill(self, mark: str) -> None:
         """Leave no room for another checkpoint for the job marked ``mark``."""
         if self.kind == "tmpfs":
-            with open(self.path / "filler", "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (1 << 16))
-                        f.flush()
-                except OSError:
-                    pass
+            fill_tmpfs(self.path)
             return
         import resource
 
@@ -171,6 +165,18 @@ class SmallDisk:
     def close(self) -> None:
         if self.kind == "tmpfs":
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+def fill_tmpfs(path: Path) -> None:
+    """Fill the tmpfs at ``path`` with a file of zeros until it refuses more. A file written to
+    before may still grow into the rest of its last page (4 KiB)."""
+    with open(path / "filler", "ab") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
 
 
 @contextlib.contextmanager
@@ -205,5 +211,5 @@ def stall_job(out: Path, *, strategy: str = "ddp", stall_timeout: float = 2.0,
                       "--launcher", launcher, "--timeout", str(timeout), *block], out)
 
 
-__all__ = ["Job", "SmallDisk", "clean_env", "unwritable_folder", "kill_marked", "leftovers", "marked_pids", "stall_job",
-           "start_job"]
+__all__ = ["Job", "SmallDisk", "clean_env", "fill_tmpfs", "unwritable_folder", "kill_marked",
+           "leftovers", "marked_pids", "stall_job", "start_job"]
