@@ -254,10 +254,12 @@ def _stop_copies(grace: float = 5.0) -> None:
     if folder and os.path.isdir(folder):
         Path(folder, STOPPING).touch()
     for _ in range(2):
-        for child in _children:
-            if child.poll() is None:
-                child.terminate()
-        time.sleep(0.1)
+        running = [child for child in _children if child.poll() is None]
+        if not running:
+            break
+        for child in running:
+            child.terminate()
+        time.sleep(0.1)  # for the first signal to be taken, or the second is one to the kernel
     deadline = time.monotonic() + grace
     for child in _children:
         try:
