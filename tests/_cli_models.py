@@ -41,6 +41,19 @@ class RecordingRegressor(TinyRegressor):
         return super().training_step(batch, batch_idx)
 
 
+class FreezeCountRegressor(TinyRegressor):
+    """TinyRegressor that writes, as it is built, how many objects the garbage collector has
+    frozen (``gc.get_freeze_count()``) and whether it is itself among those it collects."""
+
+    def __init__(self, record: str, **kwargs):
+        super().__init__(**kwargs)
+        import gc
+
+        collected = any(obj is self for obj in gc.get_objects())
+        with open(record, "w", encoding="utf-8") as f:
+            f.write(f"{gc.get_freeze_count()} {collected}\n")
+
+
 class NotAModule:
     """A class that is not a ptrain.TrainModule."""
 

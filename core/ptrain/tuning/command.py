@@ -89,6 +89,7 @@ def cmd_tune(argv: list[str]) -> int:
         raise ConfigError("--tune-repeats must be at least 2: one repeat can't measure the noise")
     catalog = Catalog.discover()
     spec = cli.resolve_run("fit", rest, catalog, also=[parser])
+    cli.freeze_imported()
     for flag, given, why in (
             ("--print-config", spec.print_config, "ptrain tune writes the configuration that won "
              "to --tune-output; `ptrain fit --print-config` shows the one you give it"),
