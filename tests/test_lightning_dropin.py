@@ -305,6 +305,20 @@ def test_tensor_parallel_program_matches(tmp_path):
 
 
 @DROP_IN_PAIRS
+def test_a_trainer_knows_its_process_ranks_before_fit(tmp_path):
+    """Each process the script launcher runs answers its own ranks and the world size as soon
+    as the trainer is made, so ``trainer.print`` before ``fit`` prints once (Lightning's
+    tensor-parallel example prints its parameter count there), not in every process."""
+    lightning = run_program("ranks_before_fit", tmp_path, "lightning")
+    ptrain = run_program("ranks_before_fit", tmp_path, "ptrain")
+    assert ptrain["processes"] == lightning["processes"] == 2
+    assert [r["global_rank"] for r in lightning["before"]] == [0, 1]
+    assert [r["is_global_zero"] for r in lightning["before"]] == [True, False]
+    assert [r["printed"] for r in lightning["before"]] == ["made\n", ""]
+    assert ptrain["before"] == lightning["before"]
+
+
+@DROP_IN_PAIRS
 def test_the_tuner_under_ddp_sets_every_rank_what_rank_zero_found(tmp_path):
     """Each rank searched in a scratch folder of its own, where only rank 0's finder wrote its
     result: rank 1 died after the search."""

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from ptrain import run_folder
+from ptrain.distributed import detect_environment
 from ptrain.errors import ConfigError, ModelError, NoCheckpointYetError
 from ptrain.evaluation_loop import stage_batches
 from ptrain.lightning._common import refuse
@@ -129,6 +130,22 @@ class Trainer(_Trainer):
             self._keep_samplers()
         if benchmark is not None:  # Lightning sets it for the process, as here
             torch.backends.cudnn.benchmark = benchmark
+        self._take_launched_ranks()
+
+    def _take_launched_ranks(self) -> None:
+        """Before its first stage, the trainer answers ``world_size``, ``global_rank`` and
+        ``local_rank`` (so ``is_global_zero``, ``node_rank`` and ``print``) as Lightning's does
+        once made: under a strategy of several processes, the world size its devices and nodes
+        make, and in a process a launcher started (a copy of the script, torchrun, SLURM) that
+        process's ranks; elsewhere rank 0. The stage sets the same values again."""
+        strategy = self.plugins.get(self.options["strategy"])
+        if not callable(getattr(strategy, "processes_per_node", None)):
+            return  # one process
+        self.world_size = self.num_devices * self.num_nodes
+        environment = detect_environment()
+        if environment is not None:
+            self.global_rank = environment.global_rank
+            self.local_rank = environment.local_rank
 
     def _shuffle_training_shards(self) -> None:
         """Lightning's sampler rule: the ``DistributedSampler`` put in a training dataloader
