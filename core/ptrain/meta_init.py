@@ -16,8 +16,10 @@ and with the same seed the weights equal those of the model built whole, as long
 were assigned in the order they were created. Every rank draws the same numbers: before
 starting, rank 0's CPU generator state is given to all ranks.
 
-A module holding tensors of its own without a ``reset_parameters()`` is a :class:`ModelError`
-naming it: its values would otherwise be whatever the memory held.
+A ``reset_parameters()`` may fill its tensors in place or assign new ones of the same shape
+(``self.freqs = compute()``); either gives the values. A module holding tensors of its own
+without a ``reset_parameters()`` is a :class:`ModelError` naming it: its values would
+otherwise be whatever the memory held.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def _initialise(module: nn.Module, meta: set[str]) -> None:
     try:
         with torch.no_grad():
             module.reset_parameters()
+        # a reset_parameters() may assign new tensors rather than fill the stand-ins (the
+        # tensor-parallel example's root recomputes its rotary buffer): its values are those
+        wholes = {key: _reassigned(module, key, whole) for key, whole in wholes.items()}
     finally:
         for key, tensor in own.items():
             kind, name = key.split(".", 1)
@@ -111,6 +116,22 @@ def _initialise(module: nn.Module, meta: set[str]) -> None:
                 whole = distribute_tensor(whole, tensor.device_mesh, tensor.placements,
                                           src_data_rank=None).to_local()
             _local(tensor).copy_(whole)
+
+
+def _reassigned(module: nn.Module, key: str, whole: torch.Tensor) -> torch.Tensor:
+    """What ``module`` holds under ``key`` after its ``reset_parameters()``: the stand-in
+    ``whole``, or the tensor it assigned instead, which must keep the stand-in's shape."""
+    kind, name = key.split(".", 1)
+    now = (module._parameters if kind == "p" else module._buffers).get(name)
+    if now is None or now is whole:
+        return whole
+    if now.shape != whole.shape:
+        raise ModelError(
+            f"{type(module).__qualname__}.reset_parameters() replaced its "
+            f"{'parameter' if kind == 'p' else 'buffer'} {name!r} of shape "
+            f"{tuple(whole.shape)} by one of shape {tuple(now.shape)}; give it the shape the "
+            f"constructor gave it (the model was made on the meta device with that shape).")
+    return now.detach()
 
 
 def _share_generator_state() -> None:

@@ -174,3 +174,45 @@ def test_a_meta_module_without_reset_parameters_is_named(make_trainer):
         module.extra = _Inited()
     with pytest.raises(ModelError, match=r"extra \(_Inited\).*no reset_parameters\(\)"):
         trainer.fit(module)
+
+
+class _Recomputed(torch.nn.Module):
+    """A buffer computed, not drawn, whose reset_parameters assigns it anew (as the rotary
+    table of Lightning's tensor-parallel example: ``self.freqs_cis = ...``)."""
+
+    def __init__(self, length: int = 6):
+        super().__init__()
+        self.length = length
+        self.register_buffer("table", self._compute(6))
+
+    def _compute(self, length: int) -> torch.Tensor:
+        return torch.arange(length, dtype=torch.float32).exp()
+
+    def reset_parameters(self):
+        self.table = self._compute(self.length)
+
+
+def test_a_reset_parameters_that_assigns_its_buffer_anew_gives_its_values(make_trainer):
+    """The values are what reset_parameters assigned, not the empty stand-in it replaced
+    (which held whatever the memory held: the example's losses became NaN)."""
+    from tests.conftest import TinyRegressor
+
+    trainer = make_trainer(max_epochs=1)
+    module = TinyRegressor()
+    with trainer.init_module(empty_init=True):
+        module.extra = _Recomputed()
+    assert module.extra.table.is_meta
+    trainer.fit(module)
+    torch.testing.assert_close(module.extra.table, _Recomputed().table, rtol=0, atol=0)
+
+
+def test_a_reset_parameters_that_changes_a_shape_is_named(make_trainer):
+    from tests.conftest import TinyRegressor
+
+    trainer = make_trainer(max_epochs=1)
+    module = TinyRegressor()
+    with trainer.init_module(empty_init=True):
+        module.extra = _Recomputed(length=4)
+    with pytest.raises(ModelError, match=r"_Recomputed.reset_parameters\(\) replaced its buffer "
+                                         r"'table' of shape \(6,\) by one of shape \(4,\)"):
+        trainer.fit(module)
