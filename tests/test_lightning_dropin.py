@@ -151,6 +151,18 @@ def test_a_gradient_monitor_reads_the_last_steps_gradients_as_under_lightning(tm
     assert ptrain["weights"] == lightning["weights"]
 
 
+@pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
+@DROP_IN_PAIRS
+def test_a_tensor_made_in_forward_takes_the_true_precisions_dtype(tmp_path, precision):
+    """Lightning's true precisions set torch's default dtype while the module steps: a table
+    made in ``forward`` without a dtype is in it. Under ptrain's bf16-true it was float32, and
+    the next layer's bfloat16 weight failed the matmul (Lightning's FP8 example's demo
+    transformer stopped at its first step)."""
+    lightning = run_program("lazy_table_true_precision", tmp_path, "lightning", precision)
+    ptrain = run_program("lazy_table_true_precision", tmp_path, "ptrain", precision)
+    assert ptrain == lightning
+
+
 @DROP_IN_PAIRS
 def test_classifier_in_bf16_mixed_matches(tmp_path):
     lightning = run_program("classifier", tmp_path, "lightning", "bf16-mixed")

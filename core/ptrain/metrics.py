@@ -223,7 +223,10 @@ class MetricStore:
                                   f"{tuple(value.shape)}; log one number (a 0-dim or "
                                   f"one-element tensor), e.g. its .mean().")
         elif isinstance(value, numbers.Number):
-            value = torch.tensor(value, dtype=torch.get_default_dtype(),
+            # the default dtype, but no narrower than float32 (a true-precision step makes it
+            # bfloat16 there): a logged number keeps its digits
+            dtype = torch.get_default_dtype()
+            value = torch.tensor(value, dtype=dtype if dtype == torch.float64 else torch.float32,
                                  device=self.trainer.device)
         elif _is_metric_object(value):
             metric_object = value

@@ -111,6 +111,42 @@ def test_true_precisions_cast_parameters_inputs_and_optimizer_state(make_trainer
     assert trainer.precision_policy.param_dtype == trainer.precision_policy.compute_dtype == dtype
 
 
+class LazyTableRegressor(TinyRegressor):
+    """Makes a layer in ``configure_model`` and, on first use in its step, a table without a
+    dtype (as a positional encoding built lazily); logs a number float32 holds and bfloat16
+    does not."""
+
+    def configure_model(self):
+        if not hasattr(self, "head"):
+            self.head = nn.Linear(1, 1)
+        self.table = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.table is None:
+            self.table = torch.zeros(1)
+        self.seen = (self.table.dtype, torch.get_default_dtype())
+        self.log("logged", 1.0001)
+        return nn.functional.mse_loss(self.head(self(x) + self.table), y)
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16),
+                                              ("64-true", torch.float64)])
+def test_true_precisions_make_the_steps_and_the_layers_tensors_in_their_dtype(make_trainer,
+                                                                               precision, dtype):
+    """A tensor made without a dtype in a step, or a layer made in ``configure_model``, is in
+    the precision's dtype (under bf16-true a float32 table made the next layer's input float32,
+    and its bfloat16 weight failed the matmul); outside them the default dtype is as it was,
+    and a logged number is no narrower than float32."""
+    module = LazyTableRegressor(n=16)
+    trainer = make_trainer(precision=precision, max_epochs=1)
+    trainer.fit(module)
+    assert module.seen == (dtype, dtype)
+    assert module.head.weight.dtype == dtype
+    assert torch.get_default_dtype() == torch.float32
+    assert float(trainer.callback_metrics["logged"]) == pytest.approx(1.0001, rel=1e-6)
+
+
 def test_64_true_equals_a_hand_written_float64_loop(make_trainer):
     torch.manual_seed(0)
     module = TinyRegressor(n=32, batch_size=8, lr=0.05, with_val=False)

@@ -2,12 +2,17 @@
 
 The model's floating-point parameters and buffers are cast before the strategy wraps the model
 (so the optimizer, built afterwards, keeps its state in the same dtype), and every floating-point
-tensor of each batch is cast on its way to the device. No autocast, no loss scaling.
+tensor of each batch is cast on its way to the device. Torch's default dtype is the precision's
+while the module's layers are made (``configure_model``, ``Trainer.init_module``) and during
+each step (``model_step``), so a tensor a module makes without a dtype (``torch.zeros(n)`` in
+``forward``, a positional table built on first use) is in it too, as under Lightning; outside
+them it is what it was. No autocast, no loss scaling.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
@@ -33,6 +38,15 @@ class TruePrecision:
         model.to(dtype=self.dtype)  # in place, before the strategy wraps or shards it
         return (yield)
 
+    @hookimpl
+    def module_init_context(self) -> contextlib.AbstractContextManager:
+        return default_dtype(self.dtype)
+
+    @hookimpl(wrapper=True)
+    def model_step(self):
+        with default_dtype(self.dtype):
+            return (yield)
+
     @hookimpl(wrapper=True)
     def transfer_batch(self, batch: Any):
         moved = yield
@@ -40,6 +54,17 @@ class TruePrecision:
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Torch's default dtype set to ``dtype`` inside, and back to what it was after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 class BF16TruePrecision(TruePrecision):
