@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 import re
 import shutil
@@ -608,6 +609,15 @@ class StepCount:  # a ptrain plugin with an option, not packaged
     @ptrain.hookimpl
     def teardown(self, trainer):
         Path(self.out).write_text(str(trainer.global_step))
+
+
+class Mixed:  # a ptrain hook and a Lightning method on a plain object: refused
+    @ptrain.hookimpl
+    def teardown(self, trainer):
+        pass
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        pass
 '''
 
 
@@ -625,6 +635,11 @@ def test_p_module_class_loads_a_local_callback_without_packaging_it(tmp_path):
     missing = run_cli("fit", *MODEL, "-p", "my_callbacks:Nope", cwd=tmp_path,
                       env={"PYTHONPATH": str(REPO)})
     assert_usage_error(missing, "my_callbacks:Nope", "could not be imported")
+    # (the PYTHONPATH given kept, so that a clone's core is the one refusing)
+    mixed = run_cli("fit", *MODEL, "-p", "my_callbacks:Mixed", cwd=tmp_path,
+                    env={"PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [
+                        os.environ.get("PYTHONPATH")])])})
+    assert_usage_error(mixed, "Mixed.on_train_epoch_end", "ptrain.lightning.Callback")
 
 
 IMPORT_FAILURES = {  # module text, -p value, what the message says, what it must not say

@@ -927,6 +927,64 @@ def test_a_callback_object_is_adapted_by_its_lightning_names_or_refused_naming_i
         make_trainer(callbacks=[NothingAtAll()])
 
 
+class MixesBoth:
+    """A plain object (no ``Callback``) with a ptrain hook and Lightning's methods: registered
+    as a plugin, its Lightning methods were never called, and nothing said so."""
+
+    def __init__(self, calls=None):
+        self.calls = calls if calls is not None else []
+
+    @hookimpl
+    def on_train_step_end(self, trainer, batch_idx):
+        self.calls.append("on_train_step_end")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.calls.append("on_train_epoch_end")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.calls.append("on_train_batch_end")
+
+
+class MixesBothOnPurpose(MixesBoth):
+    not_ptrain_hooks = ("on_train_epoch_end", "on_train_batch_end")  # helpers it calls itself
+
+
+class DerivesFromCallback(MixesBoth, Callback):
+    """The fix the refusal names."""
+
+
+@pytest.mark.parametrize("lightning", [False, True], ids=["ptrain", "ptrain.lightning"])
+def test_a_plain_object_with_ptrain_hooks_and_lightning_methods_is_refused(tmp_path, lightning):
+    import ptrain.lightning as ppl
+
+    def make(*callbacks):
+        if lightning:
+            return ppl.Trainer(callbacks=list(callbacks), default_root_dir=str(tmp_path),
+                               accelerator="cpu", enable_progress_bar=False, logger=False)
+        return ptrain.Trainer(callbacks=["no:progress-bar", *callbacks], accelerator="cpu",
+                              default_root_dir=str(tmp_path))
+
+    message = (r"callback MixesBoth implements ptrain hooks \(methods marked @ptrain\.hookimpl"
+               r"\) and has methods named like Lightning's callback methods \("
+               r"MixesBoth\.on_train_epoch_end, MixesBoth\.on_train_batch_end\) without the "
+               r"mark.*would never call them\. Derive MixesBoth from ptrain\.lightning\.Callback"
+               r".*if on_train_batch_end is meant as the ptrain hook, mark it @ptrain\.hookimpl"
+               r".*not_ptrain_hooks")
+    with pytest.raises(PluginError, match=message):
+        make(MixesBoth())
+    if not lightning:  # a class, made by the trainer (as -p MODULE:CLASS)
+        with pytest.raises(PluginError, match=message):
+            make(MixesBoth)
+    assert "mixes-both-on-purpose" in make(MixesBothOnPurpose()).plugins
+    calls = []
+    trainer = ptrain.Trainer(callbacks=["no:progress-bar", DerivesFromCallback(calls)],
+                             accelerator="cpu", default_root_dir=str(tmp_path), max_epochs=1)
+    trainer.fit(TinyRegressor())
+    assert calls.count("on_train_step_end") == calls.count("on_train_batch_end") \
+        == trainer.global_step > 0
+    assert calls[-1] == "on_train_epoch_end"
+
+
 class MisnamedHook:
     @hookimpl
     def on_train_start(self, trainer):

@@ -538,9 +538,12 @@ def test_lambda_callback_is_called_where_lightning_calls_it(tmp_path):
     assert ours == theirs
 
 
-def test_a_callback_with_ptrain_hooks_too_runs_its_lightning_methods(tmp_path):
+@pytest.mark.parametrize("private", [False, True], ids=["public-hook", "private-hook"])
+def test_a_callback_with_ptrain_hooks_too_runs_its_lightning_methods(tmp_path, private):
     """A user's ``Callback`` subclass that also marks a ptrain hook is registered as a plugin;
-    its Lightning-named methods still run where Lightning runs them."""
+    its Lightning-named methods still run where Lightning runs them. A hook marked only on a
+    private method (``specname``) counts too: it was adapted as a Lightning callback, and its
+    ptrain hook silently never ran."""
     def make(calls):
         def factory(c):
             class Both(c.Callback):
@@ -550,10 +553,13 @@ def test_a_callback_with_ptrain_hooks_too_runs_its_lightning_methods(tmp_path):
                 def on_train_epoch_end(self, trainer, pl_module):
                     calls.append(("epoch_end", trainer.global_step))
 
-                @ptrain.hookimpl
-                def on_train_step_end(self, trainer, batch_idx):  # Lightning never calls it
-                    steps.append(batch_idx)
+            def on_train_step_end(self, trainer, batch_idx):  # Lightning never calls it
+                steps.append(batch_idx)
 
+            if private:
+                Both._step = ptrain.hookimpl(specname="on_train_step_end")(on_train_step_end)
+            else:
+                Both.on_train_step_end = ptrain.hookimpl(on_train_step_end)
             return [Both()]
         return factory
 

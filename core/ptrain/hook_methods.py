@@ -583,7 +583,10 @@ def adapt_callbacks(callbacks: list[Any], name: str, stop: bool = True) -> list[
     :func:`is_hook_method_callback`) replaced by one plugin calling them in list order, named
     ``name``; names and plugin objects stay as they are. A method Lightning 2 no longer calls
     is refused (``stop``) or warned about (:func:`check_removed_methods`), and a callback with
-    no other method takes no part."""
+    no other method takes no part. A plain object that implements ptrain hooks and has
+    Lightning's method names too is refused (:func:`check_plugin_callback`)."""
+    for callback in callbacks:
+        check_plugin_callback(callback)
     methods = [c for c in callbacks if is_hook_method_callback(c)]
     if not methods:
         return list(callbacks)
@@ -593,6 +596,46 @@ def adapt_callbacks(callbacks: list[Any], name: str, stop: bool = True) -> list[
     called = [c for c in methods if overridden(c, CALLBACK_METHODS, _callback_base(c))]
     return [c for c in callbacks if not any(c is m for m in methods)] + \
         ([callback_hook_plugin(called, name)] if called else [])
+
+
+def check_plugin_callback(obj: Any) -> None:
+    """Refuse (:class:`PluginError`) ``obj``, a callback that is not a :class:`Callback`, when
+    it implements ptrain hooks and also has unmarked methods named like Lightning's callback
+    methods: it is registered as a plugin, whose hooks are its marked methods only, so those
+    would never be called. (A :class:`Callback` subclass runs both kinds; on another object a
+    name such as ``setup`` or ``on_train_batch_end`` may mean either.) Left out: names its
+    ``not_ptrain_hooks`` attribute declares (helpers), and a name whose ptrain hook a marked
+    method implements (``@hookimpl(specname="setup")`` beside a Lightning ``setup`` the object
+    calls itself, as ``ptrain.lightning``'s ``ModelCheckpoint``)."""
+    from ptrain.loading import HOOK_NAMES, IMPL_MARK, declared_not_hooks
+
+    if isinstance(obj, (str, Callback)) or inspect.isclass(obj) or inspect.ismodule(obj) or \
+            not implements_ptrain_hooks(obj):
+        return
+    skip = declared_not_hooks(obj)
+    for base in type(obj).__mro__:
+        for attribute, value in vars(base).items():
+            if _marked(value):
+                mark = getattr(getattr(value, "__func__", value), IMPL_MARK, None) or {}
+                skip.add(mark.get("specname") or attribute)
+    names = [name for name in overridden(obj, CALLBACK_METHODS, None) if name not in skip
+             and not _marked(inspect.getattr_static(obj, name))]
+    if not names:
+        return
+    owner = type(obj).__qualname__
+    listed = ", ".join(f"{owner}.{name}" for name in names)
+    one = len(names) == 1
+    hooks = [name for name in names if name in HOOK_NAMES]
+    marking = (f"; if {' or '.join(hooks)} is meant as the ptrain hook, mark it @ptrain.hookimpl"
+               if hooks else "")
+    raise PluginError(
+        f"callback {owner} implements ptrain hooks (methods marked @ptrain.hookimpl) and has "
+        f"{'a method' if one else 'methods'} named like Lightning's callback methods ({listed}) "
+        f"without the mark: ptrain registers such an object as a plugin, whose hooks are its "
+        f"marked methods, so it would never call {'it' if one else 'them'}. Derive {owner} from "
+        f"ptrain.lightning.Callback (ptrain.hook_methods.Callback under ptrain.Trainer), which "
+        f"calls both kinds where each belongs{marking}; or, for a helper, rename it (or name it "
+        f"in the class's attribute `not_ptrain_hooks`).")
 
 
 def module_plugins(module: Any, base: type, stop: bool = True) -> list[Any]:
@@ -622,11 +665,9 @@ def is_hook_method_callback(obj: Any) -> bool:
     ``@ptrain.hookimpl`` (it has no hook implementation, and at least one such method; for a
     :class:`Callback`, a method of Lightning 1.x counts: ``on_epoch_end`` there is Lightning's,
     where on another object it may be a ptrain hook without its mark)."""
-    from ptrain.loading import IMPL_MARK
-
     if inspect.isclass(obj) or inspect.ismodule(obj):
         return False
-    if any(hasattr(getattr(obj, a, None), IMPL_MARK) for a in dir(obj) if not a.startswith("_")):
+    if implements_ptrain_hooks(obj):
         return False
     base = _callback_base(obj)
     return bool(overridden(obj, CALLBACK_METHODS, base)) or (
@@ -642,12 +683,27 @@ def _callback_base(obj: Any) -> type | None:
 _CARRIED = "_lightning_"
 
 
-def _implements_ptrain_hooks(cls: type) -> bool:
-    """Whether ``cls`` (or a base) has a method marked ``@ptrain.hookimpl``."""
+def _marked(value: Any) -> bool:
+    """Whether ``value`` (a function, or a staticmethod or classmethod) is marked
+    ``@ptrain.hookimpl``."""
     from ptrain.loading import IMPL_MARK
 
-    return any(hasattr(getattr(value, "__func__", value), IMPL_MARK) or hasattr(value, IMPL_MARK)
-               for base in cls.__mro__ for value in vars(base).values())
+    return hasattr(getattr(value, "__func__", value), IMPL_MARK) or hasattr(value, IMPL_MARK)
+
+
+def _implements_ptrain_hooks(cls: type) -> bool:
+    """Whether ``cls`` (or a base) has a method marked ``@ptrain.hookimpl``."""
+    return any(_marked(value) for base in cls.__mro__ for value in vars(base).values())
+
+
+def implements_ptrain_hooks(obj: Any) -> bool:
+    """Whether ``obj`` has a method marked ``@ptrain.hookimpl``, public or private (a
+    ``specname``): in its class, or set on the object itself (the implementations a
+    :class:`Callback` carries for its Lightning methods do not count)."""
+    own = getattr(obj, "__dict__", None)
+    own = own if isinstance(own, dict) else {}
+    return _implements_ptrain_hooks(type(obj)) or any(
+        _marked(value) for key, value in own.items() if not key.startswith(_CARRIED))
 
 
 def state_key(callback: Any) -> str:

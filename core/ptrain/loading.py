@@ -433,15 +433,21 @@ def register(pm: _PluginManager, plugin: Any, name: str) -> None:
 NOT_HOOKS = "not_ptrain_hooks"
 
 
+def declared_not_hooks(plugin: Any) -> set[str]:
+    """The method names ``plugin``'s :data:`NOT_HOOKS` attribute declares (read statically,
+    not a ``__getattr__``'s answer; one name or a collection of names)."""
+    declared = inspect.getattr_static(plugin, NOT_HOOKS, ())
+    if isinstance(declared, str):
+        return {declared}
+    return set(declared) if isinstance(declared, (tuple, list, set, frozenset)) else set()
+
+
 def unmarked_hook_methods(plugin: Any, marked: dict[str, str]) -> list[str]:
     """The methods of ``plugin`` (of its class, or a module's own functions) named like a
     ptrain hook but without ``@ptrain.hookimpl``: pluggy passes them over, so they would never
     be called. ``marked`` (attribute -> hook, see :class:`_PluginManager`) and the names in the
     plugin's :data:`NOT_HOOKS` attribute are left out."""
-    declared = inspect.getattr_static(plugin, NOT_HOOKS, ())  # not a __getattr__'s answer
-    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)):
-        declared = (declared,) if isinstance(declared, str) else ()
-    skip = set(marked) | set(marked.values()) | set(declared)
+    skip = set(marked) | set(marked.values()) | declared_not_hooks(plugin)
     names = [n for n in HOOK_NAMES if n not in skip]
     if isinstance(plugin, ModuleType):
         return [n for n in names if isinstance(vars(plugin).get(n), FunctionType)

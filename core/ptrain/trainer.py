@@ -34,7 +34,7 @@ from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import (ChangedBeforeCopiedError, CheckpointError, CheckpointWriteError,
                            ConfigError, ModelError, NoCheckpointYetError, PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
-from ptrain.hook_methods import adapt_callbacks, is_hook_method_callback, module_plugins
+from ptrain.hook_methods import adapt_callbacks, module_plugins
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
                                     logged_hyperparameters, saved_hyperparameters)
 from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instantiate, register
@@ -290,9 +290,9 @@ class Trainer:
             # and the config key, not which of them gave the value
             resolved = plugin.options.resolve(given, "")
             created = instantiate(plugin.target, plugin.name, resolved)
-            if plugin.info is None and is_hook_method_callback(created):  # -p MODULE:CLASS
-                # a class named on the command line: refused where it keeps a hook of
-                # Lightning 1.x, so the one plugin is there
+            if plugin.info is None:  # -p MODULE:CLASS, or a class in callbacks=[...]
+                # refused where it keeps a hook of Lightning 1.x, or mixes ptrain hooks with
+                # Lightning's methods on a plain object, so the one plugin is there
                 created = adapt_callbacks([created], plugin.name)[0]
             plugins[plugin.name] = created
             if resolved:
