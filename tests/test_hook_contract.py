@@ -985,6 +985,29 @@ def test_a_plain_object_with_ptrain_hooks_and_lightning_methods_is_refused(tmp_p
     assert calls[-1] == "on_train_epoch_end"
 
 
+class MarksSetup(Callback):
+    """A ``Callback`` whose ptrain hook has a Lightning method's name: it was called as
+    Lightning's ``setup(trainer, pl_module, stage=...)`` too, a TypeError."""
+
+    def __init__(self):
+        self.calls = []
+
+    @hookimpl
+    def setup(self, trainer, stage):
+        self.calls.append(("setup", stage))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.calls.append(("on_train_epoch_end", trainer.current_epoch))
+
+
+def test_a_callbacks_ptrain_hook_named_like_a_lightning_method_is_called_once_as_ptrains(
+        make_trainer):
+    callback = MarksSetup()
+    make_trainer(callbacks=["no:progress-bar", callback], max_epochs=2).fit(TinyRegressor())
+    assert callback.calls == [("setup", "fit"), ("on_train_epoch_end", 0),
+                              ("on_train_epoch_end", 1)]
+
+
 class MisnamedHook:
     @hookimpl
     def on_train_start(self, trainer):

@@ -593,7 +593,7 @@ def adapt_callbacks(callbacks: list[Any], name: str, stop: bool = True) -> list[
     for callback in methods:
         check_removed_methods(callback, _callback_base(callback), REMOVED_CALLBACK_METHODS, stop,
                               PluginError)
-    called = [c for c in methods if overridden(c, CALLBACK_METHODS, _callback_base(c))]
+    called = [c for c in methods if lightning_methods(c)]
     return [c for c in callbacks if not any(c is m for m in methods)] + \
         ([callback_hook_plugin(called, name)] if called else [])
 
@@ -618,8 +618,7 @@ def check_plugin_callback(obj: Any) -> None:
             if _marked(value):
                 mark = getattr(getattr(value, "__func__", value), IMPL_MARK, None) or {}
                 skip.add(mark.get("specname") or attribute)
-    names = [name for name in overridden(obj, CALLBACK_METHODS, None) if name not in skip
-             and not _marked(inspect.getattr_static(obj, name))]
+    names = [name for name in lightning_methods(obj) if name not in skip]
     if not names:
         return
     owner = type(obj).__qualname__
@@ -729,7 +728,7 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
                 raise PluginError(f"two callbacks of this run save their state under {key!r}; "
                                   f"give one a distinct `state_key` property.")
             keys[key] = callback
-        for method_name in overridden(callback, CALLBACK_METHODS, _callback_base(callback)):
+        for method_name in lightning_methods(callback):
             if method_name in STATE_METHODS:
                 hooks.add(CALLBACK_METHODS[method_name])
                 continue
@@ -818,8 +817,16 @@ class StepOptimizer:
         return getattr(self.optimizer, name)
 
 
+def lightning_methods(callback: Any, names: Any = CALLBACK_METHODS) -> list[str]:
+    """The names among ``names`` that ``callback`` defines as Lightning's methods: overridden
+    (see :func:`overridden`) and not marked ``@ptrain.hookimpl`` (a marked ``setup`` is the
+    ptrain hook, called as such, never as Lightning's)."""
+    return [name for name in overridden(callback, names, _callback_base(callback))
+            if not _marked(inspect.getattr_static(callback, name))]
+
+
 def _defines(callback: Any, name: str) -> bool:
-    return bool(overridden(callback, {name: ""}, _callback_base(callback)))
+    return bool(lightning_methods(callback, (name,)))
 
 
 class ModuleHookMethods:
