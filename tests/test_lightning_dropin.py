@@ -164,6 +164,16 @@ def test_a_tensor_made_in_forward_takes_the_true_precisions_dtype(tmp_path, prec
 
 
 @DROP_IN_PAIRS
+def test_a_stage_given_dataloaders_keeps_the_last_datamodule_as_lightning_does(tmp_path):
+    """``predict(model, datamodule=dm)`` then ``predict(model, dataloaders=...)``: Lightning
+    keeps ``dm`` as ``trainer.datamodule`` and runs its setup again; ptrain dropped it."""
+    lightning = run_program("datamodule_kept", tmp_path, "lightning")
+    ptrain = run_program("datamodule_kept", tmp_path, "ptrain")
+    assert lightning["calls"] == lightning["after_first"] * 2  # the oracle
+    assert ptrain == lightning
+
+
+@DROP_IN_PAIRS
 def test_classifier_in_bf16_mixed_matches(tmp_path):
     lightning = run_program("classifier", tmp_path, "lightning", "bf16-mixed")
     ptrain = run_program("classifier", tmp_path, "ptrain", "bf16-mixed")

@@ -272,6 +272,10 @@ class Trainer(_Trainer):
             if ckpt_path is None:
                 ckpt_path = self._best_of_last_fit(stage)
         _check_model(model, stage)
+        if datamodule is None and dataloaders is not None:
+            # Lightning's trainer.datamodule stays the last one given: the stage runs its
+            # prepare_data, setup and teardown again, and takes its data from the dataloaders
+            datamodule = self.datamodule
         return model, dataloaders, datamodule, ckpt_path
 
     def _best_of_last_fit(self, stage: str) -> str | None:
