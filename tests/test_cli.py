@@ -790,4 +790,4 @@ def test_a_model_rebuilt_from_its_checkpoint_takes_the_saved_hyperparameters(tmp
     assert [p.shape for p in torch.load(written, weights_only=True)] == [(4, 1)] * 4
     assert_usage_error(rebuilt("validate", "Unsaved"), "does not fit this model (Unsaved)",
                        "It was written by --model widthmodels:Unsaved --model.lr 0.05",
-                       "the model's code has changed since")
+                       "the model's code or its defaults have changed since")

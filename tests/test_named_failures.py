@@ -70,10 +70,11 @@ MODELS = textwrap.dedent('''
 ''')
 
 
-def _fit(folder: Path, *args: str) -> Path:
-    """Train ``mymodels:Net`` for one epoch in ``folder``; the run's ``last.ckpt``."""
+def _fit(folder: Path, *args: str, models: str = MODELS) -> Path:
+    """Train ``mymodels:Net`` (of ``models``, the module's text) for one epoch in ``folder``;
+    the run's ``last.ckpt``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mymodels.py").write_text(MODELS)
+    (folder / "mymodels.py").write_text(models)
     result = run_cli("fit", "--model", "mymodels:Net", "--max-epochs", "1",
                      "--default-root-dir", "runs", *COMMON, *args, cwd=folder)
     assert_ok(result)
@@ -188,6 +189,33 @@ def test_a_mismatch_of_a_run_with_the_models_defaults_names_the_defaults_of_then
         "Missing key(s) in state_dict", "with the model's defaults; this model has the same "
         "hyperparameters (--model.width 4), so the model's code has changed since")
     assert "give those init arguments" not in message
+
+
+def test_a_mismatch_of_a_model_that_saved_no_hyperparameters_blames_no_code_change(tmp_path):
+    """A model without save_hyperparameters() saved ``{}``, and this model's ``{}`` was taken
+    for "the same hyperparameters, so the model's code changed", also when the command gave
+    another --model.width. Nothing says how either was built: the message names the run's
+    init arguments, and a code change only as what is left when they were given."""
+    runs = {}
+    for name, args in (("defaults", ()), ("given", ("--model.width", "8"))):
+        runs[name] = _fit(tmp_path / name, *args,
+                          models=MODELS.replace("self.save_hyperparameters()", "pass"))
+        assert not torch.load(runs[name], weights_only=True).get("hyper_parameters")
+
+    def other_width(name):
+        return run_cli("validate", "--model", "mymodels:Net", "--model.width", "6",
+                       "--ckpt-path", str(runs[name]), *COMMON, cwd=tmp_path / name)
+
+    messages = [assert_usage_error(other_width("defaults"), "size mismatch for net.0.weight",
+                                   "with the model's defaults (no init arguments, and it saved "
+                                   "no hyperparameters): leave out any --model.KEY you gave"),
+                assert_usage_error(other_width("given"), "size mismatch for net.0.weight",
+                                   "It was written by --model mymodels:Net --model.width 8, and "
+                                   "it saved no hyperparameters", "give exactly those init "
+                                   "arguments", "leave --model out")]
+    assert not any("same hyperparameters" in message for message in messages)
+    assert_ok(run_cli("validate", "--model", "mymodels:Net", "--model.width", "8",
+                      "--ckpt-path", str(runs["given"]), *COMMON, cwd=tmp_path / "given"))
 
 
 def test_a_class_renamed_since_the_save_says_the_checkpoint_named_it(trained, tmp_path):

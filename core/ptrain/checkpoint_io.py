@@ -420,11 +420,17 @@ def _fitting_configuration(checkpoint: dict[str, Any], path: Path,
     given = init_args if isinstance(init_args, dict) else {}
     written = (f"It was written by --model {class_path} {_flags(given)}" if given else
                f"It was written by --model {class_path} with the model's defaults")
-    if saved is not None and saved == now:  # built alike: the layers differ
-        same = f" ({_flags(saved)})" if saved and not given else ""
+    if saved and saved == now:  # built alike: the layers differ
+        same = f" ({_flags(saved)})" if not given else ""
         return (f"{written}; this model has the same hyperparameters{same}, so the model's "
                 f"code has changed since the checkpoint was written (other layers or shapes): "
                 f"build the model with the code of then.")
+    if given and not saved:  # nothing says how this model was built: either may be the cause
+        return (f"{written}{where}, and it saved no hyperparameters to compare this model's "
+                f"with: give exactly those init arguments (no other --model.KEY), or leave "
+                f"--model out to build the model from the checkpoint's own record; if this "
+                f"model was built so, the model's code or its defaults have changed since the "
+                f"checkpoint was written, so build it with the code of then.")
     if given:
         return (f"{differ}{written}{where}: give those init arguments, or leave --model out to "
                 f"build the model from the checkpoint's own record.")
