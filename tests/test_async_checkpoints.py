@@ -489,7 +489,8 @@ def test_after_a_refused_background_write_last_links_to_the_newest_complete_file
 
 def test_with_warn_a_refused_background_write_is_said_once(tmp_path, capfd):
     """The top-k file of epoch 1 is refused: last.ckpt, after it in the same write, fails with
-    its error (it is not tried). The refusal was said for each of the two saves."""
+    its error (it is not tried). The refusal is said once for the two saves, and epoch 2's
+    write, complete, says that checkpoints are saved again."""
     writer = BackgroundWriter(refuse=(16,))  # epoch 1 ends at step 16 (8 batches an epoch)
     trainer = ptrain.Trainer(
         accelerator="cpu", max_epochs=3, seed=0, default_root_dir=str(tmp_path),
@@ -498,8 +499,9 @@ def test_with_warn_a_refused_background_write_is_said_once(tmp_path, capfd):
                                        "on_write_error": "warn"}})
     trainer.fit(ScriptedScore())
     said = [line for line in capfd.readouterr().err.splitlines() if "refused" in line]
-    assert len(said) == 1 and "epoch=1-step=16.ckpt" in said[0], said
+    assert len(said) == 2 and "epoch=1-step=16.ckpt" in said[0], said
     assert said[0].startswith("ptrain: warning:") and "Training goes on" in said[0], said
+    assert said[1].endswith("was written after 1 write refused: checkpoints are saved again."), said
 
 
 # -- the copies of what an optimizer step changes, made while the next step runs -------------

@@ -84,7 +84,7 @@ import torch
 
 from ptrain import replaced_files
 from ptrain.config import to_seconds
-from ptrain.checkpoint_io import new_file_mode, write_failed
+from ptrain.checkpoint_io import _intact_checkpoint, new_file_mode, write_failed
 from ptrain.errors import (ChangedBeforeCopiedError, CheckpointError, CheckpointWriteError,
                            ConfigError, NoCheckpointYetError, NonFiniteLossError)
 from ptrain.hookspecs import hookimpl
@@ -137,6 +137,19 @@ def _identity(path: str | Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return found.st_size, found.st_mtime_ns
+
+
+def _refusal_cause(error: CheckpointWriteError) -> str:
+    """What tells two refused writes' causes apart: the rank named (several processes) and the
+    system's error name, ``"rank 1: ENOSPC"`` (the message where it names none)."""
+    text = str(error)
+    rank = re.match(r"rank \d+: ", text)
+    code = re.search(r"\((E[A-Z0-9]+)\)", text)
+    return (rank.group(0) if rank else "") + code.group(1) if code else text
+
+
+def _writes(n: int) -> str:
+    return f"{n} write" + ("s" if n != 1 else "")
 
 
 def link_or_copy(target: str | Path, link: str | Path) -> bool:
@@ -280,7 +293,11 @@ class ModelCheckpoint:
         self._last_writes = 0  # how many times last.ckpt was written (or linked, or begun)
         self._wrote_this_fit = True  # a file was written since the fit began (see on_loop_end)
         self._said: set[str] = set()  # what was said once already
-        self._said_refusal: BaseException | None = None  # the write refusal said last
+        self._said_refusal: BaseException | None = None  # the write refusal counted last
+        # refused writes since the last complete one, and the cause of the one said in full
+        # (the same cause again is counted, not said: see _warn_refused)
+        self._refusals = 0
+        self._refusal_cause: str | None = None
         #: files this callback wrote that are to be deleted (path -> their size and modification
         #: time when the deletion was decided), listed in every checkpoint until deleted
         self._due: dict[str, tuple[int, int] | None] = {}
@@ -488,6 +505,8 @@ class ModelCheckpoint:
 
     @hookimpl
     def teardown(self, trainer, stage: str) -> None:
+        if stage == "fit":
+            self._remind_refusals(trainer)
         error = trainer.exception
         if stage != "fit" or error is None or not self.save_on_exception:
             return
@@ -742,7 +761,7 @@ class ModelCheckpoint:
         folder = self._record_folder(trainer)
         if trainer.writes_run_files and folder is not None:
             record = self._record(folder)  # the ranking with this file: it is written first
-            self._when_written(trainer, lambda: self._write_record(folder, record))
+            self._when_written(trainer, lambda: self._write_record(trainer, folder, record))
         self._deletable_once_written(trainer, replaced)
         self._after_topk_write(trainer)
 
@@ -788,6 +807,7 @@ class ModelCheckpoint:
 
             trainer.after_checkpoint_write(lambda error: self._written(trainer, error,
                                                                        undo_all))
+        self._when_written(trainer, lambda: self._written_again(trainer, path))
         self._saved(trainer, path, weights_only)
         return True
 
@@ -797,13 +817,51 @@ class ModelCheckpoint:
             raise CheckpointWriteError(
                 f"{exc} To warn and train on instead when a checkpoint can't be written, "
                 f"pass --checkpoint-on-write-error warn.") from None
-        # a background write's later files fail with its first refusal: said once
-        if trainer.is_global_zero and exc is not self._said_refusal:
-            print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
-                  f"warn).", file=sys.stderr, flush=True)
-        self._said_refusal = exc
+        self._warn_refused(trainer, exc)
         if undo is not None:
             undo()
+
+    def _warn_refused(self, trainer, exc: CheckpointWriteError) -> None:
+        """Under ``on_write_error="warn"``: say a refused write on global rank 0, in full the
+        first time; the same cause again (the disk still full) is only counted until a write
+        is complete again (:meth:`_written_again`), and the end of fit says how many there
+        were (:meth:`_remind_refusals`). Every rank counts alike (each learns of a refusal)."""
+        if exc is self._said_refusal:  # a background write's later files: its first refusal
+            return
+        self._said_refusal = exc
+        self._refusals += 1
+        cause = _refusal_cause(exc)
+        if cause == self._refusal_cause:
+            return
+        self._refusal_cause = cause
+        if trainer.is_global_zero:
+            print(f"ptrain: warning: {exc} Training goes on (--checkpoint-on-write-error "
+                  f"warn); further refusals for this cause are counted, not said, until a "
+                  f"checkpoint is written again.", file=sys.stderr, flush=True)
+
+    def _written_again(self, trainer, path: str | Path) -> None:
+        """A write completed: after refused ones, that is said (they are over)."""
+        if not self._refusals:
+            return
+        if trainer.is_global_zero:
+            print(f"ptrain: warning: checkpoint {str(path)!r} was written after "
+                  f"{_writes(self._refusals)} refused: checkpoints are saved again.",
+                  file=sys.stderr, flush=True)
+        self._refusals, self._refusal_cause = 0, None
+
+    def _remind_refusals(self, trainer) -> None:
+        """At the end of fit, where writes were refused since the last complete one and not
+        all were said: how many, and the newest complete checkpoint (the one to resume)."""
+        refusals, self._refusals, self._refusal_cause = self._refusals, 0, None
+        if refusals <= 1 or not trainer.is_global_zero:
+            return
+        newest = _intact_checkpoint(Path(self.last_model_path)
+                                    if self.last_model_path else self._folder(trainer) / LAST)
+        print(f"ptrain: warning: checkpoint: {_writes(refusals)} refused since the last "
+              f"complete one (the first is said above); " + (
+                  f"the newest complete checkpoint is {str(newest)!r}." if newest is not None
+                  else "no checkpoint of this run is complete."),
+              file=sys.stderr, flush=True)
 
     def _written(self, trainer, error: BaseException | None,
                  undo: Callable[[], None] | None) -> None:
@@ -1010,7 +1068,7 @@ class ModelCheckpoint:
             named = self._recorded(folder)
             if folder is not None and (self._record_stale or named is None
                                        or named.intersection(ready)) and self._ranking_on_disk():
-                self._write_record(folder, self._record(folder))
+                self._write_record(trainer, folder, self._record(folder))
                 named = self._recorded(folder)
             if named is None:  # unreadable: which files it names is not known
                 return
@@ -1049,7 +1107,7 @@ class ModelCheckpoint:
                 "best_k_models": {os.path.relpath(p, folder): float(s)
                                   for p, s in self.best_k_models.items()}}
 
-    def _write_record(self, folder: Path, record: dict[str, Any]) -> None:
+    def _write_record(self, trainer, folder: Path, record: dict[str, Any]) -> None:
         tmp = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -1069,8 +1127,7 @@ class ModelCheckpoint:
                 raise CheckpointWriteError(
                     f"{error} To warn and train on instead when a checkpoint can't be written, "
                     f"pass --checkpoint-on-write-error warn.") from None
-            print(f"ptrain: warning: {error} Training goes on (--checkpoint-on-write-error "
-                  f"warn).", file=sys.stderr, flush=True)
+            self._warn_refused(trainer, error)
 
     def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
         """Write ``best_k_models`` (path -> score) as YAML to ``filepath``, by default
