@@ -41,11 +41,12 @@ class Killer:
 
     def kill_if_due(self, trainer) -> None:
         """Kill the job when a top-k file written waits for its deletion."""
-        held = top_k_files(trainer.run_dir / "checkpoints")
+        held = top_k_files(Path(trainer.plugins["checkpoint"].dirpath))
         if len(held) <= TOP_K:
             return
         (self.root / "killed.json").write_text(json.dumps(
-            {"step": trainer.global_step, "held": held}))
+            {"step": trainer.global_step, "held": held,
+             "folder": trainer.plugins["checkpoint"].dirpath}))
         sys.stdout.flush()
         os.killpg(os.getpgrp(), signal.SIGKILL)
 

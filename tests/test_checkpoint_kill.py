@@ -19,24 +19,25 @@ from tests._checkpoint_kill_script import TOP_K, top_k_files
 from tests.conftest import REPO
 
 SCRIPT = "tests._checkpoint_kill_script"
+LIGHTNING_SCRIPT = "tests._lightning_checkpoint_kill_script"
 
 
-def run(root: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", SCRIPT, str(root), *flags], cwd=REPO,
+def run(root: Path, *flags: str, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", script, str(root), *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
                           start_new_session=True)  # the kill is of the script's process group
 
 
-def kill_then_resume(root: Path, *flags: str) -> Path:
-    killed = run(root, *flags)
+def kill_then_resume(root: Path, *flags: str, script: str = SCRIPT) -> Path:
+    killed = run(root, *flags, script=script)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    folder = root / "version_0" / "checkpoints"
     # the window was hit: epoch 2's point is complete, epoch 0's file still there
-    held = json.loads((root / "killed.json").read_text())["held"]
+    kill = json.loads((root / "killed.json").read_text())
+    folder, held = Path(kill["folder"]), kill["held"]
     assert held == ["epoch=0-val_metric=5.0.ckpt", "epoch=1-val_metric=3.0.ckpt",
                     "epoch=2-val_metric=4.0.ckpt"], held
     assert top_k_files(folder) == held
-    resumed = run(root, *flags, "--resume")
+    resumed = run(root, *flags, "--resume", script=script)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     return folder
 
@@ -53,6 +54,14 @@ def assert_only_the_recorded_top_k(folder: Path) -> None:
 def test_a_file_left_by_a_kill_before_its_deletion_is_deleted_by_the_resumed_run(tmp_path,
                                                                                flags):
     folder = kill_then_resume(tmp_path, *flags)
+    assert_only_the_recorded_top_k(folder)
+    assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
+
+
+def test_under_ptrain_lightning_a_file_left_by_a_kill_is_deleted_by_the_resumed_run(tmp_path):
+    """Lightning's ModelCheckpoint state format, with the files due for deletion beside its
+    keys: the resumed program deletes the file the kill left."""
+    folder = kill_then_resume(tmp_path, script=LIGHTNING_SCRIPT)
     assert_only_the_recorded_top_k(folder)
     assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
 

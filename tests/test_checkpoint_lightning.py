@@ -221,7 +221,10 @@ def test_checkpoint_files_carry_lightnings_keys_without_storing_the_weights_twic
         trainer.save_checkpoint(folder / "weights.ckpt", weights_only=True)
         full = torch.load(folder / "last.ckpt", weights_only=True)
         weights = torch.load(folder / "weights.ckpt", weights_only=True)
-        state = full["callbacks"][callback.state_key]
+        state = dict(full["callbacks"][callback.state_key])
+        # ptrain's one key more: the files due for deletion (none here; tests/
+        # test_checkpoint_kill.py), which Lightning's load_state_dict ignores (below)
+        assert state.pop("due_for_deletion", {}) == {}
         return (full["epoch"], full["global_step"], sorted(full["state_dict"]),
                 len(full["optimizer_states"]), len(full["lr_schedulers"]),
                 {k: (v == str(folder) if k == "dirpath" else Path(v).name if isinstance(v, str)
@@ -233,6 +236,14 @@ def test_checkpoint_files_carry_lightnings_keys_without_storing_the_weights_twic
     assert ours == lightning
     full = torch.load(tmp_path / "ptrain" / "last.ckpt", weights_only=True)
     assert full["state_dict"] is full["model"]  # one object, written once
+    import lightning.pytorch as pl
+
+    (state,) = full["callbacks"].values()
+    assert "due_for_deletion" in state
+    reader = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ptrain", monitor="score")
+    reader.load_state_dict(state)  # Lightning's own, with ptrain's key
+    assert Path(reader.best_model_path) == tmp_path / "ptrain" / "best.ckpt"
+    assert Path(reader.last_model_path) == tmp_path / "ptrain" / "last.ckpt"
     # about the bytes of one copy of the weights: aliases cost a name each
     one_copy = torch.load(tmp_path / "ptrain" / "last.ckpt", weights_only=True)
     del one_copy["state_dict"], one_copy["optimizer_states"], one_copy["callbacks"]

@@ -1220,9 +1220,23 @@ class ModelCheckpoint:
                 "kth_value": self.kth_value,
                 "last_model_path": rel(self.last_model_path),
                 "current_score": self.current_score,
-                # deleted by the run that resumes, if a kill came before this one deleted them
-                "due_for_deletion": {rel(p): list(identity)
-                                     for p, identity in self._due.items() if identity}}
+                "due_for_deletion": self._due_state(rel)}
+
+    def _due_state(self, rel: Callable[[str], str]) -> dict[str, list[int]]:
+        """The files due for deletion (``rel``: how a path is stored) with their size and
+        modification time: deleted by the run that resumes, if a kill came before this one
+        deleted them (:meth:`_restore_due`)."""
+        return {rel(p): list(identity) for p, identity in self._due.items() if identity}
+
+    def _restore_due(self, trainer, due: dict[str, list[int]],
+                     full: Callable[[str], str]) -> None:
+        """A fit resumed from a checkpoint listing ``due`` (:meth:`_due_state`; ``full``: a
+        stored path as a path) deletes them as it begins (:meth:`_tidy`), as far as they are
+        still as the callback left them."""
+        if trainer.stage_call == "fit":
+            self._due = {full(p): (int(identity[0]), int(identity[1]))
+                         for p, identity in due.items()}
+            self._ready = set(self._due)  # the checkpoint holding them was complete
 
     @hookimpl(specname="load_state_dict")
     def _restore_state(self, trainer, state: dict[str, Any]) -> None:
@@ -1235,10 +1249,7 @@ class ModelCheckpoint:
         def full(path: str) -> str:
             return str(folder / path) if path else ""
 
-        if trainer.stage_call == "fit":
-            self._due = {full(p): (int(identity[0]), int(identity[1]))
-                         for p, identity in state.get("due_for_deletion", {}).items()}
-            self._ready = set(self._due)  # the checkpoint holding them was complete
+        self._restore_due(trainer, state.get("due_for_deletion", {}), full)
         if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
             return
 

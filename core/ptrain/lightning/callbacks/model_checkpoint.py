@@ -212,7 +212,9 @@ class ModelCheckpoint(_Checkpoint):
 
     @hookimpl(specname="state_dict")
     def _checkpoint_state(self, trainer: Any) -> dict[str, Any]:
-        return self.state_dict()
+        """:meth:`state_dict` and, as ptrain's callback, the files due for deletion (absolute
+        paths, as Lightning's): Lightning's ``load_state_dict`` reads its keys only."""
+        return {**self.state_dict(), "due_for_deletion": self._due_state(str)}
 
     @hookimpl(specname="load_state_dict")
     def _restore_state(self, trainer: Any, state: dict[str, Any]) -> None:
@@ -221,6 +223,7 @@ class ModelCheckpoint(_Checkpoint):
             return
         self.dirpath = str(self._folder(trainer))  # Lightning restores after setup resolved it
         self.load_state_dict(state)
+        self._restore_due(trainer, state.get("due_for_deletion", {}), str)
 
 
 __all__ = ["ModelCheckpoint"]
