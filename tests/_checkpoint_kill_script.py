@@ -11,7 +11,8 @@ file is still there: synchronously, as soon as ``last.ckpt`` is written (a wrapp
 callback settles the background write, once that write has ended. ``--resume``: the same run
 without the killer, resumed from ``last``. ``--strategy ddp``: 2 processes (the script
 launcher), global rank 0 kills. ``ROOT/killed.json`` says at which step and what the folder
-held then."""
+held then. ``--kill-before-last``: killed as that point's ``last.ckpt`` is begun (its top-k file
+and record complete); resumed, epoch 2 logs ``RESUMED_VALUES``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ import ptrain
 from tests._es_models import SequenceModule
 
 VALUES = [5, 3, 4, 1, 2, 6]
+#: what the run resumed after ``--kill-before-last`` logs: epoch 2 (done again) differs, as a
+#: nondeterministic step's metric would, so its file gets another name
+RESUMED_VALUES = [5, 3, 4.5, 1, 2, 6]
 TOP_K = 2
 
 
@@ -60,6 +64,16 @@ class SyncKiller(Killer):
         return written
 
 
+class BeforeLastKiller(Killer):
+    """Kills once the top-k file and its record are written, as ``last.ckpt`` is begun."""
+
+    @ptrain.hookimpl(wrapper=True)
+    def save_checkpoint(self, trainer, path):
+        if Path(path).name == "last.ckpt" and trainer.is_global_zero:
+            self.kill_if_due(trainer)
+        return (yield)
+
+
 class AsyncKiller(Killer):
     @ptrain.hookimpl(tryfirst=True)  # before the checkpoint callback settles the write
     def on_train_batch_end(self, trainer) -> None:
@@ -70,10 +84,13 @@ class AsyncKiller(Killer):
         self.kill_if_due(trainer)
 
 
-def main(root: Path, asynchronous: bool, resume: bool, strategy: str | None) -> int:
+def main(root: Path, asynchronous: bool, resume: bool, strategy: str | None,
+         before_last: bool = False) -> int:
     callbacks = ["no:progress-bar", "no:tensorboard", "no:model-summary"]
     if not resume:
-        callbacks.append((AsyncKiller if asynchronous else SyncKiller)(root))
+        callbacks.append((BeforeLastKiller if before_last else AsyncKiller if asynchronous
+                          else SyncKiller)(root))
+    values = RESUMED_VALUES if resume and before_last else VALUES
     processes = 1 if strategy is None else 2
     trainer = ptrain.Trainer(
         accelerator="cpu", max_epochs=len(VALUES), seed=0, default_root_dir=str(root),
@@ -82,11 +99,12 @@ def main(root: Path, asynchronous: bool, resume: bool, strategy: str | None) -> 
         plugin_options={"checkpoint": {"monitor": "val_metric", "save_top_k": TOP_K,
                                        "filename": "{epoch}-{val_metric:.1f}",
                                        "async_save": asynchronous}})
-    trainer.fit(SequenceModule(VALUES, n=16 * processes), ckpt_path="last" if resume else None)
+    trainer.fit(SequenceModule(values, n=16 * processes), ckpt_path="last" if resume else None)
     return 0
 
 
 if __name__ == "__main__":
     rest = sys.argv[2:]
     sys.exit(main(Path(sys.argv[1]), "--async" in rest, "--resume" in rest,
-                  rest[rest.index("--strategy") + 1] if "--strategy" in rest else None))
+                  rest[rest.index("--strategy") + 1] if "--strategy" in rest else None,
+                  "--kill-before-last" in rest))

@@ -58,6 +58,15 @@ def test_a_file_left_by_a_kill_before_its_deletion_is_deleted_by_the_resumed_run
     assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
 
 
+def test_a_top_k_file_written_after_the_state_resumed_from_is_deleted(tmp_path):
+    """A kill after epoch 2's top-k file and record, before its last.ckpt: the resumed run
+    (from epoch 1's state) does epoch 2 again, whose value (another here) names another file;
+    the file the record named beyond the resumed state is deleted, not left an orphan."""
+    folder = kill_then_resume(tmp_path, "--kill-before-last")
+    assert_only_the_recorded_top_k(folder)
+    assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
+
+
 def test_under_ptrain_lightning_a_file_left_by_a_kill_is_deleted_by_the_resumed_run(tmp_path):
     """Lightning's ModelCheckpoint state format, with the files due for deletion beside its
     keys: the resumed program deletes the file the kill left."""

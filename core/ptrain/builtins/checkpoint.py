@@ -1266,3 +1266,18 @@ class ModelCheckpoint:
             # the newest file written at that state is the one resumed from (a link's target:
             # with save_last="link", last.ckpt links to it as in a run never stopped)
             self._last_checkpoint_saved = str(folder / resumed.name)
+            self._due_if_unknown(trainer)
+
+    def _due_if_unknown(self, trainer) -> None:
+        """As a fit resumes in this callback's folder: a top-k file the record on disk names
+        but the state resumed from does not was written after that state (a kill came before
+        the ``last.ckpt`` that would hold it). It is no part of the resumed run, and a name
+        made of a metric would stay an orphan: it is due for deletion (the record is first
+        rewritten to the resumed ranking: :meth:`_tidy`)."""
+        named = self._recorded(self._record_folder(trainer)) or set()
+        known = {self.best_model_path, self.last_model_path, *self.best_k_models, *self._due}
+        for path in sorted(named - known):
+            identity = _identity(path)
+            if identity is not None:
+                self._due[path] = identity
+                self._ready.add(path)

@@ -224,6 +224,8 @@ class ModelCheckpoint(_Checkpoint):
         self.dirpath = str(self._folder(trainer))  # Lightning restores after setup resolved it
         self.load_state_dict(state)
         self._restore_due(trainer, state.get("due_for_deletion", {}), str)
+        if trainer.stage_call == "fit" and state.get("dirpath") == self.dirpath:
+            self._due_if_unknown(trainer)
 
 
 __all__ = ["ModelCheckpoint"]
