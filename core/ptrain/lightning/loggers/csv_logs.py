@@ -59,12 +59,15 @@ class CSVLogger(RunFolder, Logger, _CSV):
     # -- Lightning's methods ---------------------------------------------------------------
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Add a row with ``metrics`` at ``step``."""
+        """Add a row with ``metrics`` at ``step``; none after a refused write (as the ``csv``
+        plugin's ``on_write_error="warn"``: nothing more is written in that stage)."""
         if self._rank() > 0:
             return
         if step is None:
             step = self._rows_given
         self._rows_given += 1
+        if self._refused:  # on_write_error="warn": said once, nothing more this stage
+            return
         row = {"step": step, **{name: value.item() if isinstance(value, torch.Tensor) else value
                                 for name, value in metrics.items()}}
         if self.path is None:
