@@ -67,6 +67,37 @@ def test_a_top_k_file_written_after_the_state_resumed_from_is_deleted(tmp_path):
     assert top_k_files(folder) == ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
 
 
+def test_a_fit_resumed_from_an_older_top_k_file_keeps_the_later_ones(tmp_path):
+    """Going back to an older top-k file on purpose is no kill to repair: the top-k files the
+    record names beyond that state are the user's, and stay (only a resume from last.ckpt
+    deletes what its state does not know). A folder of the user's own (``dirpath``), which
+    every run of theirs shares: a resume from another file starts a new run folder, but the
+    callback's folder is the same."""
+    import ptrain
+    from tests._checkpoint_kill_script import VALUES
+    from tests._es_models import SequenceModule
+
+    def trainer(max_epochs: int) -> ptrain.Trainer:
+        return ptrain.Trainer(
+            accelerator="cpu", max_epochs=max_epochs, seed=0, default_root_dir=str(tmp_path),
+            callbacks=["no:progress-bar", "no:tensorboard", "no:model-summary"],
+            plugin_options={"checkpoint": {"monitor": "val_metric", "save_top_k": TOP_K,
+                                           "filename": "{epoch}-{val_metric:.1f}",
+                                           "dirpath": str(tmp_path / "mine")}})
+
+    first = trainer(2)
+    first.fit(SequenceModule(VALUES, n=16))
+    folder = Path(first.plugins["checkpoint"].dirpath)
+    epoch_1 = (folder / "last.ckpt").read_bytes()  # the run's state after epoch 1
+    trainer(5).fit(SequenceModule(VALUES, n=16), ckpt_path="last")
+    later = ["epoch=3-val_metric=1.0.ckpt", "epoch=4-val_metric=2.0.ckpt"]
+    assert top_k_files(folder) == later
+    older = folder / "older.ckpt"  # kept by the user in the run's folder
+    older.write_bytes(epoch_1)
+    trainer(3).fit(SequenceModule(VALUES, n=16), ckpt_path=str(older))  # epoch 2 again
+    assert set(later) <= set(top_k_files(folder)), top_k_files(folder)
+
+
 def test_under_ptrain_lightning_a_file_left_by_a_kill_is_deleted_by_the_resumed_run(tmp_path):
     """Lightning's ModelCheckpoint state format, with the files due for deletion beside its
     keys: the resumed program deletes the file the kill left."""

@@ -1266,14 +1266,17 @@ class ModelCheckpoint:
             # the newest file written at that state is the one resumed from (a link's target:
             # with save_last="link", last.ckpt links to it as in a run never stopped)
             self._last_checkpoint_saved = str(folder / resumed.name)
-            self._due_if_unknown(trainer)
+            if Path(trainer.ckpt_path).name == LAST:  # the run's newest state, not an older
+                self._due_if_unknown(trainer)  # top-k file a user goes back to on purpose
 
     def _due_if_unknown(self, trainer) -> None:
-        """As a fit resumes in this callback's folder: a top-k file the record on disk names
-        but the state resumed from does not was written after that state (a kill came before
-        the ``last.ckpt`` that would hold it). It is no part of the resumed run, and a name
-        made of a metric would stay an orphan: it is due for deletion (the record is first
-        rewritten to the resumed ranking: :meth:`_tidy`)."""
+        """As a fit resumes from ``last.ckpt`` in this callback's folder: a top-k file the record
+        on disk names but the state resumed from does not was written after that state (a kill
+        came before the ``last.ckpt`` that would hold it). A fit resumed from an older top-k
+        file keeps the later ones (a user went back to it; they are theirs to delete). Such a
+        file is no part of the resumed run, and a name made of a metric would stay an orphan:
+        it is due for deletion (the record is first rewritten to the resumed ranking:
+        :meth:`_tidy`)."""
         named = self._recorded(self._record_folder(trainer)) or set()
         known = {self.best_model_path, self.last_model_path, *self.best_k_models, *self._due}
         for path in sorted(named - known):
