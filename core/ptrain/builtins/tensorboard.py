@@ -177,8 +177,10 @@ def _quiet_writer_threads() -> None:
     handles it). Needed for the event file's first write, made as the writer opens, before
     :meth:`TensorBoardLogger._keep_refusals` can keep it. Python's hook is chained, not
     replaced."""
-    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
-
+    try:  # a private class: another TensorBoard may lack it (its thread's traceback stays)
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:
+        return
     previous = threading.excepthook
     if getattr(previous, "quiets_tensorboard", False):
         return
