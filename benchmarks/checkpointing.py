@@ -290,6 +290,7 @@ def hand_fsdp_worker(rank: int, args, folder: Path, port: int, background: bool)
         pending.result()
     if rank == 0:
         (folder / "marks.json").write_text(json.dumps(marks))
+    dist.barrier()  # leave together: gloo aborts a process whose peer tore down first
     dist.destroy_process_group()
 
 
@@ -442,7 +443,7 @@ def measure(args, runner: str, background: bool, every: int) -> dict[str, Any]:
         shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        return {"error": f"exit {proc.returncode}: {proc.stderr[-600:]}"}
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
     return json.loads(lines[-1][len("RESULT "):])
 
 

@@ -184,6 +184,7 @@ def hand_written_worker(rank: int, port: int, out: str) -> None:
         optimizer.zero_grad()
         record.step_end(loss)
     record.write(rank, dp_rank)
+    dist.barrier()  # leave together: gloo aborts a process whose peer tore down first
     dist.destroy_process_group()
 
 

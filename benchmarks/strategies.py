@@ -222,6 +222,7 @@ def hand_worker(rank: int, world_size: int, port: int, args: argparse.Namespace,
             times.append(time.perf_counter())
             losses.append(loss.detach())
         write_rank_file(out_dir, rank, world_size, times, losses, held)
+        dist.barrier()  # leave together: gloo aborts a process whose peer tore down first
     finally:
         dist.destroy_process_group()
 

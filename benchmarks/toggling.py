@@ -339,6 +339,7 @@ def hand_ddp_worker(rank: int, port: int, args: argparse.Namespace, sync_always:
             set_trainable(discriminator, True)
             record.batch_end(generator)
         record.write(rank, generator)
+        dist.barrier()  # leave together: gloo aborts a process whose peer tore down first
     finally:
         dist.destroy_process_group()
 

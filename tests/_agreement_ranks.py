@@ -33,6 +33,7 @@ def main(rank: int, out: str, listening: list[int]) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps({
             "error": type(error).__name__, "heard": heard,
             "unheard": None if write.unheard_error is None else str(write.unheard_error)}))
+        dist.barrier()  # leave together: gloo aborts a process whose peer tore down first
     finally:
         dist.destroy_process_group()
 

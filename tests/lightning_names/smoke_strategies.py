@@ -18,7 +18,8 @@ def _ddp():
     options = run.config["plugins"]["ddp"]
     assert run.options["strategy"] == "ddp" and options["find_unused_parameters"] is True
     assert options["launcher"] == "spawn" and options["timeout"] == 120.0
-    assert isinstance(run.strategy, s.DDPStrategy) and run.strategy.world_size == 1  # not begun
+    # Before fit the strategy already answers the world size the run will have, as Lightning's.
+    assert isinstance(run.strategy, s.DDPStrategy) and run.strategy.world_size == 2
     refuses(lambda: s.DDPStrategy(ddp_comm_hook=lambda state, bucket: None), "ddp_comm_hook")
     refuses(lambda: s.DDPStrategy(static_graph=True), "static_graph")
 
