@@ -34,3 +34,21 @@ def test_the_name_imports_is_documented_and_works_or_refuses(module, name):
 def test_the_smoke_table_names_only_lightnings_names(module):
     extra = set(smoke_uses(module)) - set(public_names(module))
     assert not extra, f"{smoke_file(module).name} tests names Lightning does not have: {extra}"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_the_lightning_pytorch_path_is_the_same_module(module):
+    """``lightning`` replaced by ``ptrain.lightning`` everywhere in a program's imports turns
+    ``lightning.pytorch.X`` into ``ptrain.lightning.pytorch.X``: that is the module
+    ``ptrain.lightning.X`` itself, not a second copy of it (whose classes would be others)."""
+    suffix = f".{module}" if module else ""
+    alias = importlib.import_module(f"ptrain.lightning.pytorch{suffix}")
+    assert alias is importlib.import_module(ptrain_module_name(module))
+    assert alias.__spec__.name == ptrain_module_name(module)  # reload and pickling see its name
+
+
+def test_a_lightning_pytorch_submodule_of_a_submodule_is_the_same_module():
+    from ptrain.lightning.callbacks.early_stopping import EarlyStopping
+    from ptrain.lightning.pytorch.callbacks.early_stopping import EarlyStopping as aliased
+
+    assert aliased is EarlyStopping

@@ -12,6 +12,7 @@ name, its native form and every deliberate difference.
 """
 
 import importlib
+import importlib.abc
 import importlib.util
 import sys
 from typing import Any
@@ -43,6 +44,35 @@ def __getattr__(name: str) -> Any:
         # becomes ``import ptrain.lightning as L``), whose trainer is ``L.pytorch``
         return sys.modules[__name__]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _PytorchAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``ptrain.lightning.pytorch`` and ``ptrain.lightning.pytorch.X`` as the very modules
+    ``ptrain.lightning`` and ``ptrain.lightning.X``: a program that imports both ``lightning`` and
+    ``lightning.pytorch.X`` reads right when every ``lightning`` in its imports becomes
+    ``ptrain.lightning``. It must come before the path finder, which would load a second copy of
+    each module (other classes, failing ``isinstance``) from ``ptrain/lightning/``."""
+
+    _alias = f"{__name__}.pytorch"
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self._alias and not fullname.startswith(f"{self._alias}."):
+            return None
+        module = importlib.import_module(__name__ + fullname[len(self._alias):])
+        return importlib.util.spec_from_loader(fullname, self,
+                                               is_package=hasattr(module, "__path__"))
+
+    def create_module(self, spec: Any) -> Any:
+        module = importlib.import_module(__name__ + spec.name[len(self._alias):])
+        spec.loader_state = module.__spec__  # the import system sets __spec__ to the alias's
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        module.__spec__ = module.__spec__.loader_state
+
+
+if not any(isinstance(finder, _PytorchAlias) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PytorchAlias())
 
 
 def _set_lightning_utilities_rank() -> None:
