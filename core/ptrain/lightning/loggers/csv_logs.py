@@ -4,6 +4,7 @@ plugin."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,21 @@ class CSVLogger(RunFolder, Logger, _CSV):
         super()._publish_hyperparams(trainer, hyperparameters)
 
     def _write_hparams(self) -> None:
-        if self.path is None or not self.hparams:
+        """Add the hyperparameters given to ``hparams.toml``: whole (the old file stays until
+        the new one is complete); a write the system refuses is handled as the csv plugin's
+        ``on_write_error`` says, and nothing more is written in that stage."""
+        if self.path is None or not self.hparams or self._refused:
             return
         file = self.path.parent / HPARAMS_FILE
         written = tomllib.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(dump_hyperparameters({**written, **self.hparams}), encoding="utf-8")
+        new = file.with_name(f".{file.name}.tmp")
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            new.write_text(dump_hyperparameters({**written, **self.hparams}), encoding="utf-8")
+            os.replace(new, file)
+        except OSError as exc:
+            new.unlink(missing_ok=True)
+            self._refuse(file, exc, "the hyperparameters")
         self._hparams_unwritten = False
 
     # -- the stage ---------------------------------------------------------------------------
