@@ -174,6 +174,23 @@ def test_the_version_counter_gives_a_second_run_new_names_as_lightnings_does(tmp
     assert ours == lightning
 
 
+def test_a_second_run_into_the_folder_is_warned_from_the_callback_as_lightning_warns(tmp_path):
+    """Lightning says a second run's folder is not empty; ours says what the names will be, from
+    the callback's own file (a warning from a hook otherwise points into pluggy)."""
+    def run(pl, name):
+        folder = tmp_path / name
+        fit(pl, folder, [pl.callbacks.ModelCheckpoint(dirpath=folder)], max_epochs=1)
+        with pytest.warns(UserWarning) as said:
+            fit(pl, folder, [pl.callbacks.ModelCheckpoint(dirpath=folder)], max_epochs=1)
+        return [(Path(w.filename).name, str(w.message)) for w in said
+                if str(folder) in str(w.message)]
+
+    (lightning,), (ours,) = both(run)
+    assert lightning[1] == f"Checkpoint directory {tmp_path / 'lightning'} exists and is not empty."
+    assert ours == ("model_checkpoint.py", f"the checkpoint folder {tmp_path / 'ptrain'} already "
+                    f"holds files; a name of this run's that is taken there gets -v1, -v2...")
+
+
 def test_save_on_exception_writes_the_files_lightning_writes(tmp_path):
     def run(pl, name):
         folder = tmp_path / name

@@ -137,11 +137,13 @@ class ModelCheckpoint(_Checkpoint):
         folder = Path(self.dirpath) if self.dirpath else None
         if stage == "fit" and self._writes and self.save_top_k != 0 and trainer.is_global_zero \
                 and folder is not None and folder.is_dir() and any(folder.iterdir()):
+            # said, as Lightning does, on a resume into that folder too; stacklevel=1 in a
+            # hook: the warning is this callback's (its caller is pluggy)
             warnings.warn(f"the checkpoint folder {folder} already holds files; "
                           + ("a name of this run's that is taken there replaces that file."
                              if not self.enable_version_counter else
                              "a name of this run's that is taken there gets -v1, -v2..."),
-                          stacklevel=2)
+                          stacklevel=1)
 
     def _newest_is_last(self) -> bool:
         return False  # Lightning writes the newest top-k file beside last.ckpt
