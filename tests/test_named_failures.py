@@ -218,6 +218,26 @@ def test_a_mismatch_of_a_model_that_saved_no_hyperparameters_blames_no_code_chan
                       "--ckpt-path", str(runs["given"]), *COMMON, cwd=tmp_path / "given"))
 
 
+def test_a_mismatch_in_an_init_argument_the_model_does_not_save_blames_no_code_change(tmp_path):
+    """``save_hyperparameters(ignore=["width"])`` leaves the width out of the saved ones, which
+    were then alike, so a run given another width was told the model's code had changed. The
+    message names the init argument the model does not save, as the run of then gave it."""
+    models = MODELS.replace("def __init__(self, width: int = 4):",
+                            "def __init__(self, width: int = 4, tag: str = 'a'):").replace(
+        "self.save_hyperparameters()", "self.save_hyperparameters(ignore=['width'])")
+    last = _fit(tmp_path, "--model.width", "8", models=models)
+    assert torch.load(last, weights_only=True)["hyper_parameters"] == {"tag": "a"}
+    message = assert_usage_error(
+        run_cli("validate", "--model", "mymodels:Net", "--model.width", "6", "--ckpt-path",
+                str(last), *COMMON, cwd=tmp_path),
+        "size mismatch for net.0.weight", "It was written by --model mymodels:Net "
+        "--model.width 8", "this model saved the same hyperparameters, but the model does not "
+        "save --model.width 8, which that run gave: give those init arguments.")
+    assert "so the model's code has changed" not in message
+    assert_ok(run_cli("validate", "--model", "mymodels:Net", "--model.width", "8",
+                      "--ckpt-path", str(last), *COMMON, cwd=tmp_path))
+
+
 def test_a_class_renamed_since_the_save_says_the_checkpoint_named_it(trained, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(trained.parents[3], moved)

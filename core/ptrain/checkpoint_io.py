@@ -420,6 +420,13 @@ def _fitting_configuration(checkpoint: dict[str, Any], path: Path,
     given = init_args if isinstance(init_args, dict) else {}
     written = (f"It was written by --model {class_path} {_flags(given)}" if given else
                f"It was written by --model {class_path} with the model's defaults")
+    unsaved = {key: value for key, value in given.items() if key not in (saved or {})}
+    if saved and saved == now and unsaved:  # e.g. save_hyperparameters(ignore=...)
+        return (f"{written}{where}; this model saved the same hyperparameters, but the model "
+                f"does not save {_flags(unsaved)}, which that run gave: give those init "
+                f"arguments. If this model was built with them, the model's code has changed "
+                f"since the checkpoint was written (other layers or shapes): build the model "
+                f"with the code of then.")
     if saved and saved == now:  # built alike: the layers differ
         same = f" ({_flags(saved)})" if not given else ""
         return (f"{written}; this model has the same hyperparameters{same}, so the model's "
