@@ -6,6 +6,7 @@
         [--strategy model-parallel|fsdp] [--replicate R] [--shard S] [--tensor T] [--loss-parallel] [--steps N]
         [--clip VALUE] [--build configure|init] [--hidden H] [--plan-typo] [--self-shard]
         [--epochs E] [--save] [--async-save] [--resume] [--batch B] [--kill-step K]
+        [--nan-step N]
 
 ``--devices 1`` runs the same model on one process (``single-device``) with the global batch of
 the 4-rank run: the batch size times ``--dp``, the data-parallel size (``replicate x shard``)
@@ -13,6 +14,7 @@ of the run it stands for; both read ``--steps`` global batches. ``--batch`` sets
 each data-parallel replica, for a run whose data-parallel size is not ``--dp`` but which reads
 the same global batches (a resumed run on another mesh). ``--kill-step K``: rank 0 SIGKILLs the
 whole process group (run the script in a session of its own) once ``global_step`` reaches K.
+``--nan-step N``: the loss of the batch at global step N is NaN.
 Every rank writes ``<out>/rank<R>.json``: its loss at every step, its mesh coordinate and
 data-parallel rank, the bytes of parameters and optimizer state it holds (local shards), and
 the model's whole parameter bytes.
@@ -47,10 +49,10 @@ class Decoder(decoder.Decoder):
 
     def __init__(self, build: str = "configure", loss_parallel: bool = False,
                  hidden: int = 2 * DIM, plan_typo: bool = False, batch_size: int = BATCH,
-                 samples: int = BATCH * 8, self_shard: bool = False):
+                 samples: int = BATCH * 8, self_shard: bool = False, nan_step: int = -1):
         super().__init__(hidden=hidden, samples=samples, batch_size=batch_size, build=build,
                          loss_parallel=loss_parallel)
-        self.plan_typo, self.self_shard = plan_typo, self_shard
+        self.plan_typo, self.self_shard, self.nan_step = plan_typo, self_shard, nan_step
         self.losses: list[torch.Tensor] = []
 
     def block_plan(self) -> dict:
@@ -71,6 +73,8 @@ class Decoder(decoder.Decoder):
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
+        if self.trainer.global_step == self.nan_step:
+            loss = loss * float("nan")
         self.losses.append(loss.detach())
         return loss
 
@@ -134,13 +138,15 @@ def main() -> None:
                    help="configure_model calls fully_shard itself (over dp_shard)")
     p.add_argument("--batch", type=int, default=BATCH, help="per data-parallel replica")
     p.add_argument("--kill-step", type=int)
+    p.add_argument("--nan-step", type=int, default=-1)
     args = p.parse_args()
 
     ptrain.seed_everything(7)
     module = Decoder(args.build, loss_parallel=args.loss_parallel, hidden=args.hidden,
                      plan_typo=args.plan_typo,
                      batch_size=args.batch if args.devices > 1 else BATCH * args.dp,
-                     samples=BATCH * args.dp * args.steps, self_shard=args.self_shard)
+                     samples=BATCH * args.dp * args.steps, self_shard=args.self_shard,
+                     nan_step=args.nan_step)
     strategy = args.strategy if args.devices > 1 else "single-device"
     options = {}
     if strategy == "model-parallel":

@@ -34,16 +34,21 @@ def check_losses_finite(trainer: Trainer) -> None:
     window = trainer.loss_window
     if not window:
         return
+    # a DTensor loss (under loss_parallel) whole, as its value on this rank: a check's ops and
+    # the message's number work on plain tensors
+    each = [loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+            for *_, loss in window]
     try:  # the usual case: 0-dim losses of one dtype, stacked without a copy each
-        losses = torch.stack([entry[3] for entry in window])
+        losses = torch.stack(each)
     except RuntimeError:  # shapes or dtypes differ
-        losses = torch.stack([entry[3].float().reshape(()) for entry in window])
+        losses = torch.stack([loss.float().reshape(()) for loss in each])
     finite = torch.isfinite(losses)
     if bool(finite.all()):
         window.clear()
         return
     first = int((~finite).reshape(len(window), -1).any(dim=1).nonzero()[0, 0])
-    epoch, batch_idx, step, loss = window[first]
+    epoch, batch_idx, step, _ = window[first]
+    loss = each[first]
     window.clear()
     saved = last_written_checkpoint(trainer)
     kept = (f" The last checkpoint written, {str(saved)!r}, was saved before that and is kept."

@@ -51,6 +51,9 @@ RUNS = {
     # refused at setup: 2 processes are enough
     "plan-typo": ["--devices", "2", "--tensor", "2", "--plan-typo"],
     "uneven-split": ["--devices", "2", "--tensor", "2", "--hidden", "65"],
+    # a NaN loss (a DTensor under loss_parallel) found when last.ckpt is written
+    "loss-parallel-nan": ["--devices", "2", "--tensor", "2", "--loss-parallel", "--save",
+                          "--nan-step", "2"],
 }
 
 
@@ -181,6 +184,14 @@ def test_loss_parallel_trains_on_sharded_logits(runs):
     (one,) = ok(runs, "single-dp2")
     assert mean_over_replicas(ok(runs, "shard2-tensor2-loss-parallel")) == \
         pytest.approx(one["losses"], rel=RTOL)
+
+
+def test_a_non_finite_loss_parallel_loss_is_named_and_nothing_is_saved(runs):
+    proc, _ = runs["loss-parallel-nan"]
+    assert proc.returncode != 0
+    assert "NonFiniteLossError: the training loss became nan at epoch 0, batch 2 (global " \
+        "step 2); training stopped. No checkpoint was written over." in proc.stderr, detail(proc)
+    assert not list((runs.root / "runs" / "loss-parallel-nan").rglob("*.ckpt"))
 
 
 def test_a_plan_key_naming_no_submodule_is_named(runs):
