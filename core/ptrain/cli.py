@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
 from ptrain.catalog import EXCLUSIVE_KINDS, GROUPS, Catalog
-from ptrain.config import DEFAULT_CALLBACKS, core_options, dump_config, load_config_file, parse_value
+from ptrain.config import (DEFAULT_CALLBACKS, core_options, dump_config, load_config_file,
+                           misplaced_key_hint, parse_value)
 from ptrain.errors import (ConfigError, Interrupted, ModelError, PluginError, PtrainError,
                            WorkerError)
 from ptrain.options import OptionGroup, closest
@@ -411,6 +412,7 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
     argv, init_args = _split_init_args(argv)
     pre, _ = _preparse(argv)
     file_config, selection, callbacks, selected = _selection(pre, catalog)
+    _refuse_misplaced_trainer_keys(file_config, selected, pre.config)
     file_trainer = dict(file_config.get("trainer", {}))
     parser = _build_parser(stage, _selected_groups(selected))
     args, unknown = parser.parse_known_args(argv)
@@ -440,6 +442,22 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
     return RunSpec(trainer_options, plugin_options, components["model"], components["data"],
                    args.ckpt_path if args.ckpt_path is not None else file_config.get("ckpt_path"),
                    args.print_config or pre.print_config, args.trace)
+
+
+def _refuse_misplaced_trainer_keys(file_config: dict[str, Any], selected: list[Any],
+                                   path: str | None) -> None:
+    """A [trainer] option in a selected plugin's table of the config file is named as one,
+    with where it belongs: ``max_epochs = 10`` appended to a ``--print-config`` file lands in
+    its last table, ``[plugins.stop-signals]``, where it was refused as an unknown option of
+    stop-signals, a plugin the user never wrote about."""
+    tables = file_config.get("plugins", {})
+    for plugin in selected:
+        for key in tables.get(plugin.name, {}):
+            if key in plugin.options.options or key in plugin.options.instead:
+                continue
+            hint = misplaced_key_hint(key, f"[plugins.{plugin.name}]")
+            if hint:
+                raise ConfigError(f"{key!r} in [plugins.{plugin.name}] of {path!r}{hint}")
 
 
 def build_component(cfg: dict[str, Any], base: type, flag: str,

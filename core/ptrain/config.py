@@ -321,6 +321,17 @@ _LIGHTNING_SWITCHES["logger"] = (
 MAX_CONFIG_BYTES = 1 << 20
 
 
+def misplaced_key_hint(key: str, table: str) -> str:
+    """Where ``key``, found in ``table`` where it is unknown, is an option of [trainer]: the
+    rest of a sentence that says so and why TOML put it there (a line appended at the end of
+    a file goes into the file's last table), else ``""``."""
+    if key not in core_options().options:
+        return ""
+    return (f" is an option of [trainer], not of {table}: in TOML a key belongs to the table "
+            f"whose header is above it, so a line added at the end of a file goes into its last "
+            f"table. Move it under [trainer].")
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a config file and check its layout (not yet its values)."""
     path = Path(path)
@@ -352,6 +363,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                 raise ConfigError(f"{key!r} in {str(path)!r} must be text (a path or 'last').")
             continue
         if key not in TABLES:
+            if key in core_options().options:
+                raise ConfigError(
+                    f"{key!r} in {str(path)!r} is an option of [trainer], but it stands above "
+                    f"every table header, at the top level (where only "
+                    f"{', '.join(TOP_LEVEL_KEYS)} goes). Move it under [trainer].")
             raise ConfigError(
                 f"unknown key or table {key!r} in {str(path)!r}; valid tables: "
                 f"{', '.join(TABLES)}; valid top-level keys: {', '.join(TOP_LEVEL_KEYS)}."
@@ -366,9 +382,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     for key in ("model", "data"):
         table = data.get(key, {})
         unknown = set(table) - {"class_path", "init_args"}
+        for name in sorted(unknown):
+            hint = misplaced_key_hint(name, f"[{key}]")
+            if hint:
+                raise ConfigError(f"{name!r} in [{key}] of {str(path)!r}{hint}")
         if unknown:
+            first = sorted(unknown)[0]
+            hint = closest(first, ["class_path", "init_args"]) or (
+                f" An init argument of the class goes in init_args: init_args = {{ {first} = "
+                f"... }}, or the line `{first} = ...` under a [{key}.init_args] header.")
             raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{key}] of {str(path)!r}; "
-                              f"valid keys: class_path, init_args.")
+                              f"valid keys: class_path, init_args.{hint}")
         if "class_path" in table and not isinstance(table["class_path"], str):
             raise ConfigError(f"class_path in [{key}] of {str(path)!r} must be text "
                               f"(\"module:Class\"), got {table['class_path']!r}.")
