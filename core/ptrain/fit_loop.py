@@ -189,6 +189,7 @@ class FitLoop:
                  "batch_size": loader_batch_size(trainer.train_dataloader),
                  "loader_batches": None if math.isinf(loader_batches) else loader_batches,
                  "world_size": trainer.world_size}
+        self.resumed = checkpoint is not None  # a fit that starts at its limits says why
         if checkpoint is not None:
             loop = checkpoint["loop"]
             batch = resume_batch(loop, state, say=trainer.is_global_zero)
@@ -224,6 +225,14 @@ class FitLoop:
         t.hook.on_loop_start(trainer=t, loop="fit")
         if not self._limits_reached():
             run_sanity_check(t)
+        elif self.resumed and t.is_global_zero:
+            limit = ("max_epochs", t.max_epochs) if not no_limit(t.max_epochs) and \
+                t.loop_state["epoch"] >= t.max_epochs else ("max_steps", t.max_steps)
+            warnings.warn(
+                f"fit: the checkpoint {t.ckpt_path} has trained {t.loop_state['epoch']} "
+                f"epoch(s), {t.global_step} step(s), which already reaches {limit[0]}="
+                f"{limit[1]}, so nothing is trained, as in Lightning. Raise {limit[0]} "
+                f"(--{limit[0].replace('_', '-')}) above that to train further.", stacklevel=2)
         elif t.fit_progress is not None and t.is_global_zero:
             warnings.warn(
                 f"fit: this trainer's earlier fit already reached its limits (epoch "
