@@ -26,3 +26,19 @@ def test_resuming_a_checkpoint_already_at_max_epochs_says_nothing_is_trained(mak
         trainer.fit(TinyRegressor(), ckpt_path="last")
     assert trainer.global_step == 24
 
+
+@pytest.mark.parametrize("stage", ["test", "validate", "predict"])
+def test_a_runs_checkpoints_folder_given_as_the_checkpoint_names_the_files_in_it(
+        make_trainer, tmp_path, capsys, stage):
+    """``ptrain test --ckpt-path runs/version_0/checkpoints/`` (the folder, not the file in it)
+    was called "a sharded checkpoint folder without its meta.pt: its save was cut short",
+    a damaged checkpoint, where nothing is damaged."""
+    from ptrain.cli import main
+
+    make_trainer(max_epochs=1).fit(TinyRegressor())
+    folder = tmp_path / "runs" / "version_0" / "checkpoints"
+    assert main([stage, "--ckpt-path", str(folder)]) == 2
+    message = capsys.readouterr().err
+    assert "sharded" not in message and "cut short" not in message, message
+    assert f"is a folder, not a checkpoint file; checkpoints under it: {folder}/last.ckpt" \
+        in message, message

@@ -580,6 +580,8 @@ def sharded_meta(path: str | Path, read: bool = True) -> dict[str, Any]:
     path = Path(path)
     meta = path / SHARDED_META
     if not meta.is_file() and not meta.is_symlink():
+        if not (path / SHARDED_INDEX).is_file() and not any(path.glob("*.distcp")):
+            raise _not_a_file(path)  # no part of a sharded one: a run's checkpoints/ folder
         raise CheckpointError(
             f"checkpoint {str(path)!r} is a sharded checkpoint folder without its "
             f"{SHARDED_META}, the file written beside the shards with the loop counters, the "
