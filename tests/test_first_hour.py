@@ -42,3 +42,14 @@ def test_a_runs_checkpoints_folder_given_as_the_checkpoint_names_the_files_in_it
     assert "sharded" not in message and "cut short" not in message, message
     assert f"is a folder, not a checkpoint file; checkpoints under it: {folder}/last.ckpt" \
         in message, message
+
+
+@pytest.mark.parametrize("flag", ["--max-time", "--checkpoint-train-time-interval"])
+def test_a_duration_with_a_unit_names_both_forms_a_duration_takes(capsys, flag):
+    """``--max-time 1h`` said "expected a number", though --help says seconds or DD:HH:MM:SS."""
+    from ptrain.cli import main
+
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", flag, "1h"]) == 2
+    message = capsys.readouterr().err
+    assert "expected seconds (a number, such as 3600) or DD:HH:MM:SS (00:01:00:00), got '1h'" \
+        in message, message

@@ -116,7 +116,11 @@ def to_seconds(value: Any) -> float:
             raise ValueError(f"expected seconds or DD:HH:MM:SS, got {value!r}")
         days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-    seconds = to_float(value)
+    try:
+        seconds = to_float(value)
+    except ValueError:  # "1h", "90s": say both forms, not only "a number"
+        raise ValueError(f"expected seconds (a number, such as 3600) or DD:HH:MM:SS "
+                         f"(00:01:00:00), got {value!r}") from None
     if seconds <= 0:
         raise ValueError(f"expected a positive duration, got {value!r}")
     return seconds
