@@ -53,3 +53,18 @@ def test_a_duration_with_a_unit_names_both_forms_a_duration_takes(capsys, flag):
     message = capsys.readouterr().err
     assert "expected seconds (a number, such as 3600) or DD:HH:MM:SS (00:01:00:00), got '1h'" \
         in message, message
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--max-epochs", "one"], "invalid value for --max-epochs (config key 'max_epochs' in "
+                              "[trainer]): expected an integer, got str 'one'."),
+    (["--gradient-clip-algorithm", "nrom"], "valid choices: norm, value. Did you mean 'norm'?"),
+])
+def test_a_bad_flag_value_is_not_blamed_on_a_trainer_call(capsys, argv, said):
+    """``ptrain fit --max-epochs one`` said "(Trainer(...))", a call the user never wrote; a
+    flag's bad value is named as a plugin flag's is: the flag and its config key."""
+    from ptrain.cli import main
+
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", *argv]) == 2
+    message = capsys.readouterr().err
+    assert "Trainer(...)" not in message and said in message, message

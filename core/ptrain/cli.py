@@ -422,9 +422,12 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
     trainer_options = dict(file_trainer)
     plugin_options = {name: dict(values)
                       for name, values in file_config.get("plugins", {}).items()}
+    core = core_options().options
     for dest, value in vars(args).items():
         if "\0" in dest:  # an option of the core or a plugin (see _add_group)
             owner, name = dest.split("\0")
+            if owner == "trainer":  # checked here, so a bad value is not blamed on Trainer(...)
+                core[name].convert(value, "")
             target = trainer_options if owner == "trainer" else plugin_options.setdefault(owner, {})
             target[name] = value
     trainer_options.update(selection, callbacks=callbacks)
