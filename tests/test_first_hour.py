@@ -68,3 +68,29 @@ def test_a_bad_flag_value_is_not_blamed_on_a_trainer_call(capsys, argv, said):
     assert main(["fit", "--model", "tests.conftest:TinyRegressor", *argv]) == 2
     message = capsys.readouterr().err
     assert "Trainer(...)" not in message and said in message, message
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--model.batch_size", "abc"], "--model.batch_size (or batch_size in [model.init_args]) is "
+                                    "str 'abc', but TinyRegressor's argument batch_size is "
+                                    "annotated int."),
+    (["--model.n", "64.0"], "is float 64.0, but TinyRegressor's argument n is annotated int."),
+    (["--model.shuffle", "yes"], "is str 'yes', but TinyRegressor's argument shuffle is "
+                                 "annotated bool."),
+])
+def test_an_init_argument_of_the_wrong_type_is_named_before_the_model_is_built(capsys, argv,
+                                                                                said):
+    """``--model.hidden abc`` for ``hidden: int`` failed inside torch ("empty(): argument 'size'
+    must be tuple of ints"), where the user's flag was not named."""
+    from ptrain.cli import main
+
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", *argv]) == 2
+    message = capsys.readouterr().err
+    assert said in message and "Values are read as TOML" in message, message
+
+
+def test_an_init_argument_the_annotation_admits_is_not_refused():
+    from ptrain.cli import _check_init_types
+
+    _check_init_types(TinyRegressor, {"lr": 1, "n": 8, "shuffle": True, "scheduler": None,
+                                      "optimizer": 3}, "model")  # an int for a float, for str

@@ -328,7 +328,45 @@ def _build_parser(stage: str, groups: list[tuple[OptionGroup, str, str]]) -> _Pa
     return parser
 
 
-def _instantiate(cls: Any, init_args: dict[str, Any], what: str) -> Any:
+#: the annotations an init argument's value is checked against, and what each accepts (not
+#: str: ``--model.name 123`` reads as an int, which such a model may well take)
+_SIMPLE_TYPES = {int: (int,), float: (int, float), bool: (bool,)}
+
+
+def _check_init_types(cls: Any, init_args: dict[str, Any], what: str) -> None:
+    """Refuse an init argument whose value is not of the plain type (int, float, bool,
+    optionally ``| None``) its parameter is annotated with: ``--model.hidden abc`` for
+    ``hidden: int`` failed deep inside the model ("empty(): argument 'size' must be tuple of
+    ints"). Other annotations, and ones that do not resolve, are not checked."""
+    import types
+    import typing
+
+    try:
+        params = inspect.signature(cls, eval_str=True).parameters
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: nothing to check
+        return
+    for key, value in init_args.items():
+        annotation = params[key].annotation if key in params else inspect.Parameter.empty
+        options = (typing.get_args(annotation)
+                   if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+                   else (annotation,))
+        plain = [t for t in options if t is not type(None)]
+        if len(plain) != 1 or plain[0] not in _SIMPLE_TYPES:
+            continue
+        if value is None and len(options) > 1:
+            continue
+        accepted = _SIMPLE_TYPES[plain[0]]
+        if isinstance(value, accepted) and (plain[0] is bool or not isinstance(value, bool)):
+            continue
+        shown = getattr(annotation, "__name__", None) or str(annotation)
+        raise ModelError(
+            f"--{what}.{key} (or {key} in [{what}.init_args]) is {type(value).__name__} "
+            f"{value!r}, but {cls.__qualname__}'s argument {key} is annotated {shown}. Values "
+            f"are read as TOML: 64 is an int, 0.5 a float, true a bool, anything else text.")
+
+
+def _instantiate(cls: Any, init_args: dict[str, Any], what: str,
+                 check_types: bool = True) -> Any:
     params = inspect.signature(cls).parameters
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for key in init_args:
@@ -336,6 +374,8 @@ def _instantiate(cls: Any, init_args: dict[str, Any], what: str) -> Any:
             raise ModelError(f"{cls.__qualname__} has no init argument {key!r} (from --{what}.{key}"
                              f" or [{what}.init_args]); its arguments: "
                              f"{', '.join(params) or '(none)'}.{closest(key, params)}")
+    if check_types:
+        _check_init_types(cls, init_args, what)
     try:
         return cls(**init_args)
     except TypeError as exc:
@@ -474,8 +514,9 @@ def build_component(cfg: dict[str, Any], base: type, flag: str,
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
                          f"(it is {cls!r}).")
+    # the arguments that rebuild a checkpoint's model were valid when it was built
     return _instantiate(cls, cfg.get("init_args", {}) if init_args is None else init_args,
-                        flag.lstrip("-"))
+                        flag.lstrip("-"), check_types=init_args is None)
 
 
 def freeze_imported() -> None:
