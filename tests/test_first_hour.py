@@ -94,3 +94,31 @@ def test_an_init_argument_the_annotation_admits_is_not_refused():
 
     _check_init_types(TinyRegressor, {"lr": 1, "n": 8, "shuffle": True, "scheduler": None,
                                       "optimizer": 3}, "model")  # an int for a float, for str
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--model", "tests.conftest:TinyRegresor"], "has no attribute 'TinyRegresor'"),
+    (["--model", "tests.conftest:TinyRegressor", "--model.l", "0.1"],
+     "TinyRegressor has no init argument 'l'"),
+    (["--model", "tests.conftest:TinyRegressor", "--model.n", "many"], "annotated int"),
+    (["--model", "tests.conftest:TinyRegressor", "--data", "tests.conftest:TinyRegressor"],
+     "is not a ptrain.DataModule subclass"),
+])
+def test_print_config_checks_the_model_it_prints(capsys, argv, said):
+    """``ptrain fit --model model:MoonClasifier --print-config > run.toml`` printed the config
+    and exited 0; the mistake came out only at the next step, ``ptrain fit --config
+    run.toml``."""
+    from ptrain.cli import main
+
+    assert main(["fit", *argv, "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and said in err, err
+
+
+def test_print_config_of_a_good_model_still_prints_it(capsys):
+    from ptrain.cli import main
+
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", "--model.lr", "0.5",
+                 "--print-config"]) == 0
+    assert 'init_args = { lr = 0.5 }' in capsys.readouterr().out
+

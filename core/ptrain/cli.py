@@ -366,7 +366,7 @@ def _check_init_types(cls: Any, init_args: dict[str, Any], what: str) -> None:
 
 
 def _instantiate(cls: Any, init_args: dict[str, Any], what: str,
-                 check_types: bool = True) -> Any:
+                 check_types: bool = True, build: bool = True) -> Any:
     params = inspect.signature(cls).parameters
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for key in init_args:
@@ -376,6 +376,8 @@ def _instantiate(cls: Any, init_args: dict[str, Any], what: str,
                              f"{', '.join(params) or '(none)'}.{closest(key, params)}")
     if check_types:
         _check_init_types(cls, init_args, what)
+    if not build:
+        return None
     try:
         return cls(**init_args)
     except TypeError as exc:
@@ -504,9 +506,9 @@ def _refuse_misplaced_trainer_keys(file_config: dict[str, Any], selected: list[A
 
 
 def build_component(cfg: dict[str, Any], base: type, flag: str,
-                    init_args: dict[str, Any] | None = None) -> Any:
+                    init_args: dict[str, Any] | None = None, build: bool = True) -> Any:
     """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it with
-    ``init_args`` (by default ``cfg["init_args"]``)."""
+    ``init_args`` (by default ``cfg["init_args"]``); without ``build``, only the checks."""
     from ptrain.loading import import_object
 
     cls = import_object(cfg["class_path"], flag, ModelError,
@@ -516,7 +518,7 @@ def build_component(cfg: dict[str, Any], base: type, flag: str,
                          f"(it is {cls!r}).")
     # the arguments that rebuild a checkpoint's model were valid when it was built
     return _instantiate(cls, cfg.get("init_args", {}) if init_args is None else init_args,
-                        flag.lstrip("-"), check_types=init_args is None)
+                        flag.lstrip("-"), check_types=init_args is None, build=build)
 
 
 def freeze_imported() -> None:
@@ -565,7 +567,11 @@ def cmd_run(stage: str, argv: list[str]) -> int:
     trainer = Trainer(plugin_options=spec.plugin_options, catalog=catalog,
                       **spec.trainer_options)
     trainer.config.update(model=spec.model, data=spec.data)
-    if spec.print_config:
+    if spec.print_config:  # what it prints must run: its model and data classes are checked
+        for cfg, base, flag in ((spec.model, TrainModule, "--model"),
+                                (spec.data, DataModule, "--data")):
+            if cfg.get("class_path"):
+                build_component(cfg, base, flag, build=False)
         resume = f"ckpt_path = {json.dumps(spec.ckpt_path)}\n\n" if spec.ckpt_path else ""
         print(resume + dump_config(trainer.config), end="")
         return 0
