@@ -122,3 +122,21 @@ def test_print_config_of_a_good_model_still_prints_it(capsys):
                  "--print-config"]) == 0
     assert 'init_args = { lr = 0.5 }' in capsys.readouterr().out
 
+
+@pytest.mark.parametrize("typed, meant", [("lats", "last"), ("bets", "best")])
+def test_a_mistyped_ckpt_path_word_names_the_word(tmp_path, monkeypatch, capsys, typed, meant):
+    """``--ckpt-path lats`` was taken for a path and said only "does not exist"."""
+    from ptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["test", "--ckpt-path", typed]) == 2
+    message = capsys.readouterr().err
+    assert f"checkpoint {typed!r} does not exist. Did you mean {meant!r}?" in message, message
+
+
+def test_a_missing_checkpoint_file_gets_no_word_suggested(tmp_path, monkeypatch, capsys):
+    from ptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["test", "--ckpt-path", "last.ckpt"]) == 2
+    assert "Did you mean" not in capsys.readouterr().err

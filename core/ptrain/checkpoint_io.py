@@ -250,6 +250,10 @@ def unloadable_reason(value: Any) -> str | None:
     return None
 
 
+#: the words --ckpt-path takes for a checkpoint it finds (besides a path)
+CKPT_PATH_WORDS = ("last", "best", "last-intact", "auto")
+
+
 def _not_a_file(path: Path) -> CheckpointError:
     """Why ``path`` (not a regular file) can't be read as a checkpoint, in the user's terms."""
     fix = "Give the path of a .ckpt file, or `last` to resume the latest run."
@@ -267,7 +271,12 @@ def _not_a_file(path: Path) -> CheckpointError:
         return CheckpointError(
             f"checkpoint {str(path)!r} is not a regular file (a named pipe, socket or device), "
             f"so it can't be a checkpoint and is not opened. {fix}")
-    return CheckpointNotFoundError(f"checkpoint {str(path)!r} does not exist. {fix}")
+    word = str(path)
+    if os.sep not in word and "." not in word:  # lats, lastest: a slip of a word, not a path
+        from ptrain.options import closest
+
+        fix = closest(word, CKPT_PATH_WORDS).lstrip() + f" {fix}"
+    return CheckpointNotFoundError(f"checkpoint {str(path)!r} does not exist. {fix.strip()}")
 
 
 def safe_load(path: str | Path) -> dict[str, Any]:
