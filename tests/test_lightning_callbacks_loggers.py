@@ -723,6 +723,41 @@ def test_model_summary_takes_lightnings_depth(tmp_path, capsys):
         p_callbacks.ModelSummary(mode="train")
 
 
+@pytest.mark.parametrize("calls_super", [False, True])
+@pytest.mark.parametrize("enable_model_summary", [None, False])
+def test_a_model_summary_subclass_prints_its_own_in_on_fit_start(tmp_path, capfd, caplog,
+                                                                 calls_super,
+                                                                 enable_model_summary):
+    """As yoyodyne's CompactModelSummary: a ModelSummary whose on_fit_start prints a table of
+    its own (the base's table only through super()), given with enable_model_summary=False
+    too. What each framework shows is compared (Lightning logs its table)."""
+    shown = {}
+    for name, framework, callbacks in (("lightning", pl, l_callbacks),
+                                       ("ptrain", ppl, p_callbacks)):
+        class Compact(callbacks.ModelSummary):
+            def on_fit_start(self, trainer, pl_module):
+                print(f"compact: {type(pl_module).__name__}")
+                if calls_super:
+                    super().on_fit_start(trainer, pl_module)
+
+        summary = Compact()
+        assert isinstance(summary, framework.Callback)
+        trainer = framework.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                                    callbacks=[summary], logger=False, enable_progress_bar=False,
+                                    enable_checkpointing=False, accelerator="cpu",
+                                    enable_model_summary=enable_model_summary,
+                                    default_root_dir=str(tmp_path / name))
+        capfd.readouterr()
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            trainer.fit(backbone_class(framework)())
+        out, err = capfd.readouterr()
+        shown[name] = out + err + caplog.text
+    for text in shown.values():
+        assert text.count("compact: WithBackbone") == 1
+        assert text.count("Trainable params") == calls_super
+
+
 def test_the_finders_search_then_tell_the_module(tmp_path):
     class Sized(backbone_class(ppl)):
         def __init__(self):
