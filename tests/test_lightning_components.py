@@ -253,6 +253,21 @@ def test_model_summary_reads_as_lightnings():
                           "model_size"):
             assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
         assert "Total params" in str(ours)
+        # Lightning's private table of rows, which programs read (yoyodyne's summary callback)
+        rows = {name: (layer.layer_type, layer.num_parameters, layer.in_size, layer.out_size,
+                       layer.training) for name, layer in ours._layer_summary.items()}
+        assert rows == {name: (layer.layer_type, layer.num_parameters, layer.in_size,
+                               layer.out_size, layer.training)
+                        for name, layer in theirs._layer_summary.items()}
+    from lightning.pytorch.utilities.model_summary import LayerSummary as LightningLayer
+
+    from ptrain.lightning.utilities.model_summary import LayerSummary
+
+    layer = nn.Linear(3, 2).eval()
+    ours, theirs = LayerSummary(layer), LightningLayer(layer)
+    assert (ours.layer_type, ours.num_parameters, ours.training, ours.in_size) == \
+        (theirs.layer_type, theirs.num_parameters, theirs.training, theirs.in_size)
+    theirs.detach_hook()
 
 
 def test_trainer_states_are_lightnings_values():

@@ -40,6 +40,43 @@ def parse_batch_shape(batch: Any) -> str | list:
     return _batch_shape(batch)
 
 
+class LayerSummary:
+    """One row of a :class:`ModelSummary`: a submodule's ``layer_type`` (its class name),
+    ``num_parameters``, ``training`` mode, and ``in_size``/``out_size`` (from the summary's
+    forward pass on the ``example_input_array``; ``"?"`` without one)."""
+
+    def __init__(self, module: nn.Module, in_size: Any = UNKNOWN_SIZE,
+                 out_size: Any = UNKNOWN_SIZE, num_parameters: int | None = None) -> None:
+        self._module = module
+        self._in_size, self._out_size = in_size, out_size
+        self._num_parameters = num_parameters
+
+    @property
+    def in_size(self) -> str | list:
+        return self._in_size
+
+    @property
+    def out_size(self) -> str | list:
+        return self._out_size
+
+    @property
+    def layer_type(self) -> str:
+        return type(self._module).__name__
+
+    @property
+    def num_parameters(self) -> int:
+        if self._num_parameters is None:
+            self._num_parameters = Counts.of(self._module.parameters()).total
+        return self._num_parameters
+
+    @property
+    def training(self) -> bool:
+        return self._module.training
+
+    def detach_hook(self) -> None:
+        """Nothing to detach: the sizes come from the summary's own forward pass."""
+
+
 class ModelSummary:
     """The summary of ``model`` down to ``max_depth`` levels of submodules (``-1``: every level,
     ``0``: the totals only). ``str(summary)`` is the table ptrain's ``model-summary`` callback
@@ -65,6 +102,14 @@ class ModelSummary:
     @property
     def max_depth(self) -> int:
         return self._max_depth
+
+    @property
+    def _layer_summary(self) -> dict[str, LayerSummary]:
+        """Each row's :class:`LayerSummary` by layer name, as Lightning's private attribute
+        (which programs read: yoyodyne's summary callback)."""
+        return {row.name: LayerSummary(layer, self._in.get(row.name, UNKNOWN_SIZE),
+                                       self._out.get(row.name, UNKNOWN_SIZE), row.counts.total)
+                for row, layer in zip(self._rows, self._layers)}
 
     @property
     def named_modules(self) -> list[tuple[str, nn.Module]]:
@@ -128,5 +173,5 @@ def summarize(lightning_module: nn.Module, max_depth: int = 1) -> ModelSummary:
     return ModelSummary(lightning_module, max_depth=max_depth)
 
 
-__all__ = ["Counts", "ModelSummary", "get_formatted_model_size", "get_human_readable_count",
-           "parse_batch_shape", "summarize"]
+__all__ = ["Counts", "LayerSummary", "ModelSummary", "get_formatted_model_size",
+           "get_human_readable_count", "parse_batch_shape", "summarize"]
