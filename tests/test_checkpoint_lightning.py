@@ -125,6 +125,32 @@ def test_last_is_written_beside_a_kept_top_k_file_only_as_lightning_does(tmp_pat
     assert ours == lightning
 
 
+@pytest.mark.parametrize("logger", [False, True])
+def test_a_top_k_file_named_last_is_last_ckpt_as_lightnings(tmp_path, logger):
+    """yoyodyne's checkpoint config: ``filename="last"``, ``save_last=False``, a monitored top
+    1 (scores 3, 1, 2, 0.5 under mode max: epoch 0's file is kept), then ``ckpt_path`` names
+    ``.../checkpoints/last.ckpt``. Lightning's top-k file takes the free name ``last.ckpt``;
+    ptrain's was ``last-v1.ckpt``."""
+    def run(pl, name):
+        callback = pl.callbacks.ModelCheckpoint(filename="last", monitor="score", mode="max",
+                                                save_last=False)
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=4, logger=logger,
+                             callbacks=[callback], **QUIET)
+        trainer.fit(model_class(pl)())
+        folder = Path(callback.dirpath)
+        return (os.path.relpath(folder, tmp_path / name), sorted(os.listdir(folder)),
+                Path(callback.best_model_path).name, torch.load(
+                    folder / "last.ckpt", weights_only=False)["epoch"],
+                trainer.validate(ckpt_path=str(folder / "last.ckpt"), verbose=False))
+
+    lightning, ours = both(run)
+    assert lightning[2:4] == ("last.ckpt", 0)
+    assert ours[0] == lightning[0]
+    # on purpose: ptrain keeps its top-k record beside the files in the run folder
+    assert [f for f in ours[1] if f != "best_k_models.json"] == lightning[1]
+    assert ours[2:] == lightning[2:]
+
+
 def test_the_default_callback_and_its_folder_match_lightnings(tmp_path):
     def run(pl, name):
         root = tmp_path / name

@@ -1004,7 +1004,7 @@ class ModelCheckpoint:
             str(folder / name) for name in self._taken_on_disk}
         if self.last_model_path:
             taken.add(self.last_model_path)
-        if "{" not in self.CHECKPOINT_NAME_LAST:
+        if "{" not in self.CHECKPOINT_NAME_LAST and self._last_name_reserved():
             taken.add(str(folder / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"))
         if self.monitor is None and self.save_top_k == -1 and self.best_model_path:
             taken.add(self.best_model_path)
@@ -1014,6 +1014,11 @@ class ModelCheckpoint:
                                      f"{self.FILE_EXTENSION}")
             version += 1
         return candidate
+
+    def _last_name_reserved(self) -> bool:
+        """Whether a top-k file may not take the name ``last.ckpt``: ptrain's callback keeps it
+        for the resumable state (a subclass may free it where it writes none)."""
+        return True
 
     def _say_if_replacing(self, path: Path) -> None:
         if path.name in self._taken_on_disk:

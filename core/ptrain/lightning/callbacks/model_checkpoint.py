@@ -153,6 +153,11 @@ class ModelCheckpoint(_Checkpoint):
         # follows the newest one anyway, and weights-only files keep ptrain's resumable last
         return self.save_last is True and not self.save_weights_only
 
+    def _last_name_reserved(self) -> bool:
+        # Lightning's top-k file takes any free name: `filename="last"` without save_last
+        # (yoyodyne's config) writes last.ckpt, as no last.ckpt of the callback's own is kept
+        return self._keeps_last
+
     def _own_folder(self, trainer: Any) -> Optional[Path]:
         """Lightning's: ``dirpath``; without it, ``<default_root_dir>/checkpoints`` when the run
         has no logger (with one, the run folder's ``checkpoints/``, as the logger's
