@@ -421,6 +421,81 @@ def test_callbacks_in_trainer_defaults_may_be_configs(tmp_path, monkeypatch):
                          "init_args": {"early_stopping_typo": 1}}})
 
 
+TUNED = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+
+class Data(pl.LightningDataModule):
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(8, 4, generator=g),
+                                        torch.randn(8, 1, generator=g)), batch_size=4)
+
+    test_dataloader = train_dataloader
+
+
+class Tuned(pl.LightningModule):
+    def __init__(self, hidden: int = 3, optimizer: OptimizerCallable = torch.optim.SGD,
+                 scheduler: LRSchedulerCallable = torch.optim.lr_scheduler.ConstantLR):
+        super().__init__()
+        self.save_hyperparameters()
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.net = nn.Sequential(nn.Linear(4, hidden), nn.Linear(hidden, 1))
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer(self.parameters())
+        return [optimizer], [self.scheduler(optimizer)]
+"""
+
+
+def test_ckpt_path_reads_back_optimizer_callables_given_by_class_path(tmp_path, monkeypatch):
+    """yoyodyne's models take ``optimizer: OptimizerCallable`` (and a scheduler), given by
+    ``class_path`` in the config; its ``test --ckpt_path`` reads the saved hyperparameters into
+    the model's config. ptrain saved jsonargparse's partial, which the parser then refused ("do
+    not fit the model's arguments"); Lightning saves the class_path and init_args."""
+    monkeypatch.setattr(sys, "argv", ["program.py"])
+    quiet = [*QUIET, "--trainer.logger=false"]
+    seen = {}
+    for framework in NAMESPACE:
+        folder = tmp_path / framework
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        path = folder / f"tuned_{framework}.py"
+        path.write_text(TUNED if framework == "lightning" else ported(TUNED))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        program = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = program
+        spec.loader.exec_module(program)
+        cli = importlib.import_module(f"{NAMESPACE[framework]}.cli")
+        cli.LightningCLI(program.Tuned, program.Data, save_config_callback=None, args=[
+            "fit", "--model.hidden=5", "--model.optimizer=Adam", "--model.optimizer.lr=0.01",
+            "--model.scheduler=StepLR", "--model.scheduler.step_size=2",
+            "--trainer.max_epochs=1", *quiet])
+        [checkpoint] = (folder / "checkpoints").iterdir()
+        run = cli.LightningCLI(program.Tuned, program.Data, save_config_callback=None,
+                               args=["test", f"--ckpt_path={checkpoint}", *quiet])
+        model = run.config.test.model
+        seen[framework] = (model.hidden, model.optimizer.class_path,
+                           model.optimizer.init_args.lr, model.scheduler.class_path,
+                           model.scheduler.init_args.step_size,
+                           run.trainer.callback_metrics["test_loss"].item())
+    assert seen["lightning"][:5] == (5, "torch.optim.Adam", 0.01,
+                                     "torch.optim.lr_scheduler.StepLR", 2)
+    assert seen["ptrain"][:5] == seen["lightning"][:5]
+    assert seen["ptrain"][5] == pytest.approx(seen["lightning"][5], rel=1e-6)
+
+
 def test_the_module_imports_without_jsonargparse_and_says_what_to_install():
     code = ("import sys; sys.modules['jsonargparse'] = None\n"
             "import ptrain.lightning.cli as cli\n"

@@ -396,6 +396,43 @@ _SUBCOMMAND_HELP = {"fit": "Train the model (and validate it, with validation da
                     "predict": "Run the model's predict_step over the prediction data."}
 
 
+#: the function of the partial jsonargparse makes for a class given by ``class_path`` to a
+#: callable argument (``OptimizerCallable``): ``partial(it, instantiator, cls, **init_args)``
+_JSONARGPARSE_CALL = "jsonargparse._instantiation:call_without_instantiate_context"
+
+
+def _as_config(saved: Any) -> Any:
+    """A saved hyperparameter (ptrain's saved form, see :mod:`ptrain.hyperparameters`) as the
+    config the parser reads: the partial jsonargparse made of a class given by ``class_path``
+    (an ``OptimizerCallable``) as that ``class_path`` and its ``init_args``, as Lightning's CLI
+    saves it, so that ``--ckpt_path`` parses it back."""
+    from ptrain.hyperparameters import PARTIAL, REFERENCE, restored
+
+    if isinstance(saved, list):
+        return [_as_config(v) for v in saved]
+    if not isinstance(saved, dict):
+        return saved
+    args = saved.get("args")
+    if saved.get(PARTIAL) == _JSONARGPARSE_CALL and isinstance(args, list) and len(args) == 2 \
+            and isinstance(args[1], dict) and set(args[1]) == {REFERENCE}:
+        return {"class_path": _shortest_path(restored(args[1])),
+                "init_args": _as_config(saved.get("kwargs") or {})}
+    if PARTIAL in saved or REFERENCE in saved:
+        return saved
+    return {key: _as_config(value) for key, value in saved.items()}
+
+
+def _shortest_path(cls: type) -> str:
+    """The shortest dotted path ``cls`` is imported by (``torch.optim.Adam``, not
+    ``torch.optim.adam.Adam``), as jsonargparse writes a ``class_path``."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and getattr(module, cls.__qualname__, None) is cls:
+            return f"{module.__name__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class LightningCLI:
     """Lightning's command line for a training program, running on ptrain.
 
@@ -595,7 +632,8 @@ class LightningCLI:
         from ptrain.checkpoint_io import safe_load
 
         checkpoint = safe_load(ckpt_path)
-        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        hparams = {key: _as_config(value)
+                   for key, value in (checkpoint.get("hyper_parameters") or {}).items()}
         if not hparams:
             return
         if self.subclass_mode_model and checkpoint.get("module_class"):
