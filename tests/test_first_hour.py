@@ -1,7 +1,7 @@
 """What a newcomer runs into in a first hour with ptrain, each named where it was silent or
 confusing: a resume that trains nothing, a duration given as ``1h``, a folder of checkpoints
 given as one checkpoint, a flag's bad value blamed on ``Trainer(...)``, an init argument of the
-wrong type."""
+wrong type, a config file's ``ckpt_path`` answered as a flag."""
 
 from __future__ import annotations
 
@@ -140,3 +140,19 @@ def test_a_missing_checkpoint_file_gets_no_word_suggested(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert main(["test", "--ckpt-path", "last.ckpt"]) == 2
     assert "Did you mean" not in capsys.readouterr().err
+
+
+def test_ckpt_path_last_from_a_config_file_with_no_run_yet_says_both_ways_out(
+        tmp_path, capsys, monkeypatch):
+    """docs/configuration.md's file had ``ckpt_path = "last"``: a first run stopped with "start
+    without --ckpt-path", a flag the user never gave. It names the file's key too, and
+    ``auto``, which the page's file now has."""
+    from ptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text('ckpt_path = "last"\n[model]\n'
+                                       'class_path = "tests.conftest:TinyRegressor"\n')
+    assert main(["fit", "--config", "run.toml", "--accelerator", "cpu"]) == 2
+    message = capsys.readouterr().err
+    assert "start without it (--ckpt-path, or ckpt_path in the --config file); `fit " \
+        "--ckpt-path auto` resumes when there is one, else starts anew." in message, message

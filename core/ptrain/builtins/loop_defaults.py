@@ -155,7 +155,8 @@ class LoopDefaults:
         raise NoCheckpointYetError(f"ckpt_path='last' found no {LAST_CHECKPOINT} in any run folder "
                               f"under {str(root)!r} (the checkpoint callback writes it unless its "
                               f"save_last is off); give a checkpoint's path, or start without "
-                              f"--ckpt-path.")
+                              f"it (--ckpt-path, or ckpt_path in the --config file); `fit "
+                              f"--ckpt-path auto` resumes when there is one, else starts anew.")
 
     @hookimpl(trylast=True)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
@@ -201,7 +202,7 @@ def _last_intact(trainer: Trainer) -> Path:
                       f"which {problem}.", file=sys.stderr, flush=True)
     raise CheckpointError(f"ckpt_path='{LAST_INTACT}' found no intact checkpoint that this run "
                           f"can resume from in any run folder under {str(root)!r}; start "
-                          f"without --ckpt-path.")
+                          f"without it (--ckpt-path, or ckpt_path in the --config file).")
 
 
 def _why_not_usable(trainer: Trainer, path: Path) -> str | None:
