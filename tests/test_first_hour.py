@@ -156,3 +156,124 @@ def test_ckpt_path_last_from_a_config_file_with_no_run_yet_says_both_ways_out(
     message = capsys.readouterr().err
     assert "start without it (--ckpt-path, or ckpt_path in the --config file); `fit " \
         "--ckpt-path auto` resumes when there is one, else starts anew." in message, message
+
+
+_DOCUMENTED_MODEL = '''
+import ptrain
+
+
+class Documented(ptrain.TrainModule):
+    """A model whose arguments are documented Google style.
+
+    Args:
+        hidden (int): width of the hidden
+            layer. Wider learns faster.
+        name: the run's name, in 100% of its logs.
+    """
+
+    def __init__(self, name: str, hidden: int = 64, lr: float = 3e-3, tags=None):
+        super().__init__()
+
+
+class Documented2(ptrain.DataModule):
+    """Data documented NumPy style.
+
+    Parameters
+    ----------
+    n : int
+        how many examples to make.
+    """
+
+    def __init__(self, n: int = 8):
+        super().__init__()
+'''
+
+
+def _help_of(argv, tmp_path, monkeypatch, capsys) -> str:
+    """``ptrain fit ARGV --help``, run where the module ``documented_help`` is importable, its
+    runs of white space (where argparse wraps and indents) one space each."""
+    from ptrain.cli import main
+
+    (tmp_path / "documented_help.py").write_text(_DOCUMENTED_MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["fit", *argv, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_the_model_init_arguments(tmp_path, monkeypatch, capsys):
+    """``ptrain fit --model M:C --help`` listed the core's and the plugins' options but not
+    the model's ``--model.KEY`` arguments: a newcomer had to read the class's source."""
+    text = _help_of(["--model", "documented_help:Documented"], tmp_path, monkeypatch, capsys)
+    for said in ["documented_help:Documented (model): the init arguments of Documented: "
+                 "--model.KEY VALUE",
+                 "--model.name NAME the run's name, in 100% of its logs (str, required)",
+                 "--model.hidden HIDDEN width of the hidden layer (int, default: 64)",
+                 "--model.lr LR (float, default: 0.003)",
+                 "--model.tags TAGS (default: None)"]:
+        assert said in text, text
+    usage = text[:text.index("Train a ptrain.TrainModule")]
+    assert " --model.name NAME [--model.hidden HIDDEN]" in usage, usage  # required: no [ ]
+
+
+def test_help_lists_the_data_init_arguments_of_a_config_files_class(tmp_path, monkeypatch,
+                                                                     capsys):
+    (tmp_path / "run.toml").write_text('[data]\nclass_path = "documented_help:Documented2"\n')
+    text = _help_of(["--config", "run.toml"], tmp_path, monkeypatch, capsys)
+    assert "documented_help:Documented2 (data): the init arguments of Documented2" in text, text
+    assert "--data.n N how many examples to make (int, default: 8)" in text, text
+
+
+@pytest.mark.parametrize("model, said", [
+    ("documented_help:Nope", "its init arguments are not listed: --model "
+                             "'documented_help:Nope' could not be imported: AttributeError"),
+    ("documented_help:Documented2", "its init arguments are not listed: --model "
+                                    "'documented_help:Documented2' is not a ptrain.TrainModule "
+                                    "subclass"),
+])
+def test_help_says_why_a_models_init_arguments_are_not_listed(tmp_path, monkeypatch, capsys,
+                                                              model, said):
+    text = _help_of(["--model", model], tmp_path, monkeypatch, capsys)
+    assert f"{model} (model): {said}" in text, text
+
+
+@pytest.mark.parametrize("doc", [
+    """Google.
+
+    Args:
+        hidden (int): width of the
+            hidden layer. More.
+        lr: step size.
+
+    Returns:
+        out: not an argument.
+    """,
+    """NumPy.
+
+    Parameters
+    ----------
+    hidden : int
+        width of the
+        hidden layer. More.
+    lr
+        step size.
+
+    Returns
+    -------
+    out : int
+        not an argument.
+    """,
+    """Sphinx.
+
+    :param int hidden: width of the
+        hidden layer. More.
+    :param lr: step size.
+    :returns: not an argument.
+    """,
+])
+def test_init_argument_descriptions_are_read_in_each_docstring_style(doc):
+    from ptrain.init_help import documented_arguments
+
+    assert documented_arguments(doc) == {"hidden": "width of the hidden layer.",
+                                         "lr": "step size."}

@@ -509,16 +509,61 @@ def build_component(cfg: dict[str, Any], base: type, flag: str,
                     init_args: dict[str, Any] | None = None, build: bool = True) -> Any:
     """Import ``cfg["class_path"]``, check it subclasses ``base`` and instantiate it with
     ``init_args`` (by default ``cfg["init_args"]``); without ``build``, only the checks."""
-    from ptrain.loading import import_object
-
-    cls = import_object(cfg["class_path"], flag, ModelError,
-                        "ptrain.examples.digits:DigitsClassifier")
-    if not (inspect.isclass(cls) and issubclass(cls, base)):
-        raise ModelError(f"{flag} {cfg['class_path']!r} is not a ptrain.{base.__name__} subclass "
-                         f"(it is {cls!r}).")
+    cls = _component_class(cfg["class_path"], base, flag)
     # the arguments that rebuild a checkpoint's model were valid when it was built
     return _instantiate(cls, cfg.get("init_args", {}) if init_args is None else init_args,
                         flag.lstrip("-"), check_types=init_args is None, build=build)
+
+
+def _component_class(class_path: str, base: type, flag: str) -> type:
+    """The class ``class_path`` names, imported, checked to subclass ``base``."""
+    from ptrain.loading import import_object
+
+    cls = import_object(class_path, flag, ModelError, "ptrain.examples.digits:DigitsClassifier")
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise ModelError(f"{flag} {class_path!r} is not a ptrain.{base.__name__} subclass "
+                         f"(it is {cls!r}).")
+    return cls
+
+
+def _add_init_arguments(parser: argparse.ArgumentParser, argv: list[str],
+                        file_config: dict[str, Any]) -> list[str]:
+    """For ``--help``: a group of the ``--model.KEY`` arguments of the class that ``--model``
+    (or ``[model]``'s class_path in the config file) names, and one of ``--data.KEY``'s; the
+    tables without a class are returned. A class that can't be imported or whose arguments
+    can't be read gets a group that says why, in place of its arguments."""
+    from ptrain.init_help import init_arguments
+    from ptrain.module import DataModule, TrainModule
+
+    given = _Parser(add_help=False, allow_abbrev=False)
+    given.add_argument("--model")
+    given.add_argument("--data")
+    classes = vars(given.parse_known_args(argv)[0])
+    missing = []
+    for table, base in (("model", TrainModule), ("data", DataModule)):
+        class_path = classes[table] or file_config.get(table, {}).get("class_path")
+        if not class_path:
+            missing.append(table)
+            continue
+        group = parser.add_argument_group(f"{class_path} ({table})")
+        try:
+            cls = _component_class(class_path, base, f"--{table}")
+            arguments, takes_kwargs = init_arguments(cls, base)
+        except (PtrainError, TypeError, ValueError) as exc:
+            group.description = f"its init arguments are not listed: {exc}"
+            continue
+        if not arguments and not takes_kwargs:
+            group.description = f"{cls.__qualname__} takes no init arguments"
+            continue
+        group.description = (
+            f"the init arguments of {cls.__qualname__}: --{table}.KEY VALUE (read as TOML: 64 "
+            f"is an int, 0.5 a float, true a bool), or KEY = VALUE in [{table}.init_args] of "
+            f"--config" + ("; it also takes other keys (**kwargs)" if takes_kwargs else ""))
+        for argument in arguments:
+            group.add_argument(f"--{table}.{argument.name}", metavar=argument.name.upper(),
+                               required=argument.required,
+                               help=argument.help().replace("%", "%%"))
+    return missing
 
 
 def freeze_imported() -> None:
@@ -544,8 +589,10 @@ def cmd_run(stage: str, argv: list[str]) -> int:
             print("\n".join(f"  {b}" for b in broken))
         return 0
     if pre.help:
-        selected = _selection(pre, catalog)[3]
-        _build_parser(stage, _selected_groups(selected)).print_help()
+        file_config, _, _, selected = _selection(pre, catalog)
+        parser = _build_parser(stage, _selected_groups(selected))
+        missing = _add_init_arguments(parser, _split_init_args(argv)[0], file_config)
+        parser.print_help()
         others = len({(i.kind, i.name) for i in catalog.infos}) - len(selected)
         import textwrap
 
@@ -553,7 +600,9 @@ def cmd_run(stage: str, argv: list[str]) -> int:
             f"Shown: the core's options and those of the {len(selected)} plugins this run "
             f"selects (with --config and the flags given). The other {others} installed "
             f"plugins' options: ptrain {stage} --help-all; one plugin's: select it (-p NAME, "
-            f"--strategy NAME, ...) with --help.", 80))
+            f"--strategy NAME, ...) with --help."
+            + (" A model's init arguments (--model.KEY): give --model MODULE:CLASS with --help."
+               if "model" in missing else ""), 80))
         return 0
     spec = resolve_run(stage, argv, catalog)
 

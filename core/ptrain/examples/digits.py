@@ -35,6 +35,15 @@ def digits_datasets(val_fraction: float = 0.2, split_seed: int = 0):
 
 
 class DigitsClassifier(ptrain.TrainModule):
+    """A two-layer classifier of scikit-learn's 8x8 digit images.
+
+    Args:
+        hidden: width of the hidden layer.
+        dropout: dropout probability after the hidden layer.
+        lr: learning rate of AdamW.
+        batch_size: examples per training batch.
+    """
+
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 3e-3,
                  batch_size: int = 32):
         super().__init__()
