@@ -425,9 +425,9 @@ def _selection(pre: argparse.Namespace, catalog: Catalog):
     file_config = load_config_file(pre.config) if pre.config else {}
     file_trainer = dict(file_config.get("trainer", {}))
     core = core_options()
-    core.resolve(file_trainer, f"[trainer] in {pre.config}")  # an error names the file
-    callbacks = core.options["callbacks"].convert(file_trainer.get("callbacks", []),
-                                                  f"[trainer] callbacks in {pre.config}")
+    core.check_config_file(file_trainer, pre.config)  # an error names the file and its key
+    callbacks = core.options["callbacks"].convert(file_trainer.get("callbacks", []), "",
+                                                  pre.config)
     callbacks = [*callbacks, *pre.plugins] + (["no:progress-bar"] if pre.no_progress_bar else [])
     selection = {k: getattr(pre, k) or file_trainer.get(k) or core.options[k].default
                  for k in EXCLUSIVE_KINDS}
@@ -455,6 +455,10 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
     pre, _ = _preparse(argv)
     file_config, selection, callbacks, selected = _selection(pre, catalog)
     _refuse_misplaced_trainer_keys(file_config, selected, pre.config)
+    groups = {"trainer": core_options(), **{p.name: p.options for p in selected}}
+    for name, table in file_config.get("plugins", {}).items():
+        if name in groups:  # a bad value is named by the file and its key, not by the flag
+            groups[name].check_config_file(table, pre.config)
     file_trainer = dict(file_config.get("trainer", {}))
     parser = _build_parser(stage, _selected_groups(selected))
     args, unknown = parser.parse_known_args(argv)
@@ -464,12 +468,12 @@ def resolve_run(stage: str, argv: list[str], catalog: Catalog,
     trainer_options = dict(file_trainer)
     plugin_options = {name: dict(values)
                       for name, values in file_config.get("plugins", {}).items()}
-    core = core_options().options
     for dest, value in vars(args).items():
         if "\0" in dest:  # an option of the core or a plugin (see _add_group)
             owner, name = dest.split("\0")
-            if owner == "trainer":  # checked here, so a bad value is not blamed on Trainer(...)
-                core[name].convert(value, "")
+            # checked here, so a bad value is named by its flag, not blamed on Trainer(...) or
+            # on the config file it overrides
+            groups[owner].options[name].convert(value, "")
             target = trainer_options if owner == "trainer" else plugin_options.setdefault(owner, {})
             target[name] = value
     trainer_options.update(selection, callbacks=callbacks)

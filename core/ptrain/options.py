@@ -88,6 +88,11 @@ def to_str_list(value: Any) -> list[str]:
 CONVERTERS: dict[Any, Converter] = {int: to_int, float: to_float, str: to_str, bool: to_bool}
 
 
+def _table(owner: str) -> str:
+    """The config file's table of ``owner``'s options: ``[trainer]`` or ``[plugins.NAME]``."""
+    return "[trainer]" if owner == "trainer" else f"[plugins.{owner}]"
+
+
 @dataclass(frozen=True)
 class Option:
     """One declared option. ``type`` converts a raw value (text from a flag, or a TOML value) or
@@ -102,32 +107,42 @@ class Option:
     owner: str = "trainer"  # "trainer" for the core's own options, else the plugin's name
     flag: str = ""
 
-    def convert(self, value: Any, source: str) -> Any:
+    def convert(self, value: Any, source: str, config_file: str | None = None) -> Any:
         """Return ``value`` converted, or raise :class:`ConfigError` naming ``source`` (where
-        the value came from; ``""`` where that is not known here)."""
+        the value came from; ``""`` where that is not known here, or for a flag). A value from
+        a config file is named by its key, table and ``config_file`` (see :meth:`describe`)."""
+        what = self.describe(config_file)
         origin = f" ({source})" if source else ""
         if value is None:
             if self.required:
                 given = "" if source in ("default", "") else f" ({source} gave None)"
-                raise ConfigError(f"{self.describe()} is required and was not given{given}: "
-                                  f"{self.help}")
+                raise ConfigError(f"{what} is required and was not given{given}: {self.help}")
             return None
         try:
             converted = self.type(value)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid value for {self.describe()}{origin}: {exc}.") from None
+            raise ConfigError(f"invalid value for {what}{origin}: {exc}.") from None
         if self.choices is not None and converted not in self.choices:
             valid = ", ".join(str(c) for c in self.choices)
             hint = closest(str(converted), [str(c) for c in self.choices])
             raise ConfigError(
-                f"invalid value {converted!r} for {self.describe()}{origin}; valid choices: "
+                f"invalid value {converted!r} for {what}{origin}; valid choices: "
                 f"{valid}.{hint}"
             )
         return converted
 
-    def describe(self) -> str:
-        table = "[trainer]" if self.owner == "trainer" else f"[plugins.{self.owner}]"
-        return f"{self.flag} (config key {self.name!r} in {table})"
+    @property
+    def table(self) -> str:
+        """The option's table in a config file: ``[trainer]`` or ``[plugins.NAME]``."""
+        return _table(self.owner)
+
+    def describe(self, config_file: str | None = None) -> str:
+        """The option as a message names it, by where its value came from: ``'mode' in
+        [plugins.checkpoint] of 'run.toml'`` from config file ``run.toml``; else (a flag, or
+        not known) ``--checkpoint-mode (config key 'mode' in [plugins.checkpoint])``."""
+        if config_file is not None:
+            return f"{self.name!r} in {self.table} of {str(config_file)!r}"
+        return f"{self.flag} (config key {self.name!r} in {self.table})"
 
 
 @dataclass
@@ -173,22 +188,34 @@ class OptionGroup:
     def resolve(self, given: dict[str, Any], source: str) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (already-merged config and flags), every value checked.
         Unknown keys are an error naming the closest valid key."""
-        where = self._where() + (f" ({source})" if source else "")
-        for key in given:
-            if key not in self.options:
-                if key in self.instead:
-                    raise ConfigError(f"unknown option {key!r} for {where}: "
-                                      f"{self.instead[key]}")
-                raise ConfigError(
-                    f"unknown option {key!r} for {where}; valid keys: "
-                    f"{', '.join(sorted(self.options)) or '(none)'}."
-                    f"{closest(key, list(self.options))}"
-                )
+        self._refuse_unknown(given, "for " + self._where() + (f" ({source})" if source else ""))
         resolved = {}
         for name, opt in self.options.items():
             value = given.get(name, opt.default)
             resolved[name] = opt.convert(value, source if name in given else "default")
         return resolved
+
+    def check_config_file(self, given: dict[str, Any], path: str | None) -> None:
+        """Check the values this group's table of config file ``path`` gives (not the defaults,
+        nor whether a required option is given: a flag may give it): an unknown key or a bad
+        value is named by its key, its table and the file, not as a flag the user never gave."""
+        self._refuse_unknown(given, f"in {_table(self.owner)} of {str(path)!r}")
+        for key, value in given.items():
+            if key in self.options:
+                self.options[key].convert(value, "", str(path))
+
+    def _refuse_unknown(self, given: dict[str, Any], where: str) -> None:
+        """Refuse the first key of ``given`` that is no option of this group, saying ``where``
+        it was given (``for [trainer] (Trainer(...))``, ``in [trainer] of 'run.toml'``)."""
+        for key in given:
+            if key not in self.options:
+                if key in self.instead:
+                    raise ConfigError(f"unknown option {key!r} {where}: {self.instead[key]}")
+                raise ConfigError(
+                    f"unknown option {key!r} {where}; valid keys: "
+                    f"{', '.join(sorted(self.options)) or '(none)'}."
+                    f"{closest(key, list(self.options))}"
+                )
 
     def _where(self) -> str:
         return "[trainer]" if self.owner == "trainer" else f"plugin {self.owner!r}"
