@@ -536,19 +536,20 @@ def _add_init_arguments(parser: argparse.ArgumentParser, argv: list[str],
     (or ``[model]``'s class_path in the config file) names, and one of ``--data.KEY``'s; the
     tables without a class are returned. A class that can't be imported or whose arguments
     can't be read gets a group that says why, in place of its arguments."""
-    from ptrain.init_help import init_arguments
-    from ptrain.module import DataModule, TrainModule
-
     given = _Parser(add_help=False, allow_abbrev=False)
     given.add_argument("--model")
     given.add_argument("--data")
     classes = vars(given.parse_known_args(argv)[0])
     missing = []
-    for table, base in (("model", TrainModule), ("data", DataModule)):
+    for table in ("model", "data"):
         class_path = classes[table] or file_config.get(table, {}).get("class_path")
         if not class_path:
             missing.append(table)
             continue
+        from ptrain.init_help import init_arguments  # torch: only with a class to show
+        from ptrain.module import DataModule, TrainModule
+
+        base = TrainModule if table == "model" else DataModule
         group = parser.add_argument_group(f"{class_path} ({table})")
         try:
             cls = _component_class(class_path, base, f"--{table}")
