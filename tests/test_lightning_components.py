@@ -138,6 +138,43 @@ def test_attribute_dict_enums_and_picklable_match_lightnings():
         assert ptrain_utilities.is_picklable(thing) == lightning_utilities.is_picklable(thing)
 
 
+def test_init_argument_readers_match_lightnings():
+    """pytorch-forecasting's BaseModel reads its init arguments with
+    ``get_init_args(inspect.currentframe())`` from ``utilities.parsing``."""
+    import inspect
+
+    import lightning.pytorch.utilities.parsing as lightning_parsing
+    import ptrain.lightning.utilities.parsing as ptrain_parsing
+
+    seen = {}
+
+    class Base:
+        def __init__(self, width, *rest, depth=2, **options):
+            super().__init__()
+            frame = inspect.currentframe()
+            for name, parsing in (("L", lightning_parsing), ("P", ptrain_parsing)):
+                seen[name] = (parsing.get_init_args(frame),
+                              parsing.collect_init_args(frame, []),
+                              parsing.collect_init_args(frame, [], classes=(Child,)),
+                              parsing.collect_init_args(frame, [], classes=(nn.Module,)),
+                              parsing.parse_class_init_keys(type(self)))
+
+    class Child(Base):
+        def __init__(self, size, **extra):
+            super().__init__(size * 2, 7, mode="x", **extra)
+
+    def plain(frame):
+        return {name: parsing.get_init_args(frame) for name, parsing in
+                (("L", lightning_parsing), ("P", ptrain_parsing))}
+
+    Child(3, scale=0.5)
+    assert seen["P"] == seen["L"]
+    assert seen["P"][0] == {"width": 6, "depth": 2, "mode": "x", "scale": 0.5}
+    assert seen["P"][1][1] == {"size": 3, "scale": 0.5}
+    assert seen["P"][3] == [] and seen["P"][4] == ("self", None, "extra")
+    assert plain(inspect.currentframe()) == {"L": {}, "P": {}}
+
+
 def test_measure_flops_and_workers_match_lightnings():
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
