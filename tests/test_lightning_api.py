@@ -591,3 +591,35 @@ def test_wandb_logger_passes_its_other_arguments_to_wandb_init(tmp_path, monkeyp
     trainer.fit(TinyRegressor())
     run = wandb_contents(logger._run.last_run_dir)["run"]
     assert (run.project, run.job_type, run.run_group) == ("p", "probe", "g")
+
+
+def test_trainer_callbacks_holds_the_callback_objects_as_lightnings_does():
+    """pytorch-forecasting's ``predict_step`` finds its prediction writer in
+    ``self.trainer.callbacks``; Lightning's list holds the objects given, in their order, then
+    the defaults it made, the checkpoint callbacks last."""
+    from ptrain.lightning.callbacks import (BasePredictionWriter, EarlyStopping,
+                                            LearningRateMonitor, TQDMProgressBar)
+
+    class Writer(BasePredictionWriter):
+        def write_on_batch_end(self, *args):
+            pass
+
+    class Finder(TinyRegressor):
+        def predict_step(self, batch, batch_idx):
+            found.append([c for c in self.trainer.callbacks if isinstance(c, Writer)])
+            return self(batch[0])
+
+    found = []
+    checkpoint, writer = ModelCheckpoint(), Writer("batch")
+    stop, monitor = EarlyStopping(monitor="val_loss"), LearningRateMonitor()
+    trainer = pl.Trainer(logger=False, callbacks=[checkpoint, writer, stop, monitor])
+    listed = trainer.callbacks
+    assert listed[:3] == [writer, stop, monitor] and listed[-1] is checkpoint
+    assert [type(c) for c in listed] == [Writer, EarlyStopping, LearningRateMonitor,
+                                         TQDMProgressBar, ModelCheckpoint]
+    assert pl.Trainer(logger=False, enable_checkpointing=False, **QUIET).callbacks == []
+    trainer = pl.Trainer(logger=False, callbacks=writer, **QUIET)
+    module = Finder()
+    trainer.predict(module, module.train_dataloader())
+    assert found and all(entry == [writer] for entry in found)
+    assert "no:tensorboard" in trainer.options["callbacks"] and trainer.callbacks[0] is writer

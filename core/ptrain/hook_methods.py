@@ -774,7 +774,9 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
             if "state" in entry and _defines(callback, "load_state_dict"):
                 callback.load_state_dict(entry["state"])
 
-    return _plugin_class(name, hooks, dispatch, "callbacks", states=states, load=load)
+    plugin = _plugin_class(name, hooks, dispatch, "callbacks", states=states, load=load)
+    plugin.lightning_callbacks = list(callbacks)  # the objects, for Lightning's trainer.callbacks
+    return plugin
 
 
 class StepClosure:

@@ -59,7 +59,7 @@ class Trainer(_Trainer):
     own extras. The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
     the first logger's ``save_dir/name/version_N``.
 
-    Also Lightning's attribute names: ``lightning_module``, ``logger``,
+    Also Lightning's attribute names: ``lightning_module``, ``logger``, ``callbacks``,
     ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
     ``early_stopping_callback``, ``training``/``validating``/``testing``/``predicting``,
     ``state`` (``fn``, ``stage``, ``status``), ``interrupted``, the dataloaders of the stages
@@ -337,6 +337,37 @@ class Trainer(_Trainer):
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         return self.metrics.progress_values()
+
+    @property
+    def callbacks(self) -> list[Any]:
+        """Lightning's ``trainer.callbacks``: the run's callback objects, as given (a
+        :class:`Callback` subclass, one of ``ptrain.lightning.callbacks``' classes) and those
+        this trainer made for Lightning's defaults (progress bar, checkpoint), with those its
+        stage's module added (``configure_callbacks``) while the stage runs; the checkpoint
+        callbacks last, as Lightning orders them; ptrain's model summary is no such object.
+        (pytorch-forecasting's ``predict_step``
+        finds its prediction writer here.)"""
+        from ptrain.lightning import callbacks as lightning_callbacks
+
+        kinds = tuple(getattr(lightning_callbacks, name) for name in lightning_callbacks.__all__)
+        found: list[Any] = []
+        for _, plugin in self.pm.list_name_plugin():
+            inner = getattr(plugin, "lightning_callbacks", None)
+            for callback in inner if inner is not None else [plugin]:
+                if isinstance(callback, kinds) and not any(c is callback for c in found):
+                    found.append(callback)
+        given = _as_list(self._init_kwargs.get("callbacks"))
+
+        def place(callback: Any) -> tuple[bool, int]:  # the given order, the defaults after
+            return (isinstance(callback, lightning_callbacks.Checkpoint),
+                    next((i for i, c in enumerate(given) if c is callback), len(given)))
+
+        return sorted(found, key=place)
+
+    @callbacks.setter
+    def callbacks(self, names: list[str]) -> None:
+        """ptrain's own ``callbacks`` option (plugin names), which ``Trainer.__init__`` sets as
+        an attribute: kept in :attr:`options` only."""
 
     @property
     def checkpoint_callback(self) -> Any:
