@@ -4,6 +4,7 @@ debugging options (``fast_dev_run``, ``overfit_batches``, ``limit_test/predict_b
 
 from __future__ import annotations
 
+import collections
 import warnings
 from pathlib import Path
 
@@ -178,6 +179,25 @@ def test_predict_returns_every_batch_output_on_the_cpu(tmp_path):
     assert torch.equal(torch.cat([p["y"] for p in predictions]), batchwise(module, 3))
     assert recorder.predicted == [(0, [0, 1, 2]), (1, [3, 4, 5]), (2, [6, 7, 8]), (3, [9])]
     assert recorder.published == []  # predict publishes nothing
+
+
+Output = collections.namedtuple("Output", "prediction scale")
+
+
+class NamedTupleOutput(StagedRegressor):
+    """Returns a namedtuple from ``predict_step``, as pytorch-forecasting's models do."""
+
+    def predict_step(self, batch, batch_idx):
+        y = super().predict_step(batch, batch_idx)["y"]
+        return Output(prediction=y, scale=[y.abs().max()])
+
+
+def test_predict_keeps_a_namedtuple_output_a_namedtuple(tmp_path):
+    module = NamedTupleOutput(predict_n=5, predict_batch=3)
+    predictions = trainer(tmp_path).predict(module)
+    assert [type(p) for p in predictions] == [Output, Output]
+    assert torch.equal(torch.cat([p.prediction for p in predictions]), batchwise(module, 3))
+    assert isinstance(predictions[1].scale, list) and predictions[1].scale[0].ndim == 0
 
 
 def test_predict_limits_and_return_predictions_false(tmp_path):

@@ -260,12 +260,15 @@ def _dataset_indices(loader: Any) -> Iterator[list[int]] | None:
 
 
 def to_cpu(value: Any) -> Any:
-    """``value`` with every tensor in it detached and on the CPU."""
+    """``value`` with every tensor in it detached and on the CPU (a namedtuple stays one: the
+    predictions of pytorch-forecasting's models are)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, dict):
         return {k: to_cpu(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if hasattr(value, "_fields"):  # a namedtuple takes its fields as arguments
+            return type(value)(*(to_cpu(v) for v in value))
         return type(value)(to_cpu(v) for v in value)
     return value
 
