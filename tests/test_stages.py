@@ -200,6 +200,24 @@ def test_predict_keeps_a_namedtuple_output_a_namedtuple(tmp_path):
     assert isinstance(predictions[1].scale, list) and predictions[1].scale[0].ndim == 0
 
 
+class DictSubclassOutput(StagedRegressor):
+    """Returns an ``OrderedDict`` holding a ``defaultdict`` from ``predict_step``."""
+
+    def predict_step(self, batch, batch_idx):
+        y = super().predict_step(batch, batch_idx)["y"]
+        extra = collections.defaultdict(list, scale=y.abs().max())
+        return collections.OrderedDict(prediction=y, extra=extra)
+
+
+def test_predict_keeps_a_dict_subclass_output_of_its_type(tmp_path):
+    """Lightning keeps them; they came back plain dicts (a defaultdict without its factory)."""
+    predictions = trainer(tmp_path).predict(DictSubclassOutput(predict_n=5, predict_batch=3))
+    assert [type(p) for p in predictions] == [collections.OrderedDict] * 2
+    extra = predictions[0]["extra"]
+    assert type(extra) is collections.defaultdict and extra.default_factory is list
+    assert extra["scale"].ndim == 0 and extra["missing"] == []
+
+
 def test_predict_limits_and_return_predictions_false(tmp_path):
     module = StagedRegressor(predict_n=10, predict_batch=3)
     assert len(trainer(tmp_path, limit_predict_batches=2).predict(module)) == 2
@@ -228,6 +246,23 @@ def test_prediction_writer_streams_each_batch_with_its_indices(tmp_path):
     assert [r["batch_indices"] for r in records] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert torch.equal(torch.cat([r["predictions"]["y"] for r in records]),
                        batchwise(module, 4))
+
+
+@pytest.mark.parametrize("module_class", [NamedTupleOutput, DictSubclassOutput])
+def test_prediction_writer_files_of_other_containers_load_weights_only(tmp_path, module_class):
+    """A namedtuple or a dict subclass is written as a tuple or a dict: the file loads with
+    ``weights_only=True``, which refuses those classes, as the writer promises."""
+    module = module_class(predict_n=5, predict_batch=3)
+    out = tmp_path / "preds"
+    t = trainer(tmp_path, callbacks=[*QUIET, "prediction-writer"],
+                plugin_options={"prediction-writer": {"output_dir": str(out)}})
+    t.predict(module, return_predictions=False)
+    records = [torch.load(f, weights_only=True) for f in sorted(out.glob("rank0-batch*.pt"))]
+    first = [r["predictions"][0] if module_class is NamedTupleOutput else
+             r["predictions"]["prediction"] for r in records]
+    assert [type(r["predictions"]) for r in records] == \
+        [tuple if module_class is NamedTupleOutput else dict] * 2
+    assert torch.equal(torch.cat(first), batchwise(module, 3))
 
 
 # -- the sanity check ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ logged there get ``/dataloader_idx_N`` (see :mod:`ptrain.metrics`).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import TYPE_CHECKING, Any, Iterator
@@ -259,17 +260,28 @@ def _dataset_indices(loader: Any) -> Iterator[list[int]] | None:
     return iter(batch_sampler) if fixed else None
 
 
-def to_cpu(value: Any) -> Any:
-    """``value`` with every tensor in it detached and on the CPU (a namedtuple stays one: the
-    predictions of pytorch-forecasting's models are)."""
+def to_cpu(value: Any, plain: bool = False) -> Any:
+    """``value`` with every tensor in it detached and on the CPU, each container of the type it
+    had (a namedtuple, as pytorch-forecasting's models predict; an ``OrderedDict``, a
+    ``defaultdict`` with its factory); with ``plain``, as a ``dict``, ``list`` or ``tuple``
+    (a file of them loads with ``torch.load(weights_only=True)``, which refuses other
+    classes)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
+        moved = {k: to_cpu(v, plain) for k, v in value.items()}
+        if plain or type(value) is dict:
+            return moved
+        kept = copy.copy(value)  # a subclass's own state (defaultdict's factory) comes along
+        kept.update(moved)
+        return kept
     if isinstance(value, (list, tuple)):
+        moved_items = [to_cpu(v, plain) for v in value]
+        if plain:
+            return tuple(moved_items) if isinstance(value, tuple) else moved_items
         if hasattr(value, "_fields"):  # a namedtuple takes its fields as arguments
-            return type(value)(*(to_cpu(v) for v in value))
-        return type(value)(to_cpu(v) for v in value)
+            return type(value)(*moved_items)
+        return type(value)(moved_items)
     return value
 
 

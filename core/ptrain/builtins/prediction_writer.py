@@ -9,7 +9,9 @@ batches, one file each::
 ``predictions`` is what ``predict_step`` returned, moved to the CPU; ``batch_indices`` are the
 dataset indices of the batch where the dataloader's order is fixed (so the files of all ranks can
 be put back in dataset order; a distributed sampler repeats a few samples to even out the ranks,
-and those appear twice). Files load with ``torch.load(path, weights_only=True)``.
+and those appear twice). Files load with ``torch.load(path, weights_only=True)``: the
+predictions' containers are written as ``dict``, ``list`` and ``tuple`` (a namedtuple as a tuple
+of its fields, an ``OrderedDict`` as a dict), as that loader refuses other classes.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class PredictionWriter:
     def on_evaluation_batch_end(self, trainer, stage: str, outputs: Any, batch_idx: int) -> None:
         if stage != "predict":
             return
-        record = {"predictions": to_cpu(outputs), "batch_indices": trainer.batch_indices}
+        record = {"predictions": to_cpu(outputs, plain=True),
+                  "batch_indices": trainer.batch_indices}
         torch.save(record, self.folder / f"rank{trainer.global_rank}-batch{batch_idx:06d}.pt")
         self.written += 1
 
