@@ -927,6 +927,24 @@ def test_a_callback_object_is_adapted_by_its_lightning_names_or_refused_naming_i
         make_trainer(callbacks=[NothingAtAll()])
 
 
+class OverridesNothing(Callback):
+    """A Callback subclass whose one hook-like method is misspelled."""
+
+    def on_train_epoch_ned(self, trainer, pl_module):
+        pass
+
+
+def test_a_callback_that_overrides_nothing_is_named_by_its_own_methods(make_trainer):
+    """The message listed every method it inherits from Callback as its own, "named like
+    Lightning's hooks"; it says that it overrides none, and names its own with the slip."""
+    with pytest.raises(ptrain.PluginError) as refused:
+        make_trainer(callbacks=[OverridesNothing()])
+    message = str(refused.value)
+    assert "It is a Callback that overrides none of Callback's methods; its own: " \
+        "on_train_epoch_ned (did you mean on_train_epoch_end?)." in message, message
+    assert "on_fit_start" not in message and "named like Lightning's" not in message
+
+
 class MixesBoth:
     """A plain object (no ``Callback``) with a ptrain hook and Lightning's methods: registered
     as a plugin, its Lightning methods were never called, and nothing said so."""

@@ -31,7 +31,7 @@ import pluggy
 from ptrain import hookspecs
 from ptrain.catalog import PluginInfo
 from ptrain.errors import ModelError, PluginError
-from ptrain.options import OptionGroup, closest
+from ptrain.options import OptionGroup, closest, near_names
 
 IMPL_MARK = f"{hookspecs.PROJECT_NAME}_impl"  # the attribute pluggy's HookimplMarker sets
 SPEC_MARK = f"{hookspecs.PROJECT_NAME}_spec"
@@ -401,7 +401,18 @@ def register(pm: _PluginManager, plugin: Any, name: str) -> None:
     if not marked and not observer:  # it would take part in nothing
         pm.unregister(plugin)
         unmarked = sorted(a for a in LIGHTNING_HOOKS if callable(getattr(plugin, a, None)))
-        if unmarked:
+        from ptrain.hook_methods import CALLBACK_METHODS, Callback
+
+        if isinstance(plugin, Callback):  # its Lightning methods are Callback's, not its own
+            below = type(plugin).__mro__[:type(plugin).__mro__.index(Callback)]
+            own = sorted({n for klass in below for n, v in vars(klass).items()
+                          if callable(v) and not n.startswith("_")})
+            said = ", ".join(n + "".join(f" (did you mean {m}?)" for m in
+                                         near_names(n, CALLBACK_METHODS)[:1]) for n in own)
+            hint = (" It is a Callback that overrides none of Callback's methods"
+                    + (f"; its own: {said}" if own else "") + ". Override the methods it "
+                    "should run (on_train_epoch_end, ...), or leave it out of callbacks.")
+        elif unmarked:
             how = "; ".join(f"{a} -> {LIGHTNING_HOOKS[a]}" for a in unmarked)
             hint = (f" Its methods {', '.join(unmarked)} are named like Lightning's hooks; "
                     f"ptrain calls methods marked @ptrain.hookimpl, under its own hook names "
