@@ -623,3 +623,7 @@ def test_trainer_callbacks_holds_the_callback_objects_as_lightnings_does():
     trainer.predict(module, module.train_dataloader())
     assert found and all(entry == [writer] for entry in found)
     assert "no:tensorboard" in trainer.options["callbacks"] and trainer.callbacks[0] is writer
+    # the list is the run's: replacing it after construction is refused, not dropped unsaid
+    with pytest.raises(ptrain.ConfigError, match="trainer.callbacks can't be replaced once"):
+        trainer.callbacks = []
+    assert trainer.callbacks[0] is writer

@@ -117,6 +117,7 @@ class Trainer(_Trainer):
             for name, implied in implied_options.items():
                 plugin_options[name] = {**implied, **plugin_options.get(name, {})}
         super().__init__(plugin_options=plugin_options, **options)
+        self._callbacks_chosen = True  # trainer.callbacks is read-only from here
         self._init_kwargs = given  # a worker rebuilds this trainer from Lightning's arguments
         self._given_loggers = loggers
         self._lightning_root = os.path.normpath(os.path.expanduser(os.fspath(
@@ -367,7 +368,13 @@ class Trainer(_Trainer):
     @callbacks.setter
     def callbacks(self, names: list[str]) -> None:
         """ptrain's own ``callbacks`` option (plugin names), which ``Trainer.__init__`` sets as
-        an attribute: kept in :attr:`options` only."""
+        an attribute: kept in :attr:`options` only. A later assignment is refused: the run's
+        plugins are chosen when the trainer is made."""
+        if self.__dict__.get("_callbacks_chosen"):
+            raise ConfigError(
+                "trainer.callbacks can't be replaced once the trainer is made: its callbacks "
+                "are chosen then. Pass them to Trainer(callbacks=[...]), or return them from "
+                "the module's configure_callbacks().")
 
     @property
     def checkpoint_callback(self) -> Any:
