@@ -1,5 +1,5 @@
 """What a newcomer runs into in a first hour with ptrain, each named where it was silent or
-confusing: a resume that trains nothing, a duration given as ``1h``, a folder of checkpoints
+confusing: a resume that trains nothing, a duration given as ``1h`` (now taken), a folder of checkpoints
 given as one checkpoint, a flag's bad value blamed on ``Trainer(...)``, an init argument of the
 wrong type, a config file's ``ckpt_path`` answered as a flag."""
 
@@ -45,14 +45,20 @@ def test_a_runs_checkpoints_folder_given_as_the_checkpoint_names_the_files_in_it
 
 
 @pytest.mark.parametrize("flag", ["--max-time", "--checkpoint-train-time-interval"])
-def test_a_duration_with_a_unit_names_both_forms_a_duration_takes(capsys, flag):
-    """``--max-time 1h`` said "expected a number", though --help says seconds or DD:HH:MM:SS."""
+def test_a_duration_takes_a_unit_and_a_bad_one_names_every_form(capsys, flag):
+    """``--max-time 1h`` said "expected a number", where ``--tune-budget 1h`` worked: every
+    duration takes the same forms (one parser), and a bad one names them all."""
     from ptrain.cli import main
 
-    assert main(["fit", "--model", "tests.conftest:TinyRegressor", flag, "1h"]) == 2
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", flag, "1.5h",
+                 "--print-config"]) == 0
+    assert "5400.0" in capsys.readouterr().out
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", flag, "1 hour"]) == 2
     message = capsys.readouterr().err
-    assert "expected seconds (a number, such as 3600) or DD:HH:MM:SS (00:01:00:00), got '1h'" \
-        in message, message
+    assert "expected seconds (3600), a number with s, m, h or d (90s, 10m, 1.5h, 2d) or " \
+        "DD:HH:MM:SS (00:01:00:00), got '1 hour'" in message, message
+    assert main(["fit", "--model", "tests.conftest:TinyRegressor", flag, "00:00:00:00"]) == 2
+    assert "expected a duration above 0, got '00:00:00:00'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, said", [

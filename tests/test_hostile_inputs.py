@@ -261,7 +261,8 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
         needles=("configure_optimizers returned dict", "{'optimizer': opt")),
     # -- tune -----------------------------------------------------------------------------
     "tune-budget-zero": lambda t, c: _tune(t, "--tune-budget", "0",
-                                           needles=("--tune-budget '0' is no time",)),
+                                           needles=("--tune-budget '0' is not a duration",
+                                                    "above 0")),
     "tune-budget-negative": lambda t, c: _tune(t, "--tune-budget", "-1",
                                                needles=("--tune-budget '-1'", "above 0")),
     "tune-budget-nan": lambda t, c: _tune(t, "--tune-budget", "nan",

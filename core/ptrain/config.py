@@ -90,6 +90,9 @@ def to_devices(value: Any) -> int | str | list[int]:
 
 
 _DURATION = re.compile(r"^(?:(\d+):)?(\d+):(\d+):(\d+)$")
+#: a number of seconds, minutes, hours or days: ``90s``, ``10m``, ``1.5h``, ``2d``
+_WITH_UNIT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 #: the seeds torch's generator takes, less the room a distributed sampler needs to add the
@@ -108,21 +111,28 @@ def to_seed(value: Any) -> int:
     return seed
 
 
+#: what :func:`to_seconds` takes, for its messages
+DURATION_FORMS = ("seconds (3600), a number with s, m, h or d (90s, 10m, 1.5h, 2d) or "
+                  "DD:HH:MM:SS (00:01:00:00)")
+
+
 def to_seconds(value: Any) -> float:
-    """A duration: seconds (``90``) or ``"DD:HH:MM:SS"`` (``"00:12:00:00"``; days optional)."""
+    """A duration: seconds (``90``), a number with a unit (``90s``, ``10m``, ``1.5h``, ``2d``)
+    or ``"DD:HH:MM:SS"`` (``"00:12:00:00"``; days optional), above 0."""
     if isinstance(value, str) and ":" in value:
         match = _DURATION.match(value.strip())
         if not match:
-            raise ValueError(f"expected seconds or DD:HH:MM:SS, got {value!r}")
-        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-    try:
-        seconds = to_float(value)
-    except ValueError:  # "1h", "90s": say both forms, not only "a number"
-        raise ValueError(f"expected seconds (a number, such as 3600) or DD:HH:MM:SS "
-                         f"(00:01:00:00), got {value!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"expected a positive duration, got {value!r}")
+            raise ValueError(f"expected {DURATION_FORMS}, got {value!r}")
+        days, hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
+        seconds = float(((days * 24 + hours) * 60 + minutes) * 60 + secs)
+    else:
+        unit = _WITH_UNIT.fullmatch(value.strip()) if isinstance(value, str) else None
+        try:
+            seconds = float(unit[1]) * _UNIT_SECONDS[unit[2]] if unit else to_float(value)
+        except ValueError:
+            raise ValueError(f"expected {DURATION_FORMS}, got {value!r}") from None
+    if not seconds > 0:  # NaN too
+        raise ValueError(f"expected a duration above 0, got {value!r}")
     return seconds
 
 

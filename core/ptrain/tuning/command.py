@@ -4,26 +4,21 @@ start with ``--tune-``."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
+from ptrain.config import to_seconds
 from ptrain.errors import ConfigError, ModelError
-
-#: what --tune-budget accepts: seconds, or a number with s, m or h
-_DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?)\s*(?P<unit>[smh]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 
 def duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``10m`` or ``1.5h``."""
-    found = _DURATION.fullmatch(text.strip())
-    if not found or float(found["number"]) <= 0:
-        what = "is not a duration" if not found else "is no time to measure in"
-        raise argparse.ArgumentTypeError(
-            f"--tune-budget {text!r} {what}: give seconds above 0 (600), or a number with "
-            f"s, m or h (90s, 10m, 1.5h)")
-    return float(found["number"]) * _UNITS[found["unit"]]
+    """Seconds from ``--tune-budget``'s text: any duration :func:`ptrain.config.to_seconds`
+    takes (``600``, ``90s``, ``10m``, ``1.5h``)."""
+    try:
+        return to_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--tune-budget {text!r} is not a duration: "
+                                         f"{exc}") from None
 
 
 def _names(text: str) -> list[str]:
