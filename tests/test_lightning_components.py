@@ -307,6 +307,40 @@ def test_model_summary_reads_as_lightnings():
     theirs.detach_hook()
 
 
+def test_model_summary_sizes_take_keyword_inputs_and_the_first_call_as_lightnings():
+    # gluonts' DeepAR: an example_input_array dict whose forward calls its model with keywords
+    import lightning.pytorch as lightning
+    from lightning.pytorch.utilities.model_summary import ModelSummary as LightningSummary
+
+    from ptrain.lightning.utilities.model_summary import ModelSummary
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, a, b=None, c=None):
+            return self.lin(a) + (0 if b is None else b.sum())
+
+    class Net(nn.Module):
+        def __init__(self, example):
+            super().__init__()
+            self.inner, self.other = Inner(), nn.Linear(3, 3)
+            self.example_input_array = example
+
+        def forward(self, x, y=None):  # the inner module is called twice: the first call counts
+            return self.inner(self.other(x), b=y, c=torch.zeros(5)), self.inner(a=x)
+
+    class LightningNet(Net, lightning.LightningModule):
+        pass
+
+    for example in ({"x": torch.zeros(4, 3), "y": torch.zeros(2)}, (torch.zeros(4, 3),),
+                    torch.zeros(1, 3)):
+        ours, theirs = ModelSummary(Net(example), 2), LightningSummary(LightningNet(example), 2)
+        assert ours.in_sizes == theirs.in_sizes and ours.out_sizes == theirs.out_sizes
+    assert ours.in_sizes[0] == [[1, 3], "?", [5]]
+
+
 def test_trainer_states_are_lightnings_values():
     import lightning.pytorch.trainer.states as theirs
 

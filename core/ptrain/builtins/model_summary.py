@@ -107,18 +107,24 @@ def batch_shape(batch: Any) -> str | list:
 def example_sizes(module: nn.Module, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The input and output shapes of the submodules ``names`` in one forward pass on
     ``module.example_input_array``, run in eval mode without autograd; every submodule's own
-    mode is put back after."""
+    mode is put back after. A submodule's inputs are its positional arguments, then its keyword
+    arguments' values, in the order given (one input: its shape alone); a submodule called
+    more than once keeps its first call's shapes, as Lightning's summary."""
     inputs: dict[str, Any] = {}
     outputs: dict[str, Any] = {}
 
     def recorder(name: str):
-        def hook(_module: nn.Module, args: Any, output: Any) -> None:
-            inputs[name] = batch_shape(args[0] if len(args) == 1 else args)
+        def hook(_module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if name in inputs:
+                return
+            given = (*args, *(kwargs or {}).values())
+            inputs[name] = batch_shape(given[0] if len(given) == 1 else given)
             outputs[name] = batch_shape(output)
         return hook
 
     submodules = dict(module.named_modules())
-    handles = [submodules[name].register_forward_hook(recorder(name)) for name in names]
+    handles = [submodules[name].register_forward_hook(recorder(name), with_kwargs=True)
+               for name in names]
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     example = move_to_device(module.example_input_array, device)
     modes = [(m, m.training) for m in module.modules()]
