@@ -115,6 +115,43 @@ def test_an_error_in_a_stage_leaves_the_trainer_interrupted(tmp_path):
     assert ours == lightning == ("interrupted", True, None)
 
 
+@pytest.mark.parametrize("where", ["training_step", "on_train_epoch_end", "validation"])
+def test_an_epoch_that_fails_is_not_counted_as_in_lightning(tmp_path, where):
+    # gluonts' estimator goes on after a failed fit and reads the trainer: current_epoch is the
+    # epoch that failed (it was one more), and a next fit of the same trainer runs it again
+    def run(pl):
+        class Fails(model_class(pl)):
+            fails_in = where
+
+            def training_step(self, batch, batch_idx):
+                if self.fails_in == "training_step" and self.current_epoch == 1 and batch_idx:
+                    raise RuntimeError("stop here")
+                return super().training_step(batch, batch_idx)
+
+            def on_train_epoch_end(self):
+                if self.fails_in == "on_train_epoch_end" and self.current_epoch == 1:
+                    raise RuntimeError("stop here")
+
+            def on_validation_epoch_end(self):
+                if self.fails_in == "validation" and self.current_epoch == 1:
+                    raise RuntimeError("stop here")
+
+        model = Fails()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=3,
+                             num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                             **QUIET)
+        with pytest.raises(RuntimeError, match="stop here"):
+            trainer.fit(model)
+        failed = (trainer.current_epoch, trainer.global_step)
+        model.fails_in = None
+        trainer.fit(model)  # the same trainer again: it runs the failed epoch again
+        return failed, trainer.current_epoch, trainer.global_step
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0][0] == 1
+
+
 def test_setting_the_state_sets_the_trainers_fields():
     from ptrain.lightning.trainer.states import RunningStage, TrainerFn
 

@@ -145,6 +145,7 @@ class FitLoop:
         # with clears_before_backward: an optimizer step (or the start) came since the clearing,
         # so the next backward starts a window (whoever decided where windows end)
         self.gradients_stale = True
+        self.batches_trained = False  # the running epoch's batches all ran (run_epoch)
         if not self.automatic and self.accumulate > 1:
             raise ConfigError(
                 f"accumulate_grad_batches={self.accumulate} applies to automatic optimization; "
@@ -255,10 +256,18 @@ class FitLoop:
                 stopped_early = self.run_epoch()
                 if stopped_early or (t.should_stop and self._minimums_met(epoch_done=True)):
                     break
-        finally:
-            # Lightning's meaning after fit: the epochs run, one stopped part-way included
-            t.current_epoch = t.loop_state["epoch"] + (1 if t.loop_state["batch"] else 0)
-            t.fit_progress = {"epoch": t.current_epoch, "global_step": t.global_step}
+        except BaseException:
+            # an epoch that failed (in a step, a validation, its end hooks) is not counted: the
+            # counter stays at its index, as Lightning's. A next fit of this trainer runs it
+            # again unless its batches were all trained (it failed in its end hooks), as there
+            epoch = t.loop_state["epoch"]
+            if self.batches_trained and t.loop_state["batch"]:
+                epoch += 1
+            t.fit_progress = {"epoch": epoch, "global_step": t.global_step}
+            raise
+        # Lightning's meaning after fit: the epochs run, one stopped part-way included
+        t.current_epoch = t.loop_state["epoch"] + (1 if t.loop_state["batch"] else 0)
+        t.fit_progress = {"epoch": t.current_epoch, "global_step": t.global_step}
         t.hook.on_loop_end(trainer=t, loop="train")
         t.hook.on_loop_end(trainer=t, loop="fit")
 
@@ -339,6 +348,7 @@ class FitLoop:
         validated_last = True  # whether the last batch seen was followed by a validation
         ran_dry = False  # a loader without a length ended its epoch
         t.is_last_batch = False
+        self.batches_trained = False  # the epoch's batch loop ended (its end hooks come next)
         for batch_idx, batch in self._batches(state["batch"]):
             loss = self.train_batch(batch, batch_idx)
             # a checkpoint's deferred copies overlap this batch's forward and backward only:
@@ -381,6 +391,7 @@ class FitLoop:
             # a loader whose length said more batches than it gave (an empty one without a
             # length too): its last batch ran as any other, and its epoch ends here
             ran_dry = not t.is_last_batch and state["batch"] < self.num_batches
+        self.batches_trained = not stopped_early
         # a checkpoint's deferred copies overlap the next batch only: what comes now (the
         # epoch's and fit's end, a callback that swaps in averaged weights) may change them
         t.wait_for_checkpoint_copies()
