@@ -341,6 +341,25 @@ def test_model_summary_sizes_take_keyword_inputs_and_the_first_call_as_lightning
     assert ours.in_sizes[0] == [[1, 3], "?", [5]]
 
 
+def test_utilities_submodules_are_attributes_after_importing_the_package_alone():
+    # pl.utilities.model_summary.ModelSummary, pl.utilities.types.STEP_OUTPUT with no other import
+    import subprocess
+    import sys
+
+    names = ("exceptions", "imports", "model_helpers", "model_summary", "types")
+    code = ("import importlib, sys\n"
+            "pl = importlib.import_module(sys.argv[1])\n"
+            f"print([hasattr(pl.utilities, name) for name in {names!r}])\n"
+            "print(pl.utilities.model_summary.ModelSummary.__name__)\n")
+    said = []
+    for package in ("lightning.pytorch", "ptrain.lightning"):
+        done = subprocess.run([sys.executable, "-c", code, package], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        said.append(done.stdout)
+    assert said[1] == said[0] == f"{[True] * len(names)}\nModelSummary\n"
+
+
 def test_trainer_states_are_lightnings_values():
     import lightning.pytorch.trainer.states as theirs
 

@@ -31,3 +31,16 @@ __all__ = [
 FLOAT16_EPSILON = torch.finfo(torch.float16).eps
 FLOAT32_EPSILON = torch.finfo(torch.float32).eps
 FLOAT64_EPSILON = torch.finfo(torch.float64).eps
+
+
+#: modules here that Lightning's package has imported once it is (``pl.utilities.types.X``,
+#: ``pl.utilities.model_summary.ModelSummary`` after ``import lightning.pytorch as pl`` alone)
+_SUBMODULES = ("exceptions", "imports", "model_helpers", "model_summary", "types")
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
