@@ -338,9 +338,12 @@ def test_a_config_file_of_an_earlier_run_is_refused_as_in_lightning(tmp_path):
 
 # -- in one process -------------------------------------------------------------------------
 
-def _import_program(framework: str, where: Path):
-    source = PROGRAM.read_text()
-    path = where / f"cli_program_{framework}.py"
+def _import_program(framework: str, where: Path, source: str | None = None,
+                    stem: str = "cli_program"):
+    """The program ``source`` (by default the CLI program's) as a module imported from
+    ``where``, its imports ported to ptrain.lightning unless ``framework`` is Lightning."""
+    source = PROGRAM.read_text() if source is None else source
+    path = where / f"{stem}_{framework}.py"
     path.write_text(source if framework == "lightning" else ported(source))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -471,12 +474,7 @@ def test_ckpt_path_reads_back_optimizer_callables_given_by_class_path(tmp_path, 
         folder = tmp_path / framework
         folder.mkdir()
         monkeypatch.chdir(folder)
-        path = folder / f"tuned_{framework}.py"
-        path.write_text(TUNED if framework == "lightning" else ported(TUNED))
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        program = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = program
-        spec.loader.exec_module(program)
+        program = _import_program(framework, folder, TUNED, stem="tuned")
         cli = importlib.import_module(f"{NAMESPACE[framework]}.cli")
         cli.LightningCLI(program.Tuned, program.Data, save_config_callback=None, args=[
             "fit", "--model.hidden=5", "--model.optimizer=Adam", "--model.optimizer.lr=0.01",
