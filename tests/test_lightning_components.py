@@ -518,12 +518,12 @@ def _run_program(where, framework: str, variant: str) -> tuple[dict, list[dict]]
     import subprocess
     import sys
 
-    from test_lightning_dropin import ported
+    from test_lightning_dropin import ORACLE_EXIT, ported
 
     folder = where / framework
     folder.mkdir()
     script = folder / "program.py"
-    script.write_text(PROGRAM if framework == "lightning" else ported(PROGRAM))
+    script.write_text(PROGRAM + ORACLE_EXIT if framework == "lightning" else ported(PROGRAM))
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     env.pop("PTRAIN_TRACE", None)
     done = subprocess.run([sys.executable, str(script), str(folder), variant], cwd=folder,
