@@ -73,12 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         plugin_options={"checkpoint": {"every_n_train_steps": args.every_n_train_steps},
                         "ddp": {"timeout": 120.0, "stall_timeout": args.stall_timeout}},
     )
-    try:
-        trainer.fit(model, ckpt_path="last" if args.resume else None)
-    except ptrain.Interrupted as exc:  # stopped by a signal, the checkpoint written
-        if trainer.is_global_zero:
-            print(f"interrupted: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+    # stopped by a signal, fit raises ptrain.Interrupted on every rank: uncaught, each process
+    # ends with its code, after rank 0 said where the checkpoint is
+    trainer.fit(model, ckpt_path="last" if args.resume else None)
     if trainer.is_global_zero:  # every rank runs this script (the script launcher)
         torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
                     "global_step": trainer.global_step,

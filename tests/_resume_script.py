@@ -118,11 +118,9 @@ def main(argv: list[str] | None = None) -> None:
                                              "requeue_command": args.requeue_command}}
                            if args.requeue_command else {})},
     )
-    try:
-        trainer.fit(model, ckpt_path="last" if args.resume else None)
-    except ptrain.Interrupted as exc:  # stopped by a signal, the checkpoint written
-        print(f"interrupted: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+    # stopped by a signal, fit raises ptrain.Interrupted: uncaught, the program ends with its
+    # code, after ptrain said where the checkpoint is
+    trainer.fit(model, ckpt_path="last" if args.resume else None)
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
                 "global_step": trainer.global_step,
                 "current_epoch": trainer.current_epoch,

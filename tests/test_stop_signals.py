@@ -163,6 +163,39 @@ def test_the_cli_exits_with_the_signal_code_and_says_how_to_resume(tmp_path):
     assert torch.load(last, weights_only=True)["loop"]["global_step"] == 4
 
 
+SWEEP = """
+import sys
+import ptrain
+from tests._signal_plugins import SigtermAtStep3
+from tests.conftest import TinyRegressor
+
+for lr in (0.1, 0.01):  # a sweep that skips a run that fails
+    trainer = ptrain.Trainer(max_epochs=2, accelerator="cpu", default_root_dir=sys.argv[1],
+                             callbacks=["no:progress-bar", "no:model-summary", SigtermAtStep3()])
+    try:
+        trainer.fit(TinyRegressor(lr=lr))
+    except Exception as exc:
+        print(f"run with lr={lr} failed: {exc!r}")
+print("sweep done")
+"""
+
+
+def test_a_stop_is_not_swallowed_by_except_exception_and_ends_the_program_with_its_code(
+        tmp_path):
+    """ptrain.Interrupted was an Exception: a sweep's ``except Exception`` took SIGTERM (or
+    Ctrl-C) for a failed run and started the next, where Python's own KeyboardInterrupt, and
+    Lightning's exit, end the program."""
+    result = run(["-c", SWEEP, tmp_path])
+    assert result.returncode == 143, detail(result)
+    assert "failed" not in result.stdout and "sweep done" not in result.stdout, detail(result)
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
+    assert result.stderr.strip().splitlines()[-1] == (  # said once, by ptrain, no traceback
+        f"ptrain: stopped by SIGTERM after step 4: a resumable checkpoint is at {last}; resume "
+        f"with ckpt_path=\"last\" (ptrain fit ... --ckpt-path last)."), detail(result)
+    assert "Traceback" not in result.stderr and result.stderr.count("stopped by") == 1
+    assert not (tmp_path / "version_1").exists()
+
+
 def test_an_unknown_signal_name_is_a_usage_error(tmp_path):
     result = run_cli("fit", "--model", "tests.conftest:TinyRegressor", "--max-epochs", "1",
                      "--stop-signals-signals", "SIGTERM,SIGNOPE", "--default-root-dir",

@@ -862,9 +862,7 @@ def _main(argv: list[str]) -> int:
     except WorkerError as exc:  # a worker's bug: its traceback is in the message
         print(f"ptrain: {exc}", file=sys.stderr)
         return 1
-    except Interrupted as exc:  # stopped by a signal, the checkpoint written (stop-signals)
-        if not getattr(exc, "ptrain_reported_to_launcher", False):  # else rank 0 prints it
-            print(f"ptrain: {exc}", file=sys.stderr)
+    except Interrupted as exc:  # stopped by a signal, the checkpoint written and said where
         return exc.exit_code
     except BrokenPipeError:  # the reader went away (`ptrain plugins | head -1`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

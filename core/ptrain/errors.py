@@ -68,10 +68,13 @@ class WorkerError(RuntimeError):
     the message, which names the rank and holds the worker's traceback, and exits with 1."""
 
 
-class Interrupted(Exception):
+class Interrupted(SystemExit):
     """``fit`` was stopped by a signal after writing a resumable checkpoint (the ``stop-signals``
-    callback). Not a failure of the run and not a usage error: the CLI prints the message and
-    exits with ``exit_code``, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT)."""
+    callback, which has said where the checkpoint is). Not a failure of the run and not a usage
+    error, but the program was asked to stop: a :class:`SystemExit`, so an ``except Exception``
+    around ``fit`` lets it through, as it lets ``KeyboardInterrupt`` through. Uncaught, it ends
+    the program quietly with ``exit_code`` (its ``code``), 128 + the signal's number (143 for
+    SIGTERM, 130 for SIGINT), as the CLI does. Catch it by name to carry on after it."""
 
     def __init__(self, signal_name: str, signal_number: int, global_step: int,
                  checkpoint: str | None):
@@ -82,6 +85,7 @@ class Interrupted(Exception):
                  f"(ptrain fit ... --ckpt-path last)" if checkpoint else
                  "nothing was saved (fast_dev_run)")
         super().__init__(f"stopped by {signal_name} after step {global_step}: {saved}.")
+        self.code = self.exit_code  # what the interpreter exits with (SystemExit's)
 
     def __reduce__(self):  # travels between processes with its fields
         return (type(self), (self.signal_name, self.signal_number, self.global_step,

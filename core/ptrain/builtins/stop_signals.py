@@ -4,8 +4,9 @@ before the time limit, a spot instance's notice, Ctrl-C) saves where it is and c
 On one of ``signals`` (default SIGTERM, SIGINT, SIGUSR1) during ``fit``, every rank finishes its
 current optimizer step; the ranks agree on the step to stop after, every rank takes part in
 writing a resumable ``last.ckpt`` (as the periodic checkpoints are, so a resumed run ends as one
-never interrupted), and ``fit`` raises :class:`ptrain.Interrupted` (the CLI exits with
-``128 + signal number``: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal
+never interrupted), rank 0 says where it is, and ``fit`` raises :class:`ptrain.Interrupted`, a
+``SystemExit`` that ends the program with ``128 + signal number`` (143 for SIGTERM, 130 for
+SIGINT, 138 for SIGUSR1) unless caught by name, as the CLI exits. A second signal
 stops at once: SIGINT as ``KeyboardInterrupt``, another with the signal's default action. Where
 the main thread can't take it within a second (blocked in a collective a peer never joins: Python
 runs a handler only between bytecodes), a thread ends the process instead, with one line on
@@ -235,7 +236,10 @@ class StopSignals:
         written = None if trainer.fast_dev_run else str(path)
         if written and self.requeue and trainer.is_global_zero and "SLURM_JOB_ID" in os.environ:
             self._requeue(os.environ["SLURM_JOB_ID"])
-        raise Interrupted(received.name, int(received), trainer.global_step, written)
+        stop = Interrupted(received.name, int(received), trainer.global_step, written)
+        if trainer.is_global_zero:  # said here: uncaught, a SystemExit ends the program silently
+            print(f"ptrain: {stop}", file=sys.stderr, flush=True)
+        raise stop
 
     def _requeue(self, job_id: str) -> None:
         import shlex  # here: only a requeue needs it
