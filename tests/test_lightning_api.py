@@ -626,4 +626,11 @@ def test_trainer_callbacks_holds_the_callback_objects_as_lightnings_does():
     # the list is the run's: replacing it after construction is refused, not dropped unsaid
     with pytest.raises(ptrain.ConfigError, match="trainer.callbacks can't be replaced once"):
         trainer.callbacks = []
-    assert trainer.callbacks[0] is writer
+    # nor changed in place: an appended callback would never run (the list is a copy)
+    before = list(trainer.callbacks)
+    for change in (lambda c: c.append(stop), lambda c: c.insert(0, stop),
+                   lambda c: c.extend([stop]), lambda c: c.pop(), lambda c: c.__iadd__([stop]),
+                   lambda c: c.__setitem__(0, stop)):
+        with pytest.raises(ptrain.ConfigError, match="can't be changed once.*configure_callb"):
+            change(trainer.callbacks)
+    assert trainer.callbacks == before and trainer.callbacks[0] is writer

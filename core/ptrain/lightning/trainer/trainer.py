@@ -363,7 +363,7 @@ class Trainer(_Trainer):
             return (isinstance(callback, lightning_callbacks.Checkpoint),
                     next((i for i, c in enumerate(given) if c is callback), len(given)))
 
-        return sorted(found, key=place)
+        return _CallbackList(sorted(found, key=place))
 
     @callbacks.setter
     def callbacks(self, names: list[str]) -> None:
@@ -371,10 +371,7 @@ class Trainer(_Trainer):
         an attribute: kept in :attr:`options` only. A later assignment is refused: the run's
         plugins are chosen when the trainer is made."""
         if self.__dict__.get("_callbacks_chosen"):
-            raise ConfigError(
-                "trainer.callbacks can't be replaced once the trainer is made: its callbacks "
-                "are chosen then. Pass them to Trainer(callbacks=[...]), or return them from "
-                "the module's configure_callbacks().")
+            raise ConfigError(_CALLBACKS_CHOSEN.format(what="replaced"))
 
     @property
     def checkpoint_callback(self) -> Any:
@@ -706,6 +703,24 @@ def _default_logger(root: Any) -> Any:
     if importlib.util.find_spec("tensorboard") is None:
         return CSVLogger(save_dir=save_dir)
     return TensorBoardLogger(save_dir=save_dir)
+
+
+_CALLBACKS_CHOSEN = (
+    "trainer.callbacks can't be {what} once the trainer is made: its callbacks are chosen "
+    "then. Pass them to Trainer(callbacks=[...]), or return them from the module's "
+    "configure_callbacks().")
+
+
+class _CallbackList(list):
+    """What ``trainer.callbacks`` answers: a list of the run's callbacks that refuses to be
+    changed, where a plain copy would take an ``append`` and drop it unsaid (Lightning's is
+    the list its hooks run over)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise ConfigError(_CALLBACKS_CHOSEN.format(what="changed"))
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
 
 
 def _as_list(value: Any) -> list[Any]:
