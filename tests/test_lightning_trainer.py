@@ -341,6 +341,30 @@ def test_dataloaders_and_their_batch_counts_read_as_lightnings(tmp_path):
     assert ours[0] == (True, 5, [2], [1])
 
 
+def test_an_empty_validation_loader_is_skipped_by_fit_with_a_warning_as_in_lightning(tmp_path):
+    # darts' models give an empty validation loader whenever fit has no validation series
+    def run(pl):
+        torch.manual_seed(0)
+        model = model_class(pl)(n_val=0)
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=2,
+                             logger=False, enable_checkpointing=False, **QUIET)
+        trainer.fit(model)
+        return ([s[0] for s in model.seen], trainer.current_epoch, trainer.global_step,
+                [p.detach().tolist() for p in model.parameters()])
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0] == ["train"] * 8
+    trainer = ptrain.lightning.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                                       **QUIET)
+    with pytest.warns(UserWarning, match="gives no batches .* so fit runs no validation"):
+        trainer.fit(model_class(ptrain.lightning)(n_val=0))
+    # ptrain's own Trainer still names the empty loader and stops
+    with pytest.raises(ptrain.ModelError, match="gives no batches"):
+        ptrain.Trainer(max_epochs=1, callbacks=["no:progress-bar"]).fit(
+            model_class(ptrain.lightning)(n_val=0))
+
+
 def test_an_infinite_sanity_check_reads_as_lightnings():
     trainer = ptrain.lightning.Trainer(num_sanity_val_steps=-1, logger=False, **QUIET)
     assert trainer.num_sanity_val_steps == math.inf

@@ -104,6 +104,11 @@ class Trainer:
     #: ``on_train_batch_end``, or a program after ``fit``, finds the last step's gradients).
     #: ``on_before_zero_grad`` fires right before, either way.
     clears_gradients_before_backward = False
+    #: A validation loader that gives no batches (its dataset is empty) stops ``fit`` when it
+    #: starts; ``False``: a warning, and the fit trains without validating
+    #: (``ptrain.lightning.Trainer``: Lightning's fit does so, and darts' models give such a
+    #: loader whenever they are fitted without validation series).
+    stops_on_empty_validation = True
 
     def __init__(
         self, *,
@@ -1145,6 +1150,12 @@ class Trainer:
             return None
         where = (f"{type(source).__qualname__}.{_LOADER_METHODS[stage]}()"
                  if stage not in self.given_dataloaders else f"the {stage} dataloader given")
+        if (stage == "validate" and self.stage == "train" and not self.stops_on_empty_validation
+                and self.limit_val_batches != 0 and _sized_empty(loader)):
+            warnings.warn(f"{where} gives no batches (its dataset is empty), so fit runs no "
+                          f"validation; give it data, or pass limit_val_batches=0 not to be "
+                          f"told.", stacklevel=2)
+            return None
         several = several_loaders(loader) if stage != "train" else None
         if several is not None:  # each prepared as one would be; they run one after another
             prepared = [self._prepare_dataloader(stage, one, where) for one in several[0]]
