@@ -316,6 +316,36 @@ def test_resuming_from_a_linked_last_checkpoint_goes_on_as_lightning(tmp_path):
     assert ours[3] == pytest.approx(lightning[3], abs=1e-5)
 
 
+def test_a_programs_checkpoint_io_decides_what_its_checkpoints_may_hold(tmp_path):
+    # darts keeps its loss module in on_save_checkpoint and reads its checkpoints through a
+    # TorchCheckpointIO that widens torch's weights-only loader to the classes it trusts
+    def run(pl, name):
+        class KeepsLoss(model_class(pl)):
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["loss_fn"] = torch.nn.MSELoss()
+
+            def on_load_checkpoint(self, checkpoint):
+                self.restored = checkpoint["loss_fn"]
+
+        class TrustsLosses(pl.plugins.TorchCheckpointIO):
+            def load_checkpoint(self, path, map_location=None, weights_only=None):
+                with torch.serialization.safe_globals([torch.nn.MSELoss]):
+                    return super().load_checkpoint(path, map_location, weights_only=True)
+
+        folder = tmp_path / name
+        options = dict(default_root_dir=folder, logger=False, plugins=[TrustsLosses()], **QUIET)
+        pl.Trainer(max_epochs=1, **options).fit(KeepsLoss())
+        model = KeepsLoss()
+        trainer = pl.Trainer(max_epochs=2, **options)
+        trainer.fit(model, ckpt_path=str(folder / "checkpoints" / "epoch=0-step=2.ckpt"))
+        return (type(model.restored).__name__, trainer.global_step,
+                [round(float(p), 5) for p in model.parameters() for p in p.flatten()])
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[:2] == ("MSELoss", 4)
+
+
 # -- Lightning's class attributes and methods -----------------------------------------------------
 
 

@@ -749,8 +749,9 @@ class Trainer:
 
     def _check_saved_state(self, checkpoint: dict[str, Any]) -> None:
         """At the first save of a stage: every part of ``checkpoint`` that a plugin or the user
-        contributes must load back with the weights-only loader, or no checkpoint of the run
-        could be resumed; the part that can't is named now, before training goes on."""
+        contributes must load back the way this run reads checkpoints (the weights-only loader,
+        see :meth:`_unloadable_reason`), or no checkpoint of the run could be resumed; the part
+        that can't is named now, before training goes on."""
         parts = [(f"plugin {name!r}: its state_dict()", state, PluginError)
                  for name, state in checkpoint["plugins"].items()]
         parts += [("the module's hyperparameters (save_hyperparameters / hparams)",
@@ -760,14 +761,18 @@ class Trainer:
                   ("the datamodule's state_dict()", checkpoint.get("datamodule_state"),
                    ModelError)]
         for what, value, error in parts:
-            reason = checkpoint_io.unloadable_reason(value)
+            reason, reader = self._unloadable_reason(value)
             if reason is not None:
                 raise error(
                     f"{what} can't go into a checkpoint that loads again: {reason}. Checkpoints "
-                    f"are read with torch's weights-only loader, so a checkpoint holding it could "
-                    f"never be resumed; nothing was written. Keep to tensors, numbers, text, "
-                    f"lists and dicts there (a class as its import path, an object as its "
-                    f"fields).")
+                    f"are read with {reader}, so a checkpoint holding it could never be "
+                    f"resumed; nothing was written. Keep to tensors, numbers, text, lists and "
+                    f"dicts there (a class as its import path, an object as its fields).")
+
+    def _unloadable_reason(self, value: Any) -> tuple[str | None, str]:
+        """Why ``value`` could not be read back from a checkpoint of this run (``None``: it
+        can), and what reads this run's checkpoints: torch's weights-only loader."""
+        return checkpoint_io.unloadable_reason(value), "torch's weights-only loader"
 
     def run_backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the ``backward`` hook, with ``on_before_backward`` and

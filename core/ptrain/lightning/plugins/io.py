@@ -4,8 +4,11 @@ program's own ``CheckpointIO`` writes and reads the run's checkpoints; see
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ptrain import checkpoint_io
 from ptrain.errors import ConfigError
@@ -28,7 +31,8 @@ class CheckpointIO:
                         storage_options: Any = None) -> None:
         raise NotImplementedError
 
-    def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: Any, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -45,7 +49,10 @@ class CheckpointIO:
 class TorchCheckpointIO(CheckpointIO):
     """``torch.save``/``torch.load`` of the checkpoint dict: what ptrain does without a
     checkpoint plugin (ptrain writes through a temporary file, so a crash never leaves a half
-    file, and reads with ``weights_only=True``)."""
+    file, and reads with ``weights_only=True``). ``load_checkpoint`` takes Lightning's
+    ``weights_only`` and reads with torch's weights-only loader whatever it says, as every
+    ptrain read does; a subclass may widen what that loader accepts around the call
+    (``torch.serialization.safe_globals``), as darts' does."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any = None) -> None:
@@ -55,7 +62,8 @@ class TorchCheckpointIO(CheckpointIO):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         checkpoint_io.atomic_save(checkpoint, str(path))
 
-    def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: Any, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
         return checkpoint_io.load_weights_only(path, map_location=map_location or "cpu")
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -118,3 +126,20 @@ class _CheckpointIOPlugin:
     @hookimpl
     def teardown(self) -> None:
         self.io.teardown()
+
+    def unloadable_reason(self, value: Any) -> str | None:
+        """Why ``value``, saved alone, would not read back through the program's
+        ``load_checkpoint`` (``None``: it does): the program reads the run's checkpoints, so
+        what it accepts, not ptrain's loader, decides what a checkpoint may hold."""
+        if checkpoint_io.unloadable_reason(value) is None:
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "part.ckpt"
+            torch.save(value, path)
+            try:
+                self.io.load_checkpoint(path)
+            except Exception as exc:  # noqa: BLE001 - whatever the program's reader refuses
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                return (f"{type(self.io).__qualname__}.load_checkpoint refuses it "
+                        f"({type(exc).__name__}: {lines[0] if lines else ''})")
+        return None

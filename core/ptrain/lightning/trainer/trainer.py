@@ -262,6 +262,16 @@ class Trainer(_Trainer):
                 return None
         return ckpt_path
 
+    def _unloadable_reason(self, value: Any) -> tuple[str | None, str]:
+        # a program's CheckpointIO reads the run's checkpoints: what it reads back decides
+        from ptrain.lightning.plugins.io import _CheckpointIOPlugin
+
+        plugin = self.pm.get_plugin(_CheckpointIOPlugin.name)
+        if not isinstance(plugin, _CheckpointIOPlugin):
+            return super()._unloadable_reason(value)
+        return (plugin.unloadable_reason(value),
+                f"the program's {type(plugin.io).__qualname__}.load_checkpoint")
+
     def _stage_arguments(self, stage: str, model: Any, dataloaders: Any, datamodule: Any,
                          ckpt_path: Any) -> tuple:
         if isinstance(dataloaders, DataModule):
