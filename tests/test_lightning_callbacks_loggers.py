@@ -828,6 +828,32 @@ def test_callbacks_ptrain_cannot_honour_are_refused_when_made():
         p_callbacks.ModelPruning("l1_unstructured")
 
 
+@pytest.mark.parametrize("module, names", [
+    ("callback", ["Callback"]), ("lr_monitor", ["LearningRateMonitor"]),
+    ("progress.progress_bar", ["ProgressBar"]), ("progress.rich_progress", ["RichProgressBar"]),
+    ("progress.tqdm_progress", ["TQDMProgressBar", "Tqdm"])])
+def test_lightnings_callback_submodules_import_with_their_names(module, names):
+    # darts' callbacks module imports Tqdm from callbacks.progress.tqdm_progress
+    import importlib
+
+    ours = importlib.import_module(f"ptrain.lightning.callbacks.{module}")
+    for name in names:
+        obj = getattr(ours, name)
+        assert getattr(p_callbacks, name, obj) is obj  # the package's own class, where it has one
+    if module == "progress.tqdm_progress":
+        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+        values = [1, 0.5, 1.0, 12345.0, "3", "abc", "1e-5", 1e-7, 0.123456, "12345678", -2.5]
+        assert [ours.Tqdm.format_num(v) for v in values] == [Tqdm.format_num(v) for v in values]
+
+        class Customised(ours.TQDMProgressBar):  # defined as in darts; refused only when made
+            def init_train_tqdm(self):
+                return ours.Tqdm(disable=True)
+
+        with pytest.raises(ptrain.ConfigError, match="init_train_tqdm"):
+            Customised()
+
+
 def test_the_deeper_callback_modules_have_lightnings_names():
     from lightning_names import public_names
 

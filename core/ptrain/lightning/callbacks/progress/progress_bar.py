@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.progress``: ``ProgressBar`` (the base class of progress
-displays), ``TQDMProgressBar`` and ``RichProgressBar`` (both ptrain's ``progress-bar``)."""
+"""``lightning.pytorch.callbacks.progress.progress_bar``: ``ProgressBar``, the base class of
+progress displays, and the base of Lightning's two bars that ptrain's ``progress-bar`` draws."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from ptrain.builtins.progress import ProgressBar as _Display
 from ptrain.errors import ConfigError
 from ptrain.hookspecs import hookimpl
 from ptrain.lightning.callbacks._plugin_callback import PluginCallback
-from ptrain.lightning._common import refuse
 
 
 class ProgressBar(PluginCallback):
@@ -164,46 +163,4 @@ class _PtrainBar(ProgressBar):
         self._display.teardown(trainer, stage)
 
 
-class TQDMProgressBar(_PtrainBar):
-    """Lightning's ``TQDMProgressBar``, drawn by ptrain's ``progress-bar`` (see
-    :class:`_PtrainBar`). ``refresh_rate=0`` turns it off; another value leaves the redrawing
-    to ptrain's bar (at most every 0.2 s). ``leave`` is accepted either way: ptrain prints one
-    line per finished epoch. ``process_position`` other than 0 is refused."""
-
-    _drawing = ("init_sanity_tqdm", "init_train_tqdm", "init_predict_tqdm",
-                "init_validation_tqdm", "init_test_tqdm")
-
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
-        if process_position != 0:
-            raise refuse("TQDMProgressBar", "process_position", process_position,
-                         "ptrain draws one progress display; leave process_position at 0")
-        super().__init__(refresh_rate)
-        self.leave = leave
-        self.process_position = process_position
-
-
-class RichProgressBar(_PtrainBar):
-    """Lightning's ``RichProgressBar``, drawn by ptrain's ``progress-bar``, itself made with
-    rich (see :class:`_PtrainBar`). ``refresh_rate=0`` turns it off; ``leave`` is accepted
-    (ptrain prints one line per finished epoch); a ``theme`` or ``console_kwargs`` is refused:
-    ptrain's bar has its own columns and console."""
-
-    _drawing = ("configure_columns",)
-
-    def __init__(self, refresh_rate: int = 1, leave: bool = False, theme: Any = None,
-                 console_kwargs: dict[str, Any] | None = None):
-        if theme is not None and not _is_default_theme(theme):
-            raise refuse("RichProgressBar", "theme", theme,
-                         "ptrain's bar has its own colours; leave theme out")
-        if console_kwargs is not None:
-            raise refuse("RichProgressBar", "console_kwargs", console_kwargs,
-                          "ptrain's bar writes to the terminal's console; leave them out")
-        super().__init__(refresh_rate)
-        self.leave = leave
-
-
-def _is_default_theme(theme: Any) -> bool:
-    return type(theme).__name__ == "RichProgressBarTheme" and theme == type(theme)()
-
-
-__all__ = ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]
+__all__ = ["ProgressBar"]
