@@ -346,6 +346,29 @@ def test_a_programs_checkpoint_io_decides_what_its_checkpoints_may_hold(tmp_path
     assert ours[:2] == ("MSELoss", 4)
 
 
+def test_load_from_checkpoint_calls_on_load_checkpoint_with_what_was_saved(tmp_path):
+    # darts rebuilds its models with load_from_checkpoint; its on_load_checkpoint reads the
+    # keys its on_save_checkpoint added (it was a TypeError before the weights loaded)
+    def run(pl, name):
+        class Keeps(model_class(pl)):
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["note"] = {"dtype": str(self.dtype), "epoch": self.current_epoch}
+
+            def on_load_checkpoint(self, checkpoint):
+                self.note = (checkpoint["note"], checkpoint["epoch"], checkpoint["global_step"],
+                             sorted(checkpoint["state_dict"]))
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=1, logger=False,
+                             **QUIET)
+        trainer.fit(Keeps())
+        loaded = Keeps.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
+        return loaded.note, [round(float(p), 6) for p in loaded.parameters() for p in p.flatten()]
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0][0] == {"dtype": "torch.float32", "epoch": 0}
+
+
 # -- Lightning's class attributes and methods -----------------------------------------------------
 
 

@@ -336,7 +336,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
             module._model_configured = True
         weights = module_weights(checkpoint, checkpoint_path)
         if overridden_method(module, "on_load_checkpoint"):
-            view = loaded_checkpoint_view(checkpoint, module_state=None)
+            view = loaded_checkpoint_view(checkpoint, None)
             module.on_load_checkpoint(view)
             weights = view["state_dict"]
         module.load_state_dict(weights, strict=True if strict is None else strict)
