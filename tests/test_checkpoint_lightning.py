@@ -369,6 +369,35 @@ def test_load_from_checkpoint_calls_on_load_checkpoint_with_what_was_saved(tmp_p
     assert ours[0][0] == {"dtype": "torch.float32", "epoch": 0}
 
 
+@pytest.mark.parametrize("after", ["fit", "predict"])
+def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after):
+    # darts saves a model with trainer.save_checkpoint after its fit or predict has returned
+    def run(pl, name):
+        class Keeps(model_class(pl)):
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["note"] = f"saved at step {self.global_step}"
+
+            def on_load_checkpoint(self, checkpoint):
+                self.note = checkpoint["note"]
+
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch)
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=1, logger=False,
+                             enable_checkpointing=False, **QUIET)
+        model = Keeps()
+        trainer.fit(model)
+        if after == "predict":
+            trainer = pl.Trainer(default_root_dir=tmp_path / name, logger=False, **QUIET)
+            trainer.predict(model, DataLoader(Numbers(4), batch_size=2))
+        path = tmp_path / name / "saved.ckpt"
+        trainer.save_checkpoint(path)
+        return Keeps.load_from_checkpoint(path).note
+
+    lightning, ours = both(run)
+    assert ours == lightning == ("saved at step 2" if after == "fit" else "saved at step 0")
+
+
 # -- Lightning's class attributes and methods -----------------------------------------------------
 
 

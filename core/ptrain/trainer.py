@@ -508,11 +508,19 @@ class Trainer:
         checks_copies = background and self.world_size == 1
         if not checks_copies:
             check_state_finite(self)
-        checkpoint = self._checkpoint_contents(weights_only)
-        if not self._saved_state_checked:
-            self._check_saved_state(checkpoint)
-            # a weights-only file leaves the plugins' and the datamodule's state unchecked
-            self._saved_state_checked = not weights_only
+        # outside a stage the module's hook methods are not registered as its plugins; they
+        # give their part (on_save_checkpoint) to this save as to one made in a stage
+        outside = self.stage is None and self.module is not None and not self._module_plugins
+        replaced = self._register_module_plugins() if outside else None
+        try:
+            checkpoint = self._checkpoint_contents(weights_only)
+            if not self._saved_state_checked:
+                self._check_saved_state(checkpoint)
+                # a weights-only file leaves the plugins' and the datamodule's state unchecked
+                self._saved_state_checked = not weights_only
+        finally:
+            if replaced is not None:
+                self._unregister_module_plugins(replaced)
         if background:
             if self._background_write is None:
                 self._background_write = BackgroundWrite(self.global_step, self._host_buffers,
