@@ -369,9 +369,12 @@ def test_load_from_checkpoint_calls_on_load_checkpoint_with_what_was_saved(tmp_p
     assert ours[0][0] == {"dtype": "torch.float32", "epoch": 0}
 
 
-@pytest.mark.parametrize("after", ["fit", "predict"])
-def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after):
-    # darts saves a model with trainer.save_checkpoint after its fit or predict has returned
+@pytest.mark.parametrize("after, weights_only", [("fit", False), ("predict", False),
+                                                  ("fit", True)])
+def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after,
+                                                                 weights_only):
+    # darts saves a model with trainer.save_checkpoint after its fit or predict has returned,
+    # with weights_only=True for save(clean=True)
     def run(pl, name):
         class Keeps(model_class(pl)):
             def on_save_checkpoint(self, checkpoint):
@@ -391,7 +394,7 @@ def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after
             trainer = pl.Trainer(default_root_dir=tmp_path / name, logger=False, **QUIET)
             trainer.predict(model, DataLoader(Numbers(4), batch_size=2))
         path = tmp_path / name / "saved.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=weights_only)
         return Keeps.load_from_checkpoint(path).note
 
     lightning, ours = both(run)
