@@ -8,6 +8,7 @@ import collections.abc
 from typing import Any
 
 from ptrain.errors import ConfigError
+from ptrain.hook_methods import MODULE_PLUGIN
 from ptrain.hookspecs import hookimpl
 
 
@@ -20,7 +21,10 @@ class LightningCheckpointKeys:
       ``ModelCheckpoint``'s, and each Lightning-method callback's ``state_dict()``): the same
       objects, which ``torch.save`` writes once (a name costs a few bytes);
     - ``epoch`` and ``global_step`` (``trainer.current_epoch`` and ``trainer.global_step`` when
-      written) and ``pytorch-lightning_version`` (the Lightning API the layer follows).
+      written) and ``pytorch-lightning_version`` (the Lightning API the layer follows);
+    - each key the module's ``on_save_checkpoint`` added, where a program reading the file
+      with ``torch.load`` finds it in Lightning's files (the same object as the one kept for
+      ``on_load_checkpoint``); a key named like one of ptrain's keeps ptrain's value there.
 
     ``lr_schedulers``, ``hyper_parameters`` and ``datamodule_hyper_parameters`` are ptrain's
     keys already. Lightning's ``loops`` (its loops' internal progress) has no counterpart: ptrain
@@ -42,6 +46,8 @@ def add_lightning_keys(trainer: Any, checkpoint: dict[str, Any]) -> None:
     checkpoint["epoch"] = trainer.current_epoch
     checkpoint["global_step"] = trainer.global_step
     checkpoint["pytorch-lightning_version"] = __version__
+    for key, value in (checkpoint.get("plugins", {}).get(MODULE_PLUGIN) or {}).items():
+        checkpoint.setdefault(key, value)
     if checkpoint.get("weights_only"):  # Lightning's weights-only files have no more
         return
     checkpoint["optimizer_states"] = checkpoint["optimizers"]
