@@ -398,3 +398,40 @@ def test_a_metric_only_updated_in_the_step_runs_as_in_lightning_and_says_so(tmp_
     assert len(texts) == 2, texts  # once per name, not once per step
     assert any("'seen'" in t and "nothing is published" in t for t in texts), texts
     assert any("'both'" in t and "epoch value is still published" in t for t in texts), texts
+
+
+def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
+    # darts fits float64 series under precision="64-true"; its val_loss was rounded to float32
+    def run(name):
+        framework = FRAMEWORKS[name]
+        torch.manual_seed(0)
+
+        class Doubles(framework.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                loss = self.layer(batch[0]).pow(2).mean()
+                self.log("train_loss", loss, on_epoch=True)
+                return loss
+
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", self.layer(batch[0]).pow(2).mean() / 3,
+                         batch_size=len(batch[0]))
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        data = TensorDataset(torch.randn(8, 2, dtype=torch.float64))
+        val = TensorDataset(torch.randn(7, 2, dtype=torch.float64))
+        trainer = framework.Trainer(default_root_dir=tmp_path / name, max_epochs=1,
+                                    precision="64-true", logger=False,
+                                    enable_checkpointing=False, enable_progress_bar=False,
+                                    enable_model_summary=False)
+        trainer.fit(Doubles(), DataLoader(data, batch_size=3), DataLoader(val, batch_size=3))
+        return {k: (v.item(), v.dtype) for k, v in trainer.callback_metrics.items()}
+
+    lightning, ours = run("lightning"), run("ptrain")
+    assert ours == lightning
+    assert ours["val_loss"][1] == ours["train_loss_epoch"][1] == torch.float64

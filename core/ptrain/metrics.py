@@ -287,7 +287,7 @@ class MetricStore:
         weight = 1
         if fx == "mean":
             weight = batch_size if batch_size is not None else (batch_size_of(self.batch) or 1)
-        value = value.float().reshape(())
+        value = _wide(value).reshape(())
         sums = self.epoch_sums[stage]
         entry = sums.get(name)
         if entry is None:
@@ -407,7 +407,9 @@ class MetricStore:
     def _numbers(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, float]:
         if not names:
             return {}
-        return dict(zip(names, torch.stack([values[n].detach().float().reshape(())
+        wide = torch.float64 if any(values[n].dtype == torch.float64 for n in names) \
+            else torch.float32
+        return dict(zip(names, torch.stack([values[n].detach().to(wide).reshape(())
                                             for n in names]).tolist()))
 
     def _publish(self, values: dict[str, tuple[torch.Tensor, str | None]],
@@ -492,3 +494,10 @@ class MetricStore:
         names = list(shown)
         values = torch.stack([shown[n].detach().float().reshape(()).cpu() for n in names]).tolist()
         return dict(zip(names, values))
+
+
+def _wide(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the dtype its epoch aggregate is kept in: float64 stays float64 (a
+    ``64-true`` step's values, which Lightning aggregates in float64 too), anything else is
+    float32, so a half-precision value sums without losing digits."""
+    return value.to(torch.float64 if value.dtype == torch.float64 else torch.float32)
