@@ -404,6 +404,24 @@ def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after
     assert ours == lightning == ("saved at step 2" if after == "fit" else "saved at step 0")
 
 
+def test_a_monitor_never_logged_in_a_fit_without_validation_is_said_as_lightning_says_it(
+        tmp_path):
+    # darts' best-checkpoint callback monitors val_loss also when fitted without validation
+    def run(pl, name):
+        folder = tmp_path / name
+        best = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="val_loss")
+        with pytest.warns(UserWarning, match="val_loss"):
+            trainer = fit(pl, folder, [best], max_epochs=2, limit_val_batches=0)
+        return trainer.global_step, best.best_model_path, sorted(
+            p.name for p in folder.rglob("*.ckpt"))
+
+    lightning, ours = both(run)
+    assert ours == lightning == (4, "", [])
+    from ptrain.builtins.checkpoint import ModelCheckpoint as Builtin
+
+    assert Builtin.stops_on_unlogged_monitor_without_validation  # ptrain's own still stops
+
+
 # -- Lightning's class attributes and methods -----------------------------------------------------
 
 

@@ -196,6 +196,11 @@ class ModelCheckpoint:
     CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ".ckpt"
     STARTING_VERSION = 1
+    #: A monitor that was never logged is a ConfigError at the first top-k decision; ``False``:
+    #: in a fit that runs no validation (none given, or limited to 0 batches) it is said once
+    #: and nothing is saved for it (``ptrain.lightning``'s class: Lightning's rule; darts
+    #: monitors ``val_loss`` also when fitted without validation series)
+    stops_on_unlogged_monitor_without_validation = True
 
     def __init__(self, filename: str | None = None, monitor: str | None = None,
                  mode: str = "min", save_top_k: int = 1, save_last: bool | str = True,
@@ -285,6 +290,7 @@ class ModelCheckpoint:
         self._last_time_checked: float | None = None
         self._topk_on_epoch_end = True
         self._metrics_published = False  # a validation or an epoch ended in this fit
+        self._said_unlogged = False  # see stops_on_unlogged_monitor_without_validation
         self._writes = True  # False under fast_dev_run, which writes no checkpoint
         self._taken_on_disk: set[str] = set()  # files in the folder this callback did not write
         self._last_global_step_saved = 0  # nothing trained since: no save on an exception
@@ -717,6 +723,13 @@ class ModelCheckpoint:
             message = (f"checkpoint monitor {self.monitor!r} was not logged; logged metrics: "
                        f"{', '.join(sorted(trainer.callback_metrics)) or '(none)'}. Log it with "
                        f"self.log({self.monitor!r}, ...) or change --checkpoint-monitor.")
+            if not self.stops_on_unlogged_monitor_without_validation and \
+                    trainer.stage == "train" and trainer.val_dataloader is None:
+                if not self._said_unlogged:
+                    self._said_unlogged = True
+                    warnings.warn(f"{message} This fit runs no validation, so nothing is saved "
+                                  f"for this monitor.", stacklevel=2)
+                return
             if check_now or self._metrics_published:
                 raise ConfigError(message)
             return  # a step or time trigger before the first validation: decided there

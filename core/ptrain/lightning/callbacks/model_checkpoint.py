@@ -40,6 +40,9 @@ class ModelCheckpoint(_Checkpoint):
     ``ckpt_path="best"`` (``best_k_models.json``) is written only in the run folder, never beside
     files in a ``dirpath``."""
 
+    # Lightning warns about an unlogged monitor while no validation has run, and saves nothing
+    stops_on_unlogged_monitor_without_validation = False
+
     def __init__(self, dirpath: Optional[_PATH] = None, filename: Optional[str] = None,
                  monitor: Optional[str] = None, verbose: bool = False,
                  save_last: Optional[Union[bool, Literal["link"]]] = None, save_top_k: int = 1,
