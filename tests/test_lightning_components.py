@@ -427,6 +427,8 @@ class Net(pl.LightningModule):
             "sum": strategy.reduce(torch.tensor(float(rank + 1)), reduce_op="sum").item(),
             "mean": strategy.reduce(torch.tensor(float(rank + 1))).item(),
             "gathered": strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist(),
+            "module_gathered": {k: v.tolist() for k, v in self.all_gather(
+                {"rank": rank, "pair": torch.tensor([rank, 10 * rank])}).items()},
             "broadcast": strategy.broadcast({"from": rank}),
             "all": strategy.reduce_boolean_decision(rank == 0, all=True),
             "any": strategy.reduce_boolean_decision(rank == 0, all=False),
@@ -584,6 +586,8 @@ def test_a_ddp_strategy_object_trains_on_two_processes_as_lightnings(tmp_path):
     assert seen == lightning_seen
     assert [s["sum"] for s in seen] == [3.0, 3.0] and [s["gathered"] for s in seen] == \
         [[[0, 0], [1, 10]]] * 2
+    assert [s["module_gathered"] for s in seen] == [{"rank": [0, 1],
+                                                     "pair": [[0, 0], [1, 10]]}] * 2
 
 
 def test_sync_batchnorm_on_several_cpu_processes_is_refused_before_ddp_fails(tmp_path):

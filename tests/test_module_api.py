@@ -93,3 +93,64 @@ def test_an_overridden_backward_does_every_backward_pass(tmp_path):
     assert own.calls == 2  # once per step
     for name, value in own.state_dict().items():
         assert torch.equal(value, plain.state_dict()[name]), name
+
+
+def test_all_gather_returns_what_lightnings_returns_in_one_process(tmp_path):
+    """neuralforecast sums its validation loss over processes with ``self.all_gather`` in
+    ``on_validation_epoch_end``; before, the module had no ``all_gather`` (an AttributeError)."""
+    import collections
+    import importlib
+
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    from tests._lightning_pair import FRAMEWORKS, QUIET as LIGHTNING_QUIET, Numbers
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", str(value.dtype), tuple(value.shape), value.tolist(),
+                    value.requires_grad)
+        if isinstance(value, dict):
+            return type(value).__name__, {k: describe(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value).__name__, [describe(v) for v in value]
+        return type(value).__name__, value
+
+    def run(pl):
+        class Gathers(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(4, 1)
+                self.seen = []
+
+            def training_step(self, batch, batch_idx):
+                loss = self.layer(batch).pow(2).mean()
+                self.seen.append(describe(self.all_gather(loss, sync_grads=True)))
+                return loss
+
+            def on_train_epoch_end(self):
+                self.seen.append(describe(self.all_gather(
+                    {"sum": torch.tensor([1.5, 2.0]), "count": 3, "rate": 0.25, "flag": True,
+                     "array": np.arange(3), "both": [torch.ones(2, 2), 4.0],
+                     "pair": Pair(torch.tensor(7), 8), "name": "kept",
+                     "counts": collections.defaultdict(int, a=1)})))
+
+            def train_dataloader(self):
+                return DataLoader(Numbers(8), batch_size=4)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        pl.seed_everything(0)
+        module = Gathers()
+        pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=1, logger=False,
+                   enable_checkpointing=False, **LIGHTNING_QUIET).fit(module)
+        return module.seen
+
+    lightning, ours = (run(importlib.import_module(name)) for name in FRAMEWORKS)
+    assert ours == lightning
+    assert ours[-1][1]["count"] == ("tensor", "torch.int32", (), 3, False)
+    assert ours[-1][1]["counts"] == ("defaultdict", {"a": ("tensor", "torch.int32", (), 1,
+                                                           False)})

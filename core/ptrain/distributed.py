@@ -743,6 +743,24 @@ def held_bytes(model: torch.nn.Module,
             "optimizer_state": state}
 
 
+def all_gather_tensor(tensor: torch.Tensor, group: Any = None,
+                      sync_grads: bool = False) -> torch.Tensor:
+    """Every process's ``tensor`` (each of the same shape), stacked along a new first dimension
+    in rank order; without a process group of more than one process, ``tensor`` itself.
+    ``sync_grads=True`` lets gradients flow back through the gather to each process's own
+    ``tensor``. A collective: every process of ``group`` (the whole world by default) calls it."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return tensor
+    if sync_grads:
+        import torch.distributed.nn.functional as dist_fn
+
+        return torch.stack(dist_fn.all_gather(tensor.contiguous(),
+                                              group=group or dist.group.WORLD))
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, tensor.contiguous(), group=group)
+    return torch.stack(gathered)
+
+
 _SET_BY = {"torchelastic": "torchrun", "slurm": "ptrain from SLURM's variables",
            "environment": "the environment"}
 

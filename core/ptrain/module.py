@@ -6,6 +6,7 @@ by changing its imports.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import itertools
@@ -166,6 +167,43 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         """``print`` on global rank 0 only."""
         if self.global_rank == 0:
             print(*args, **kwargs)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every process's ``data`` (a tensor, a number or NumPy array, or a dict, list or tuple
+        of them, rebuilt alike): each tensor in it becomes the stack of every process's,
+        ``(world_size, *shape)`` in rank order, numbers and arrays becoming tensors on the
+        module's device first (as Lightning's: a bool as uint8, an int as int32, a float as
+        float32). With one process each tensor comes back as it is.
+        ``sync_grads=True`` lets gradients flow back through the gather. A collective: every
+        process of ``group`` (the whole world by default) calls it, with tensors of the same
+        shapes. Under Fabric, Fabric's ``all_gather``."""
+        if self._fabric is not None:
+            return self._fabric.all_gather(data, group=group, sync_grads=sync_grads)
+        import numpy as np
+
+        from ptrain.distributed import all_gather_tensor
+
+        def gather(value: Any) -> Any:
+            if isinstance(value, dict):
+                items = [(key, gather(item)) for key, item in value.items()]
+                if isinstance(value, collections.defaultdict):
+                    return type(value)(value.default_factory, items)
+                return type(value)(items)
+            if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+                return type(value)(*(gather(item) for item in value))
+            if isinstance(value, (list, tuple)):
+                return type(value)(gather(item) for item in value)
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(value)
+            elif isinstance(value, (bool, int, float)):  # bool as uint8: NCCL has no bool
+                value = torch.tensor(value, dtype=next(
+                    dtype for kind, dtype in _NUMBER_DTYPES.items() if isinstance(value, kind)))
+            if isinstance(value, torch.Tensor):
+                return all_gather_tensor(value.to(self.device), group=group,
+                                         sync_grads=sync_grads)
+            return value
+
+        return gather(data)
 
     def freeze(self) -> TrainModule:
         """Stop every parameter from requiring gradients and put the module in eval mode."""
@@ -579,6 +617,8 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
 
 
 _SCRIPTING = [False]
+#: the tensor dtype of a number :meth:`TrainModule.all_gather` gathers (Lightning's)
+_NUMBER_DTYPES = {bool: torch.uint8, int: torch.int32, float: torch.float32}
 
 
 @contextlib.contextmanager

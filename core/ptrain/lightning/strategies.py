@@ -187,16 +187,9 @@ class Strategy:
                    sync_grads: bool = False) -> torch.Tensor:
         """Every process's ``tensor`` (of the same shape), stacked along a new first
         dimension (one process: ``tensor`` itself)."""
-        if not self._distributed():
-            return tensor
-        if sync_grads:
-            import torch.distributed.nn.functional as dist_fn
+        from ptrain.distributed import all_gather_tensor
 
-            return torch.stack(dist_fn.all_gather(tensor.contiguous(), group=group or
-                                                  dist.group.WORLD))
-        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(gathered, tensor.contiguous(), group=group)
-        return torch.stack(gathered)
+        return all_gather_tensor(tensor, group=group, sync_grads=sync_grads)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``decision`` agreed by every process: all of them (``all=True``) or any of them."""
