@@ -269,6 +269,49 @@ def test_log_dir_is_lightnings_before_during_and_after_fit(tmp_path, logger):
     assert ours == lightning
 
 
+@pytest.mark.parametrize("logger", ["tensorboard", "csv"])
+@pytest.mark.parametrize("second_stage", ["fit", "validate", "predict"])
+def test_a_logger_given_to_a_second_trainer_keeps_its_folder_as_lightnings(tmp_path, logger,
+                                                                           second_stage):
+    """neuralforecast makes a trainer for each fit and predict with the logger its model was
+    given; before, each trainer opened a new version_N where Lightning's logger keeps its
+    version."""
+    def run(pl):
+        root = tmp_path / pl.__name__
+        loggers = importlib.import_module(f"{pl.__name__}.loggers")
+        given = {"tensorboard": loggers.TensorBoardLogger(root, name="tb"),
+                 "csv": loggers.CSVLogger(root, name="csv")}[logger]
+        class Model(model_class(pl)):
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                self.log("train_loss", loss)
+                return loss
+
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch)
+
+            def predict_dataloader(self):
+                return self.test_dataloader()
+
+        model = Model()
+        options = dict(logger=given, log_every_n_steps=1, enable_checkpointing=False, **QUIET)
+        pl.Trainer(max_steps=2, **options).fit(model)
+        first = given.log_dir
+        trainer = pl.Trainer(max_steps=4, **options)
+        before = trainer.log_dir
+        getattr(trainer, second_stage)(model)
+        folders = sorted(os.path.relpath(p, root) for p in root.glob("*/*") if p.is_dir())
+        metrics = Path(given.log_dir) / "metrics.csv"
+        rows = len(metrics.read_text().splitlines()) if metrics.is_file() else None
+        return ([os.path.relpath(p, root) for p in (first, before, trainer.log_dir,
+                                                     given.log_dir)],
+                given.version, folders, rows)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[2] == [f"{'tb' if logger == 'tensorboard' else 'csv'}/version_0"]
+
+
 def test_default_root_dir_expands_the_home_folder_as_lightnings_does(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     trainer = ptrain.lightning.Trainer(default_root_dir="~/runs", logger=False, **QUIET)

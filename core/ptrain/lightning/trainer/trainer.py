@@ -175,12 +175,23 @@ class Trainer(_Trainer):
     # -- Lightning's stage signatures ---------------------------------------------------------
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
+        self._continue_in_the_loggers_folder()
         try:
             return super()._run(*args, **kwargs)
         finally:  # the loggers' log_dir, also where the stage ran in worker processes
             for logger in self._given_loggers:
                 if hasattr(logger, "_run_dir") and self._own_log_dir is not None:
                     logger._run_dir = str(self._own_log_dir)
+
+    def _continue_in_the_loggers_folder(self) -> None:
+        """A file logger an earlier trainer ran with keeps its run folder, as Lightning's logger
+        keeps the version it took: before its first stage, this trainer takes that folder as
+        its own, so every trainer given the logger writes there (neuralforecast makes a
+        trainer for each fit and predict with the logger of the model's ``trainer_kwargs``)."""
+        first = self._given_loggers[0] if self._given_loggers else None
+        folder = getattr(first, "_run_dir", None)
+        if self._own_log_dir is None and folder is not None and Path(folder).is_dir():
+            self._own_log_dir = Path(folder)
 
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None,
@@ -478,6 +489,7 @@ class Trainer(_Trainer):
         first = loggers[0]
         if not isinstance(first, RunFolder) and hasattr(first, "save_dir"):
             return first.save_dir
+        self._continue_in_the_loggers_folder()
         folder = self._own_log_dir
         if folder is None:  # the same answer until a stage takes a folder, as Lightning's
             predicted = getattr(self, "_predicted_log_dir", None)
