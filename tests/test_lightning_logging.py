@@ -288,6 +288,52 @@ def test_a_callback_logs_through_the_module(tmp_path):
     assert pt.progress_bar_metrics == lt.progress_bar_metrics
 
 
+def test_the_sanity_checks_values_are_read_where_it_ends_and_gone_after_as_in_lightning(
+        tmp_path):
+    """neuralforecast logs its validation loss in ``on_validation_epoch_end``; a callback read
+    no sanity-check value in ``on_validation_end`` (Lightning's holds it until the check
+    ends)."""
+    def make(framework):
+        class Module(base_module(framework)):
+            def validation_step(self, batch, batch_idx):
+                self.log("val_step", self.loss(batch))
+
+            def on_validation_epoch_end(self):
+                self.log("val_epoch_end", 3.0 + self.global_step)
+
+        return Module
+
+    def callbacks(framework):
+        class Reading(framework.Callback):
+            def __init__(self):
+                self.seen = []
+
+            def read(self, trainer, where):
+                self.seen.append((where, trainer.sanity_checking, numbers(
+                    trainer.callback_metrics)))
+
+            def on_validation_end(self, trainer, pl_module):
+                self.read(trainer, "on_validation_end")
+
+            def on_sanity_check_end(self, trainer, pl_module):
+                self.read(trainer, "on_sanity_check_end")
+
+            def on_train_start(self, trainer, pl_module):
+                self.read(trainer, "on_train_start")
+
+        return [Reading()]
+
+    runs = both(make, tmp_path, callbacks=callbacks, max_epochs=1, num_sanity_val_steps=2)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    seen = pt.callbacks[0].seen
+    assert [s[:2] for s in seen] == [s[:2] for s in lt.callbacks[0].seen]
+    for (where, _, ours), (_, _, theirs) in zip(seen, lt.callbacks[0].seen):
+        assert ours.keys() == theirs.keys(), where
+        assert ours == pytest.approx(theirs, rel=1e-6), where
+    assert seen[0][:2] == ("on_validation_end", True) and seen[0][2]["val_epoch_end"] == 3.0
+    assert seen[2] == ("on_train_start", False, {})
+
+
 # ---------------------------------------------------------------------------------------------
 # Refused, as Lightning refuses them
 

@@ -213,9 +213,10 @@ def run_validation(trainer: Trainer) -> None:
 def run_sanity_check(trainer: Trainer) -> None:
     """Run the first ``num_sanity_val_steps`` validation batches (-1: all) before training, so a
     broken ``validation_step`` fails in seconds. The pass fires its loop and batch hooks with
-    ``trainer.sanity_checking`` ``True``, but nothing is published, ``on_validation_end`` does
-    not fire, and every random generator is left as it was, so the run trains exactly as
-    without it."""
+    ``trainer.sanity_checking`` ``True``, but nothing is published (the hooks that end the
+    pass read its values in ``callback_metrics``, which are put back afterwards),
+    ``on_validation_end`` does not fire, and every random generator is left as it was, so the
+    run trains exactly as without it."""
     steps = trainer.num_sanity_val_steps
     loaders = loaders_of(trainer.val_dataloader)
     if not loaders or steps == 0:
@@ -232,6 +233,9 @@ def run_sanity_check(trainer: Trainer) -> None:
     try:
         trainer.hook.on_loop_start(trainer=trainer, loop="sanity_check")
         _evaluation_pass(trainer, "validate", loaders, counts)
+        # the pass's values, those its epoch-end hooks logged too, for the hooks that end it
+        # (Lightning's on_validation_end and on_sanity_check_end read them); put back below
+        trainer.metrics.preview_epoch("validate")
         trainer.metrics.discard("validate")
         trainer.hook.on_loop_end(trainer=trainer, loop="validate")
         trainer.hook.on_loop_end(trainer=trainer, loop="sanity_check")
