@@ -296,6 +296,36 @@ def test_checkpoint_files_carry_lightnings_keys_without_storing_the_weights_twic
     assert grown < 1024
 
 
+@pytest.mark.parametrize("when", ["each_step", "train_epoch_end"])
+def test_a_checkpoint_holds_early_stoppings_state_after_its_check_as_lightnings(tmp_path, when):
+    """The checkpoint written at a validation (or at an epoch's end) is taken after early
+    stopping counted that check, as Lightning runs its checkpoint callbacks last; before, it
+    was taken first, so a resume from it counted one check fewer without improvement."""
+    def run(pl, name):
+        folder = tmp_path / name
+        stopping = pl.callbacks.EarlyStopping(
+            "score", patience=10, check_on_train_epoch_end=True if when == "train_epoch_end"
+            else None)
+        checkpoint = pl.callbacks.ModelCheckpoint(dirpath=folder, save_top_k=-1)
+        options = dict(val_check_interval=1, check_val_every_n_epoch=None) \
+            if when == "each_step" else {}
+        fit(pl, folder, [stopping, checkpoint], **options)
+        counts = {}
+        for file in sorted(folder.glob("*.ckpt")):
+            saved = torch.load(file, weights_only=True)
+            if name == "lightning":
+                (state,) = (v for k, v in saved["callbacks"].items()
+                            if k.startswith("EarlyStopping"))
+                counts[file.name] = state["wait_count"]
+            else:
+                counts[file.name] = saved["plugins"]["early-stopping"]["wait"]
+        return counts, stopping.wait_count
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert len(set(ours[0].values())) > 1  # the count moves from file to file
+
+
 def test_resuming_from_a_linked_last_checkpoint_goes_on_as_lightning(tmp_path):
     def run(pl, name):
         folder = tmp_path / name

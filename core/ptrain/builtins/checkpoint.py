@@ -483,7 +483,10 @@ class ModelCheckpoint:
         reduced = trainer.hook.reduce_metrics(trainer=trainer, metrics={"due": flag}, op="max")
         return bool(reduced["due"].item())
 
-    @hookimpl
+    # trylast here and at the epoch's end: the state saved is the one after the other callbacks
+    # handled the validation (early stopping's count of checks without improvement, so a resume
+    # stops where the run would have), as Lightning runs its checkpoint callbacks last
+    @hookimpl(trylast=True)
     def on_validation_end(self, trainer) -> None:
         if trainer.stage != "train":
             return
@@ -493,7 +496,7 @@ class ModelCheckpoint:
         with self._checkpoint_point(trainer):
             self._save_topk(trainer, check_now=True)
 
-    @hookimpl
+    @hookimpl(trylast=True)
     def on_epoch_end(self, trainer) -> None:
         self._metrics_published = True
         if not self._epoch_due(trainer):
