@@ -1,13 +1,20 @@
 """What a module reads and calls during a run, as Lightning's module offers it: ``current_epoch``,
-``global_step``, ranks, ``device``, ``dtype``, ``print``, ``lr_schedulers()``, and step methods
-written without ``batch_idx``."""
+``global_step``, ranks, ``device``, ``dtype``, ``print``, ``lr_schedulers()``, ``all_gather``,
+and step methods written without ``batch_idx``."""
 
 from __future__ import annotations
 
+import collections
+import importlib
+
+import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 import ptrain
+from tests._lightning_pair import FRAMEWORKS, Numbers
+from tests._lightning_pair import QUIET as LIGHTNING_QUIET
 from tests.conftest import TinyRegressor
 
 QUIET = ["no:progress-bar", "no:tensorboard", "no:checkpoint"]
@@ -98,14 +105,6 @@ def test_an_overridden_backward_does_every_backward_pass(tmp_path):
 def test_all_gather_returns_what_lightnings_returns_in_one_process(tmp_path):
     """neuralforecast sums its validation loss over processes with ``self.all_gather`` in
     ``on_validation_epoch_end``; before, the module had no ``all_gather`` (an AttributeError)."""
-    import collections
-    import importlib
-
-    import numpy as np
-    from torch.utils.data import DataLoader
-
-    from tests._lightning_pair import FRAMEWORKS, QUIET as LIGHTNING_QUIET, Numbers
-
     Pair = collections.namedtuple("Pair", "a b")
 
     def describe(value):
