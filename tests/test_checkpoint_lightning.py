@@ -434,6 +434,70 @@ def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after
     assert ours == lightning == ("saved at step 2" if after == "fit" else "saved at step 0")
 
 
+def test_a_checkpoint_holds_a_callbacks_state_after_its_on_validation_end_as_lightnings(
+        tmp_path):
+    # Lightning runs its checkpoint callbacks after the others: a callback counting
+    # validations saved 0, 1, 2 where Lightning's files hold 1, 2, 3 (its on_validation_end
+    # ran after the save), so a resumed run counted one validation fewer
+    def run(pl, name):
+        class Counts(pl.Callback):
+            def __init__(self):
+                self.validations = 0
+
+            def on_validation_end(self, trainer, pl_module):
+                self.validations += not trainer.sanity_checking
+
+            def state_dict(self):
+                return {"validations": self.validations}
+
+        folder = tmp_path / name / "ckpts"
+        every = pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="val_loss", save_top_k=-1,
+                                             filename="{step}")
+        # a validation after every batch: its save is the validation's, not the epoch end's
+        fit(pl, tmp_path / name, [Counts(), every], max_epochs=2, val_check_interval=1,
+            check_val_every_n_epoch=None)
+        files = [torch.load(folder / f"step={s}.ckpt", weights_only=False) for s in range(1, 5)]
+        return [next(state for key, state in file["callbacks"].items() if "Counts" in key)
+                for file in files]
+
+    lightning, ours = both(run)
+    assert ours == lightning == [{"validations": n} for n in (1, 2, 3, 4)]
+
+
+def test_two_callbacks_of_one_class_adding_to_the_checkpoint_run_and_resume_as_lightnings(
+        tmp_path):
+    # two instances of a callback class with on_save_checkpoint and no state_dict were refused
+    # ("two callbacks save their state under 'Adds'"), which Lightning runs; the keys they add
+    # are keys of the file, as Lightning's
+    def run(pl, name):
+        seen = []
+
+        class Adds(pl.Callback):
+            def __init__(self, n):
+                self.n = n
+
+            def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+                checkpoint[f"added-{self.n}"] = trainer.global_step
+
+            def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+                seen.append((self.n, {k: v for k, v in checkpoint.items()
+                                      if k.startswith("added-")}))
+
+        folder = tmp_path / name
+        for epochs, ckpt_path in ((1, None), (2, "last")):
+            callbacks = [Adds(1), Adds(2), pl.callbacks.ModelCheckpoint(save_last=True)]
+            trainer = pl.Trainer(default_root_dir=folder, max_epochs=epochs, logger=False,
+                                 callbacks=callbacks, **QUIET)
+            trainer.fit(model_class(pl)(), ckpt_path=ckpt_path)
+        in_file = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=False)
+        return seen, {k: v for k, v in in_file.items() if k.startswith("added-")}
+
+    lightning, ours = both(run)
+    assert ours == lightning == ([(1, {"added-1": 2, "added-2": 2}),
+                                  (2, {"added-1": 2, "added-2": 2})],
+                                 {"added-1": 4, "added-2": 4})
+
+
 def test_a_monitor_never_logged_in_a_fit_without_validation_is_said_as_lightning_says_it(
         tmp_path):
     # darts' best-checkpoint callback monitors val_loss also when fitted without validation

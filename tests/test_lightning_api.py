@@ -484,6 +484,23 @@ def test_stateless_callbacks_of_one_class_may_appear_twice():
     assert seen == [first, second]
 
 
+def test_stateful_callbacks_of_one_class_need_their_own_state_keys():
+    import lightning.pytorch as real
+
+    def made(base):
+        class Counter(base.Callback):
+            def state_dict(self):
+                return {"count": 1}
+
+        return [Counter(), Counter()]
+
+    with pytest.raises(RuntimeError, match="more than one stateful callback"):
+        real.Trainer(logger=False, callbacks=made(real), enable_progress_bar=False,
+                     enable_model_summary=False)
+    with pytest.raises(ptrain.PluginError, match="two callbacks .* distinct `state_key`"):
+        pl.Trainer(logger=False, callbacks=made(pl), **QUIET)
+
+
 def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch_as_in_lightning(tmp_path):
     trainer = pl.Trainer(max_steps=2, logger=False, default_root_dir=str(tmp_path), **QUIET)
     with pytest.warns(UserWarning, match="found no checkpoint to resume.*from scratch"):

@@ -251,9 +251,15 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
 
     def on_loop_end(trainer, loop):
         for method in LOOP_END[loop]:
+            if method == "on_validation_end" and "on_validation_end" in hooks and \
+                    not trainer.sanity_checking:
+                continue  # called by the on_validation_end hook, before the checkpoint saves
             dispatch.call(method, trainer)
         if loop in MODEL_TRAIN:
             dispatch.call(MODEL_TRAIN[loop], trainer)
+
+    def on_validation_end(trainer):
+        dispatch.call("on_validation_end", trainer)
 
     def evaluation_mode(trainer, stage):
         if (stage == "validate" and trainer.stage == "train" and not trainer.sanity_checking):
@@ -375,7 +381,8 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
         load(trainer, state, checkpoint)
 
     functions = {f.__name__: f for f in (
-        on_stage_start, on_loop_start, on_loop_end, evaluation_mode, transfer_batch,
+        on_stage_start, on_loop_start, on_loop_end, on_validation_end, evaluation_mode,
+        transfer_batch,
         on_epoch_start, on_epoch_metrics, on_batch_start, on_train_step_end,
         on_evaluation_batch_end, on_before_backward, backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
@@ -720,18 +727,28 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     on resume."""
     dispatch = _Dispatch()
     hooks: set[str] = set()
-    keys: dict[str, Any] = {}
+    keyed: list[tuple[str, Any]] = []  # the callbacks with a state method, under their keys
+    stateful: set[str] = set()
     for callback in callbacks:
-        if any(_defines(callback, m) for m in STATE_METHODS):  # only state needs a unique key
+        if any(_defines(callback, m) for m in STATE_METHODS):
             key = state_key(callback)
-            if key in keys:
-                raise PluginError(f"two callbacks of this run save their state under {key!r}; "
-                                  f"give one a distinct `state_key` property.")
-            keys[key] = callback
+            # only a state_dict needs a key of its own (Lightning's rule): what the checkpoint
+            # methods add is one checkpoint's keys, which every callback sees on resume
+            if _defines(callback, "state_dict") or _defines(callback, "load_state_dict"):
+                if key in stateful:
+                    raise PluginError(f"two callbacks of this run save their state under "
+                                      f"{key!r}; give one a distinct `state_key` property.")
+                stateful.add(key)
+            keyed.append((key, callback))
         for method_name in lightning_methods(callback):
             if method_name in STATE_METHODS:
                 hooks.add(CALLBACK_METHODS[method_name])
                 continue
+            if method_name == "on_validation_end":
+                # after a validation (the sanity check's aside) a callback's on_validation_end
+                # runs before the checkpoint callback saves (trylast), which then holds the
+                # state it left, as Lightning runs its checkpoint callbacks last
+                hooks.add("on_validation_end")
             method = getattr(callback, method_name)
             dispatch.add(method_name, lambda trainer, *args, _m=method, **kwargs:
                          _m(trainer, trainer.module, *args, **kwargs))
@@ -740,9 +757,9 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
         hooks |= {"state_dict", "load_state_dict"}
 
     def states(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
-        saved = {}
+        saved: dict[str, dict[str, Any]] = {}
         view = None  # one checkpoint for all of them, as in Lightning
-        for key, callback in keys.items():
+        for key, callback in keyed:
             entry: dict[str, Any] = {}
             if _defines(callback, "state_dict"):
                 entry["state"] = callback.state_dict()
@@ -754,16 +771,20 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
                 callback.on_save_checkpoint(trainer, trainer.module, view)
                 entry["checkpoint"] = {k: v for k, v in view.items() if k not in known}
             if entry:
-                saved[key] = entry
+                shared = saved.setdefault(key, {})  # a key's second callback adds its keys
+                shared.setdefault("checkpoint", {}).update(entry.pop("checkpoint", {}))
+                shared.update(entry)
+                if not shared["checkpoint"]:
+                    del shared["checkpoint"]
         if view is not None:
             _warn_changed(f"{name}'s on_save_checkpoint", view, before, weights)
         return saved or None
 
     def load(trainer: Trainer, state: dict[str, Any], checkpoint: dict[str, Any] | None) -> None:
         view = None
-        for key, entry in state.items():
-            callback = keys.get(key)
-            if callback is None:
+        for key, callback in keyed:
+            entry = state.get(key)
+            if entry is None:
                 continue
             if _defines(callback, "on_load_checkpoint"):
                 if view is None:

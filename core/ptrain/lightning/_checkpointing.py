@@ -22,9 +22,10 @@ class LightningCheckpointKeys:
       objects, which ``torch.save`` writes once (a name costs a few bytes);
     - ``epoch`` and ``global_step`` (``trainer.current_epoch`` and ``trainer.global_step`` when
       written) and ``pytorch-lightning_version`` (the Lightning API the layer follows);
-    - each key the module's ``on_save_checkpoint`` added, where a program reading the file
-      with ``torch.load`` finds it in Lightning's files (the same object as the one kept for
-      ``on_load_checkpoint``); a key named like one of ptrain's keeps ptrain's value there.
+    - each key the module's or a callback's ``on_save_checkpoint`` added, where a program
+      reading the file with ``torch.load`` finds it in Lightning's files (the same object as
+      the one kept for ``on_load_checkpoint``); a key named like one of ptrain's keeps
+      ptrain's value there.
 
     ``lr_schedulers``, ``hyper_parameters`` and ``datamodule_hyper_parameters`` are ptrain's
     keys already. Lightning's ``loops`` (its loops' internal progress) has no counterpart: ptrain
@@ -59,6 +60,9 @@ def add_lightning_keys(trainer: Any, checkpoint: dict[str, Any]) -> None:
         elif _per_callback(state):  # the Lightning-method callbacks' adapter: key -> entry
             callbacks.update({k: entry["state"] for k, entry in state.items()
                               if "state" in entry})
+            for entry in state.values():  # what their on_save_checkpoint added, as the module's
+                for key, value in entry.get("checkpoint", {}).items():
+                    checkpoint.setdefault(key, value)
     checkpoint["callbacks"] = callbacks
 
 
