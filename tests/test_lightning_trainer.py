@@ -312,6 +312,39 @@ def test_a_logger_given_to_a_second_trainer_keeps_its_folder_as_lightnings(tmp_p
     assert ours[2] == [f"{'tb' if logger == 'tensorboard' else 'csv'}/version_0"]
 
 
+def test_file_loggers_with_their_own_folders_each_write_there_as_lightnings(tmp_path):
+    """A second file logger with another save_dir or name wrote into the first's run folder
+    (every metrics.csv row twice in one file) and named that folder as its log_dir."""
+    def run(pl):
+        root = tmp_path / pl.__name__
+        loggers = importlib.import_module(f"{pl.__name__}.loggers")
+        given = [loggers.CSVLogger(root / "a"), loggers.CSVLogger(root / "b", name="other"),
+                 loggers.TensorBoardLogger(root / "c", name="tb"),
+                 loggers.CSVLogger(root / "a", name="lightning_logs")]
+
+        class Model(model_class(pl)):
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                self.log("train_loss", loss)
+                return loss
+
+        model = Model()
+        options = dict(logger=given, log_every_n_steps=1, enable_checkpointing=False, **QUIET)
+        before = [os.path.relpath(g.log_dir, root) for g in given]
+        trainer = pl.Trainer(max_steps=2, **options)
+        trainer.fit(model)
+        trainer.validate(model)
+        csvs = {os.path.relpath(p, root): len(p.read_text().splitlines())
+                for p in sorted(root.rglob("metrics.csv"))}
+        events = sorted(os.path.relpath(p.parent, root) for p in root.rglob("events.out.*"))
+        return (before, [os.path.relpath(g.log_dir, root) for g in given],
+                [g.version for g in given], csvs, events)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[1][:3] == ["a/lightning_logs/version_0", "b/other/version_0", "c/tb/version_0"]
+
+
 def test_default_root_dir_expands_the_home_folder_as_lightnings_does(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     trainer = ptrain.lightning.Trainer(default_root_dir="~/runs", logger=False, **QUIET)

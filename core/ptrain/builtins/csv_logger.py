@@ -81,11 +81,15 @@ class CSVLogger:
         self._refused = False
         if not trainer.is_global_zero:
             return
-        self.path = Path(trainer.run_dir) / METRICS_FILE
+        self.path = self._writes_to(trainer) / METRICS_FILE
         self._checkpoint = trainer.last_checkpoint_path
         if self.path.is_file():  # a resumed run continues its own file
             with open(self.path, newline="", encoding="utf-8") as f:
                 self.columns = next(csv.reader(f), [])
+
+    def _writes_to(self, trainer) -> Path:
+        """The folder this logger writes to in a stage: the run folder."""
+        return Path(trainer.run_dir)
 
     @hookimpl
     def log_hyperparams(self, trainer) -> None:

@@ -25,6 +25,7 @@ it was refused) and handled on the training thread at the next publish point or 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from ptrain.builtins.log_writes import add_write_error_option, refused, write_error_choice
@@ -132,8 +133,12 @@ class TensorBoardLogger:
         self._session_started = False
         self._refusal, self._file, self._handled = None, None, False
         if trainer.is_global_zero and self.writer is None:
-            self._log_dir = str(trainer.run_dir)
+            self._log_dir = str(self._writes_to(trainer))
             self._checkpoint = trainer.last_checkpoint_path
+
+    def _writes_to(self, trainer) -> Path:
+        """The folder this logger writes to in a stage: the run folder."""
+        return Path(trainer.run_dir)
 
     @hookimpl
     def log_hyperparams(self, trainer, hyperparameters: dict[str, Any]) -> None:

@@ -58,3 +58,18 @@ class RunFolder:
 
     def _folder(self) -> str:
         return self._run_dir or str(run_folder.next_free(Path(self.root_dir)))
+
+    def _holds(self, run_dir: Any) -> bool:
+        """Whether the run folder ``run_dir`` is under this logger's ``root_dir``: the run's
+        first file logger, or one with the same ``save_dir`` and ``name``."""
+        return os.path.abspath(self.root_dir) == os.path.abspath(Path(run_dir).parent)
+
+    def _writes_to(self, trainer: Any) -> Path:
+        """The run folder where it is under this logger's ``root_dir``; else a ``version_N`` of
+        this logger's own there (a second logger given another ``save_dir`` or ``name``, as
+        Lightning's writes there), taken at its first stage and kept for the later ones."""
+        if self._holds(trainer.run_dir):
+            return Path(trainer.run_dir)
+        if self._run_dir is None or not self._holds(self._run_dir):
+            self._run_dir = str(run_folder.reserve(Path(self.root_dir)))
+        return Path(self._run_dir)

@@ -179,8 +179,9 @@ class Trainer(_Trainer):
         try:
             return super()._run(*args, **kwargs)
         finally:  # the loggers' log_dir, also where the stage ran in worker processes
-            for logger in self._given_loggers:
-                if hasattr(logger, "_run_dir") and self._own_log_dir is not None:
+            for logger in self._given_loggers:  # (a logger with a folder of its own keeps it)
+                if hasattr(logger, "_run_dir") and self._own_log_dir is not None and \
+                        logger._holds(self._own_log_dir):
                     logger._run_dir = str(self._own_log_dir)
 
     def _continue_in_the_loggers_folder(self) -> None:
