@@ -1188,9 +1188,10 @@ class Trainer:
                              f"which can't be iterated over for batches; return a "
                              f"torch.utils.data.DataLoader (or any iterable of batches).")
         if stage != "train" and getattr(self, LIMITS[stage]) != 0 and _sized_empty(loader):
+            limit = LIMITS[stage]
             raise ModelError(f"{where} gives no batches (its dataset is empty), so {stage} "
                              f"would run nothing; give it data, or turn it off with "
-                             f"--{LIMITS[stage].replace('_', '-')} 0.")
+                             f"{limit}=0 (--{limit.replace('_', '-')} 0).")
         if stage == "train" and self.overfit_batches and isinstance(loader, DataLoader) \
                 and isinstance(loader.sampler, RandomSampler):
             warnings.warn("overfit_batches: the training dataloader shuffles; it is read in order "
