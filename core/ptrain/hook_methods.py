@@ -382,8 +382,7 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
 
     functions = {f.__name__: f for f in (
         on_stage_start, on_loop_start, on_loop_end, on_validation_end, evaluation_mode,
-        transfer_batch,
-        on_epoch_start, on_epoch_metrics, on_batch_start, on_train_step_end,
+        transfer_batch, on_epoch_start, on_epoch_metrics, on_batch_start, on_train_step_end,
         on_evaluation_batch_end, on_before_backward, backward, on_after_backward,
         on_before_optimizer_step, on_before_zero_grad, setup, teardown, state_dict,
         load_state_dict, clip_gradients, optimizer_step)}
