@@ -435,6 +435,17 @@ def test_an_empty_validation_loader_is_skipped_by_fit_with_a_warning_as_in_light
                                        **QUIET)
     with pytest.warns(UserWarning, match="gives no batches .* so fit runs no validation"):
         trainer.fit(model_class(ptrain.lightning)(n_val=0))
+    # validate and test of an empty loader run nothing and return [], as Lightning's
+    def evaluate(pl):
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, logger=False, **QUIET)
+        empty = DataLoader(Numbers(0), batch_size=2)
+        model = model_class(pl)()
+        return trainer.validate(model, empty), trainer.test(model, empty)
+
+    evaluated_lightning, evaluated_ours = both(evaluate)
+    assert evaluated_ours == evaluated_lightning == ([], [])
+    with pytest.warns(UserWarning, match="gives no batches .* so test runs nothing"):
+        evaluate(ptrain.lightning)
     # ptrain's own Trainer still names the empty loader and stops
     # (in the names of the caller's API and of the CLI, the Trainer's being the one called)
     with pytest.raises(ptrain.ModelError, match="gives no batches.* limit_val_batches=0 "

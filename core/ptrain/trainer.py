@@ -104,11 +104,12 @@ class Trainer:
     #: ``on_train_batch_end``, or a program after ``fit``, finds the last step's gradients).
     #: ``on_before_zero_grad`` fires right before, either way.
     clears_gradients_before_backward = False
-    #: A validation loader that gives no batches (its dataset is empty) stops ``fit`` when it
-    #: starts; ``False``: a warning, and the fit trains without validating
-    #: (``ptrain.lightning.Trainer``: Lightning's fit does so, and darts' models give such a
-    #: loader whenever they are fitted without validation series).
-    stops_on_empty_validation = True
+    #: A validation or test loader that gives no batches (its dataset is empty) stops the
+    #: stage when it starts; ``False``: a warning, and the fit trains without validating, a
+    #: ``validate`` or ``test`` runs nothing (``ptrain.lightning.Trainer``: Lightning's stages
+    #: do so, and darts' models give such a loader whenever they are fitted without
+    #: validation series).
+    stops_on_empty_evaluation = True
 
     def __init__(
         self, *,
@@ -238,6 +239,7 @@ class Trainer:
         # stage -> a loader asked of the module before the stage prepared it (see
         # ptrain.lightning.Trainer.estimated_stepping_batches); the stage takes it instead
         self._asked_early: dict[str, Any] = {}
+        self._empty_loaders: set[str] = set()  # evaluation loaders a stage found empty, let be
         self.num_training_batches: float = math.inf  # set when fit's loop starts
         self._module_plugins: list[Any] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -952,6 +954,7 @@ class Trainer:
             if stage == "fit":
                 self._say_validation_skipped(module)
             sanity = stage == "fit" and self.num_sanity_val_steps != 0
+            self._empty_loaders = set()
             for loader_stage in (reversed(_STAGE_LOADERS[stage]) if sanity
                                  else _STAGE_LOADERS[stage]):
                 # no validation_step, or an evaluation limited to 0 batches: the loader is not
@@ -969,7 +972,8 @@ class Trainer:
             main_loader = _STAGE_LOADERS[stage][0]
             if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None and not (
                     main_loader in ("validate", "test")
-                    and getattr(self, LIMITS[main_loader]) == 0):
+                    and (getattr(self, LIMITS[main_loader]) == 0
+                         or main_loader in self._empty_loaders)):
                 method = _LOADER_METHODS[main_loader]
                 raise ModelError(f"{type(module).__qualname__} has no {_DATA_NAMES[main_loader]} "
                                  f"data: implement {method}() on the module or on a DataModule "
@@ -1170,11 +1174,12 @@ class Trainer:
             return None
         where = (f"{type(source).__qualname__}.{_LOADER_METHODS[stage]}()"
                  if stage not in self.given_dataloaders else f"the {stage} dataloader given")
-        if (stage == "validate" and self.stage == "train" and not self.stops_on_empty_validation
-                and self.limit_val_batches != 0 and _sized_empty(loader)):
-            warnings.warn(f"{where} gives no batches (its dataset is empty), so fit runs no "
-                          f"validation; give it data, or pass limit_val_batches=0 not to be "
-                          f"told.", stacklevel=2)
+        if (stage in ("validate", "test") and not self.stops_on_empty_evaluation
+                and getattr(self, LIMITS[stage]) != 0 and _sized_empty(loader)):
+            runs = "fit runs no validation" if self.stage == "train" else f"{stage} runs nothing"
+            warnings.warn(f"{where} gives no batches (its dataset is empty), so {runs}; give it "
+                          f"data, or pass {LIMITS[stage]}=0 not to be told.", stacklevel=2)
+            self._empty_loaders.add(stage)
             return None
         several = several_loaders(loader) if stage != "train" else None
         if several is not None:  # each prepared as one would be; they run one after another

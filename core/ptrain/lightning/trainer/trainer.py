@@ -81,8 +81,9 @@ class Trainer(_Trainer):
     # Lightning keeps a step's gradients until the next window's backward: a gradient-norm
     # callback reads them in on_train_batch_end
     clears_gradients_before_backward = True
-    # Lightning's fit skips validation, with a warning, when the validation loader is empty
-    stops_on_empty_validation = False
+    # Lightning's fit skips validation, and its validate and test run nothing (returning
+    # []), with a warning, when the loader is empty
+    stops_on_empty_evaluation = False
 
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
