@@ -169,6 +169,29 @@ def test_the_default_callback_and_its_folder_match_lightnings(tmp_path):
     assert ours == lightning
 
 
+def test_logger_false_leaves_no_log_folder_for_saved_hyperparameters_as_lightning(tmp_path):
+    # Lightning's hparams.yaml is a logger's file: without loggers, every stage of a module
+    # that saves its hyperparameters leaves only the checkpoints
+    def run(pl, name):
+        class Saving(model_class(pl)):
+            def __init__(self, width: int = 4):
+                super().__init__()
+                self.save_hyperparameters()
+
+            def forward(self, batch):
+                return self.layer(batch)
+
+        root = tmp_path / name
+        trainer = pl.Trainer(default_root_dir=root, max_epochs=1, logger=False, **QUIET)
+        trainer.fit(Saving())
+        trainer.validate(Saving(), verbose=False)
+        trainer.predict(Saving(), DataLoader(Numbers(4), batch_size=4))
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
 def test_enable_version_counter_false_replaces_the_files_as_lightnings_does(tmp_path):
     def run(pl, name):
         folder = tmp_path / name

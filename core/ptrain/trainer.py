@@ -110,6 +110,10 @@ class Trainer:
     #: do so, and darts' models give such a loader whenever they are fitted without
     #: validation series).
     stops_on_empty_evaluation = True
+    #: The run folder's ``hparams.toml`` is written whether the run has loggers or not;
+    #: ``False``: only when it has one (``ptrain.lightning.Trainer``: Lightning's loggers write
+    #: its ``hparams.yaml``, so ``Trainer(logger=False)`` leaves no log folder).
+    writes_hparams_without_loggers = True
 
     def __init__(
         self, *,

@@ -106,7 +106,10 @@ class LoopDefaults:
 
     @hookimpl(trylast=True)
     def log_hyperparams(self, trainer: Trainer, hyperparameters: dict[str, Any]) -> None:
-        """``<run folder>/hparams.toml`` on global rank 0, when there are any."""
+        """``<run folder>/hparams.toml`` on global rank 0, when there are any (and, where the
+        trainer's ``writes_hparams_without_loggers`` is false, a logger)."""
+        if not (trainer.writes_hparams_without_loggers or trainer.loggers):
+            return
         if trainer.is_global_zero and hyperparameters:
             path = trainer.run_dir / HPARAMS_FILE
             path.parent.mkdir(parents=True, exist_ok=True)

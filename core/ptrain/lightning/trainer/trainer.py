@@ -84,6 +84,9 @@ class Trainer(_Trainer):
     # Lightning's fit skips validation, and its validate and test run nothing (returning
     # []), with a warning, when the loader is empty
     stops_on_empty_evaluation = False
+    # Lightning's hparams.yaml is its loggers' file: logger=False writes none, and darts
+    # makes a Trainer without loggers for each prediction
+    writes_hparams_without_loggers = False
 
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
