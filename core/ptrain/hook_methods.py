@@ -400,6 +400,8 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
         namespace["backward"] = staticmethod(_hookimpl()(functions["backward"]))
     if "clip_gradients" in hooks:  # it decides on every step, before any other clipping
         namespace["clips_every_step"] = True
+    if module_role:  # what on_save_checkpoint adds, which load_from_checkpoint hands back
+        namespace["saves_in_weights_only"] = True
     namespace.update(name=name, hooks=frozenset(hooks), lightning_role=role,
                      lightning_dispatch=dispatch)
     return type("HookMethods", (), namespace)()

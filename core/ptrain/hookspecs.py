@@ -784,7 +784,10 @@ def state_dict(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str,
     """Return this plugin's state to store in a checkpoint (tensors and plain Python values only).
 
     Fires: per plugin, each time a checkpoint is assembled; the result is stored under the
-    plugin's name and handed back to its ``load_state_dict`` on resume.
+    plugin's name and handed back to its ``load_state_dict`` on resume. A weights-only
+    checkpoint holds no plugin's state, but that of a plugin with the attribute
+    ``saves_in_weights_only = True`` (what a module adds to its checkpoints, which loading
+    the weights into a new module hands back).
 
     :param checkpoint: the checkpoint being assembled, to read, not to change: the module's
         weights (``"model"``), the optimizer and scheduler states, the loop counters

@@ -407,9 +407,8 @@ class MetricStore:
     def _numbers(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, float]:
         if not names:
             return {}
-        wide = torch.float64 if any(values[n].dtype == torch.float64 for n in names) \
-            else torch.float32
-        return dict(zip(names, torch.stack([values[n].detach().to(wide).reshape(())
+        # one host copy for them all; stack promotes to float64 if any value is float64
+        return dict(zip(names, torch.stack([_wide(values[n].detach()).reshape(())
                                             for n in names]).tolist()))
 
     def _publish(self, values: dict[str, tuple[torch.Tensor, str | None]],

@@ -34,7 +34,7 @@ from ptrain.evaluation_loop import LIMITS, SeveralLoaders, several_loaders
 from ptrain.errors import (ChangedBeforeCopiedError, CheckpointError, CheckpointWriteError,
                            ConfigError, ModelError, NoCheckpointYetError, PluginError)
 from ptrain.hook_calls import StepHooks, observation_of
-from ptrain.hook_methods import MODULE_PLUGIN, adapt_callbacks, module_plugins
+from ptrain.hook_methods import adapt_callbacks, module_plugins
 from ptrain.hyperparameters import (DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries,
                                     logged_hyperparameters, saved_hyperparameters)
 from ptrain.loading import IMPL_MARK, call_impl, create_plugin_manager, instantiate, register
@@ -577,13 +577,13 @@ class Trainer:
         if weights_only:
             checkpoint.update(weights_only=True, optimizers=[], plugins={}, loop={
                 "global_step": self.global_step, "epoch": self.current_epoch})
-            # no plugin's state, but what the module's on_save_checkpoint adds, which its
-            # on_load_checkpoint reads when load_from_checkpoint rebuilds it (Lightning's too)
+            # only the states of the plugins that ask (the module's on_save_checkpoint, which
+            # its on_load_checkpoint reads when load_from_checkpoint rebuilds it)
             for impl in self.hook.state_dict.get_hookimpls():
-                if impl.plugin_name == MODULE_PLUGIN:
+                if getattr(impl.plugin, "saves_in_weights_only", False):
                     state = call_impl(impl, trainer=self, checkpoint=checkpoint)
                     if state:
-                        checkpoint["plugins"][MODULE_PLUGIN] = state
+                        checkpoint["plugins"][impl.plugin_name] = state
         else:
             checkpoint.update({
                 "optimizers": [opt.state_dict() for opt in self.optimizers],

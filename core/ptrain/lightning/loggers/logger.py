@@ -252,7 +252,8 @@ class _DeferredCalls:
 
 
 #: attribute names ptrain reads on a plugin: a DummyLogger must not answer them with a method
-_PROTOCOL = {"observe_hook_call", "clips_every_step", "state_key", "priority", "root_dir"}
+_PROTOCOL = {"observe_hook_call", "clips_every_step", "saves_in_weights_only", "state_key",
+             "priority", "root_dir"}
 
 
 class DummyLogger(Logger):
