@@ -457,6 +457,44 @@ def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after
     assert ours == lightning == ("saved at step 2" if after == "fit" else "saved at step 0")
 
 
+def test_a_save_after_fit_holds_the_state_of_the_callbacks_the_module_configured(tmp_path):
+    # the callbacks configure_callbacks returned stay the trainer's after fit: a save then
+    # holds the state they trained to, not that of fresh ones from another call
+    def run(pl, name):
+        class Counts(pl.Callback):
+            def __init__(self):
+                self.batches = 0
+
+            def on_train_batch_end(self, *args):
+                self.batches += 1
+
+            def state_dict(self):
+                return {"batches": self.batches}
+
+            def load_state_dict(self, state):
+                self.batches = state["batches"]
+
+        made = []
+
+        class Configures(model_class(pl)):
+            def configure_callbacks(self):
+                made.append(Counts())
+                return made[-1:]
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=2, logger=False,
+                             enable_checkpointing=False, **QUIET)
+        trainer.fit(Configures())
+        saved = []
+        for n in range(2):
+            trainer.save_checkpoint(tmp_path / name / f"saved{n}.ckpt")
+            saved.append(list(torch.load(tmp_path / name / f"saved{n}.ckpt",
+                                         weights_only=True)["callbacks"].values()))
+        return saved, len(made)
+
+    lightning, ours = both(run)
+    assert ours == lightning == ([[{"batches": 4}]] * 2, 1)
+
+
 def test_a_checkpoint_holds_a_callbacks_state_after_its_on_validation_end_as_lightnings(
         tmp_path):
     # Lightning runs its checkpoint callbacks after the others: a callback counting

@@ -246,6 +246,8 @@ class Trainer:
         self._empty_loaders: set[str] = set()  # evaluation loaders a stage found empty, let be
         self.num_training_batches: float = math.inf  # set when fit's loop starts
         self._module_plugins: list[Any] = []
+        # for saves after the stage; None: no stage has run
+        self._last_stage_module_plugins: list[Any] | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[dict[str, Any]] = []
         self.precision_policy = PrecisionPolicy()
@@ -514,10 +516,12 @@ class Trainer:
         checks_copies = background and self.world_size == 1
         if not checks_copies:
             check_state_finite(self)
-        # outside a stage the module's hook methods are not registered as its plugins; they
-        # give their part (on_save_checkpoint) to this save as to one made in a stage
+        # outside a stage the plugins the module brought to the last one are not registered;
+        # they give their part (on_save_checkpoint, the states of the callbacks its
+        # configure_callbacks returned) to this save as to one made in that stage
         outside = self.stage is None and self.module is not None and not self._module_plugins
-        replaced = self._register_module_plugins() if outside else None
+        replaced = (self._register_module_plugins(self._last_stage_module_plugins)
+                    if outside else None)
         try:
             checkpoint = self._checkpoint_contents(weights_only)
             if not self._saved_state_checked:
@@ -843,6 +847,7 @@ class Trainer:
     def _run_checked(self, stage: str, module: TrainModule, datamodule: DataModule | None,
                      ckpt_path: str | None, dataloaders: dict[str, Any]) -> dict[str, float]:
         self.module, self.datamodule = module, datamodule
+        self._last_stage_module_plugins = None  # another stage's module may have brought them
         self.given_dataloaders = {k: v for k, v in dataloaders.items() if v is not None}
         checkpoint_file = self._resolve_ckpt_path(ckpt_path, stage)
         self.ckpt_path = None if checkpoint_file is None else str(checkpoint_file)
@@ -1090,14 +1095,18 @@ class Trainer:
             module.configure_model()
         module._model_configured = True
 
-    def _register_module_plugins(self) -> list[tuple[str, Any]]:
-        """Register, for this stage, the plugins the module brings (its hook methods, its
-        ``configure_callbacks``); one named like a plugin of the trainer replaces it. Returns
-        the replaced ``(name, plugin)`` pairs for :meth:`_unregister_module_plugins`."""
+    def _register_module_plugins(self, plugins: list[Any] | None = None
+                                 ) -> list[tuple[str, Any]]:
+        """Register the plugins the module brings (its hook methods, its
+        ``configure_callbacks``): ``plugins``, else made anew for this stage; one named like a
+        plugin of the trainer replaces it. Returns the replaced ``(name, plugin)`` pairs for
+        :meth:`_unregister_module_plugins`."""
         replaced = []
         self._module_plugins = []
-        for plugin in module_plugins(self.module, TrainModule,
-                                     self.stops_on_removed_lightning_hooks):
+        if plugins is None:
+            plugins = module_plugins(self.module, TrainModule,
+                                     self.stops_on_removed_lightning_hooks)
+        for plugin in plugins:
             name = object_name(plugin)
             existing = self.pm.get_plugin(name)
             if existing is not None:
@@ -1110,7 +1119,7 @@ class Trainer:
     def _unregister_module_plugins(self, replaced: list[tuple[str, Any]]) -> None:
         for plugin in self._module_plugins:
             self.pm.unregister(plugin)
-        self._module_plugins = []
+        self._last_stage_module_plugins, self._module_plugins = self._module_plugins, []
         for name, plugin in replaced:
             register(self.pm, plugin, name)
 
