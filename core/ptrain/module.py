@@ -196,8 +196,9 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
             if isinstance(value, np.ndarray):
                 value = torch.from_numpy(value)
             elif isinstance(value, (bool, int, float)):  # bool as uint8: NCCL has no bool
-                value = torch.tensor(value, dtype=next(
-                    dtype for kind, dtype in _NUMBER_DTYPES.items() if isinstance(value, kind)))
+                dtype = (torch.uint8 if isinstance(value, bool) else  # bool is an int too
+                         torch.int32 if isinstance(value, int) else torch.float32)
+                value = torch.tensor(value, dtype=dtype)
             if isinstance(value, torch.Tensor):
                 return all_gather_tensor(value.to(self.device), group=group,
                                          sync_grads=sync_grads)
@@ -618,9 +619,6 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
 
 _SCRIPTING = [False]
 #: the tensor dtype of a number :meth:`TrainModule.all_gather` gathers (Lightning's)
-_NUMBER_DTYPES = {bool: torch.uint8, int: torch.int32, float: torch.float32}
-
-
 @contextlib.contextmanager
 def jit_scripting() -> Iterator[None]:
     """While ``torch.jit.script`` compiles a module: :attr:`TrainModule.trainer` answers
