@@ -284,8 +284,9 @@ def test_tensorboard_log_graph_without_an_input_warns_as_lightning_does(tmp_path
 def test_tensorboard_logger_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(ptrain.ConfigError, match="sub_dir"):
         p_loggers.TensorBoardLogger(tmp_path, sub_dir="x")
-    with pytest.raises(ptrain.ConfigError, match="version"):
-        p_loggers.TensorBoardLogger(tmp_path, version=3)
+    for version in ("", "a/b", 1.5, True):  # what names no one folder under save_dir/name
+        with pytest.raises(ptrain.ConfigError, match="version"):
+            p_loggers.TensorBoardLogger(tmp_path, version=version)
 
 
 # -- CSVLogger ----------------------------------------------------------------------------------

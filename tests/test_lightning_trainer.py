@@ -345,6 +345,48 @@ def test_file_loggers_with_their_own_folders_each_write_there_as_lightnings(tmp_
     assert ours[1][:3] == ["a/lightning_logs/version_0", "b/other/version_0", "c/tb/version_0"]
 
 
+@pytest.mark.parametrize("version", ["exp", 3])
+def test_a_loggers_version_names_the_run_folder_for_every_run_as_lightnings(tmp_path, version):
+    """darts' log_tensorboard gives TensorBoardLogger(version="logs"): refused before. Each
+    run writes into the folder named, the second one's checkpoint next to the first's (-v1),
+    and ckpt_path="last" resumes from the folder's last.ckpt."""
+    def run(pl):
+        root = tmp_path / pl.__name__
+        loggers = importlib.import_module(f"{pl.__name__}.loggers")
+        callbacks = importlib.import_module(f"{pl.__name__}.callbacks")
+        seen = []
+
+        class Counted(model_class(pl)):
+            batches = 0
+
+            def on_train_batch_start(self, batch, batch_idx):
+                Counted.batches += 1
+
+        for n in range(3):
+            Counted.batches = 0
+            given = [loggers.TensorBoardLogger(root, name="tb", version=version),
+                     loggers.CSVLogger(root, name="csv", version=version)]
+            trainer = pl.Trainer(logger=given, max_epochs=2 + (n == 2), log_every_n_steps=1,
+                                 callbacks=[callbacks.ModelCheckpoint(save_last=n > 0)],
+                                 **QUIET)
+            seen.append([os.path.relpath(p, root) for p in (trainer.log_dir, given[0].log_dir,
+                                                            given[1].log_dir)])
+            trainer.fit(Counted(), ckpt_path="last" if n == 2 else None)
+            seen.append((given[0].version, given[1].version, Counted.batches,
+                         os.path.relpath(trainer.checkpoint_callback.best_model_path, root)))
+        files = sorted(os.path.relpath(p, root) for p in root.rglob("*.ckpt"))
+        events = len(list(root.rglob("events.out.*")))
+        return seen, files, events
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    folder = "exp" if version == "exp" else "version_3"
+    # the first run's file is kept; the resumed third run replaced the second run's newest
+    assert ours[1] == [f"tb/{folder}/checkpoints/{name}.ckpt" for name in (
+        "epoch=1-step=8", "epoch=2-step=12", "last")]
+    assert ours[0][-1][2] == 4  # resumed at step 8: one epoch more
+
+
 def test_default_root_dir_expands_the_home_folder_as_lightnings_does(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     trainer = ptrain.lightning.Trainer(default_root_dir="~/runs", logger=False, **QUIET)

@@ -164,11 +164,15 @@ class ModelCheckpoint(_Checkpoint):
     def _own_folder(self, trainer: Any) -> Optional[Path]:
         """Lightning's: ``dirpath``; without it, ``<default_root_dir>/checkpoints`` when the run
         has no logger (with one, the run folder's ``checkpoints/``, as the logger's
-        ``<save_dir>/<name>/<version>/checkpoints``)."""
+        ``<save_dir>/<name>/<version>/checkpoints``: a folder of the callback's own where the
+        logger was given its ``version``, which earlier runs may have written to)."""
         given = super()._own_folder(trainer)
-        if given is not None or trainer.loggers:
+        if given is not None:
             return given
-        return Path(trainer.default_root_dir) / "checkpoints"  # Lightning's meaning
+        if not trainer.loggers:
+            return Path(trainer.default_root_dir) / "checkpoints"  # Lightning's meaning
+        named = getattr(trainer.loggers[0], "_named_folder", None)
+        return None if named is None else named / "checkpoints"
 
     def _record_folder(self, trainer: Any) -> Optional[Path]:
         # a Lightning program finds only checkpoints in its folders: the record stays in the

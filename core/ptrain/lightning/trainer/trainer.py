@@ -180,6 +180,8 @@ class Trainer(_Trainer):
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         self._continue_in_the_loggers_folder()
+        if self._own_log_dir is not None and not self.fast_dev_run:
+            self._own_log_dir.mkdir(parents=True, exist_ok=True)  # a logger's version names it
         try:
             return super()._run(*args, **kwargs)
         finally:  # the loggers' log_dir, also where the stage ran in worker processes
@@ -192,11 +194,15 @@ class Trainer(_Trainer):
         """A file logger an earlier trainer ran with keeps its run folder, as Lightning's logger
         keeps the version it took: before its first stage, this trainer takes that folder as
         its own, so every trainer given the logger writes there (neuralforecast makes a
-        trainer for each fit and predict with the logger of the model's ``trainer_kwargs``)."""
+        trainer for each fit and predict with the logger of the model's ``trainer_kwargs``).
+        A first logger given a ``version`` names the folder itself, as Lightning's."""
         first = self._given_loggers[0] if self._given_loggers else None
         folder = getattr(first, "_run_dir", None)
         if self._own_log_dir is None and folder is not None and Path(folder).is_dir():
             self._own_log_dir = Path(folder)
+        named = getattr(first, "_named_folder", None)  # TensorBoardLogger(version="exp")
+        if self._own_log_dir is None and named is not None:  # made when a stage starts
+            self._own_log_dir = named
 
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None,
