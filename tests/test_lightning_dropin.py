@@ -322,6 +322,8 @@ def test_every_ddp_rank_finds_its_loggers_folder_where_lightnings_does(tmp_path)
                            for r in range(2)]
     assert seen["ptrain"] == seen["lightning"]
     assert seen["ptrain"][1]["metrics_csv"] and seen["ptrain"][1]["version"] == 0
+    # the module's self.logger on rank 1 is the logger too (it was a stand-in naming nothing)
+    assert seen["ptrain"][1]["module_logger"] == ["logs/m/version_0", 0]
 
 
 @DROP_IN_PAIRS

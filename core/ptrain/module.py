@@ -470,13 +470,18 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
     def loggers(self) -> list[Any]:
         """The run's logger plugins (those implementing ``log_metrics`` or
         ``log_hyperparams``); on processes other than global rank 0, a stand-in for each whose
-        every method and attribute does nothing, so logging code needs no rank check."""
+        every method and attribute does nothing, so logging code needs no rank check, but for
+        a logger with the attribute ``serves_every_rank = True``, whose own methods act on rank
+        0 only (Lightning's loggers: their ``log_dir`` and ``version`` answer on every rank)."""
         if self._fabric is not None:
             return self._fabric.loggers
         if self._trainer is None:
             return []
         found = self._trainer.loggers
-        return found if self.global_rank == 0 else [NoOpLogger() for _ in found]
+        if self.global_rank == 0:
+            return found
+        return [logger if getattr(logger, "serves_every_rank", False) else NoOpLogger()
+                for logger in found]
 
     @property
     def logger(self) -> Any:

@@ -2,7 +2,8 @@
 (``pd.read_csv(f"{trainer.logger.log_dir}/metrics.csv")``): 2 processes, a CSVLogger.
 
 Run as ``python ddp_logger_folder.py OUT_DIR``; each rank writes ``OUT_DIR/rank<R>.json``: its
-logger's folder and version, ``trainer.log_dir``, and whether ``metrics.csv`` is there.
+logger's folder and version, ``trainer.log_dir``, whether ``metrics.csv`` is there, and the
+folder and version the module's ``self.logger`` named during fit (output paths are made so).
 """
 
 import json
@@ -30,6 +31,9 @@ class Model(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def on_train_end(self):
+        self.logger_seen = [self.logger.log_dir, self.logger.version]
+
 
 def main(out: str) -> None:
     pl.seed_everything(0)
@@ -38,9 +42,11 @@ def main(out: str) -> None:
                          logger=CSVLogger(save_dir=os.path.join(out, "logs"), name="m"),
                          log_every_n_steps=1, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False)
-    trainer.fit(Model(), DataLoader(data, batch_size=16))
+    model = Model()
+    trainer.fit(model, DataLoader(data, batch_size=16))
     folder = trainer.logger.log_dir
     seen = {"log_dir": os.path.relpath(folder, out), "version": trainer.logger.version,
+            "module_logger": [os.path.relpath(model.logger_seen[0], out), model.logger_seen[1]],
             "trainer_log_dir": os.path.relpath(trainer.log_dir, out),
             "metrics_csv": os.path.exists(os.path.join(folder, "metrics.csv"))}
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:

@@ -76,6 +76,9 @@ class RunFolder:
     def _folder(self) -> str:
         if self._run_dir:
             return self._run_dir
+        stage = getattr(self, "_stage_run_dir", None)  # set by the Logger while a stage runs
+        if stage is not None and self._holds(stage):
+            return str(stage)
         named = self._named_folder
         return str(named if named is not None else run_folder.next_free(Path(self.root_dir)))
 

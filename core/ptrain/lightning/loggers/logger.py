@@ -84,6 +84,10 @@ class Logger(abc.ABC):
     ``default_root_dir/lightning_logs/version_N``.
     """
 
+    #: ``self.logger`` is this logger on every process, as in Lightning: its ``experiment`` is
+    #: a stand-in off global rank 0, and a subclass's methods act there with ``rank_zero_only``
+    serves_every_rank = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name, (shape, from_run) in _HOOK_FORMS.items():
@@ -171,6 +175,7 @@ class Logger(abc.ABC):
         self.save()
 
     _stage_rank: int | None = None  # this process's global rank while a stage runs
+    _stage_run_dir: Any = None  # the run folder of the stage under way (every process's)
 
     def _rank(self) -> int:
         """This process's global rank: the stage's, else what ``rank_zero_only`` says."""
@@ -178,7 +183,7 @@ class Logger(abc.ABC):
 
     @hookimpl(specname="setup", tryfirst=True)
     def _ptrain_stage_starts(self, trainer: Any) -> None:
-        self._stage_rank = trainer.global_rank
+        self._stage_rank, self._stage_run_dir = trainer.global_rank, trainer.run_dir
 
     @hookimpl(specname="save_checkpoint", wrapper=True)
     def _ptrain_after_save(self, trainer: Any) -> Any:
@@ -192,7 +197,7 @@ class Logger(abc.ABC):
         try:
             self.finalize("failed" if trainer.exception is not None else "success")
         finally:
-            self._stage_rank = None
+            self._stage_rank = self._stage_run_dir = None
 
 
 def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -253,7 +258,7 @@ class _DeferredCalls:
 
 #: attribute names ptrain reads on a plugin: a DummyLogger must not answer them with a method
 _PROTOCOL = {"observe_hook_call", "clips_every_step", "saves_in_weights_only", "state_key",
-             "priority", "root_dir"}
+             "priority", "root_dir", "serves_every_rank"}
 
 
 class DummyLogger(Logger):
