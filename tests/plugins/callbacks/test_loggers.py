@@ -374,7 +374,10 @@ def test_wandb_offline_run(make_trainer, monkeypatch):
     published = Published()
     trainer = make_trainer(max_epochs=2, log_every_n_steps=3,
                            callbacks=[*QUIET, "wandb", published],
-                           plugin_options={"wandb": {"project": "ptrain-test", "tags": "a,b"}})
+                           # the mode given: W&B keeps the one of its first run in the
+                           # process, so WANDB_MODE alone depends on which test ran first
+                           plugin_options={"wandb": {"project": "ptrain-test", "tags": "a,b",
+                                                     "mode": "offline"}})
     trainer.fit(Hyper(optim={"betas": [0.9, 0.99], "eps": 1e-8}))
     run_dir = trainer.plugins["wandb"].last_run_dir
     assert run_dir.parent == trainer.log_dir / "wandb"  # dir defaults to the run folder
