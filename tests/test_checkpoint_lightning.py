@@ -19,6 +19,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
+from ptrain.errors import CheckpointError
 from tests._lightning_pair import FRAMEWORKS, QUIET, Numbers
 
 
@@ -682,3 +683,68 @@ def test_lightning_state_dict_round_trip_and_a_changed_dirpath(tmp_path):
         moved.load_state_dict(state)
     assert moved.best_model_path == written.best_model_path and moved.best_k_models == {}
     assert math.isinf(float(moved.kth_value))
+
+
+def _written_by_lightning(tmp_path, hyperparameter):
+    """A module class against ``pl`` saving ``cfg`` and what its on_save_checkpoint adds; the
+    path of the checkpoint real Lightning wrote for it, and the model Lightning loads back."""
+    import lightning.pytorch as lightning
+
+    def module_class(pl):
+        class Saved(model_class(pl)):
+            def __init__(self, cfg, width: int = 4):
+                super().__init__()
+                self.save_hyperparameters()
+
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["vocab"] = ["a", "b"]
+
+            def on_load_checkpoint(self, checkpoint):
+                self.vocab, self.seen = checkpoint["vocab"], sorted(checkpoint)
+
+        return Saved
+
+    lightning.seed_everything(0)
+    trainer = lightning.Trainer(default_root_dir=tmp_path / "lightning", max_epochs=2,
+                                logger=False, **QUIET)
+    trainer.fit(module_class(lightning)(hyperparameter))
+    path = trainer.checkpoint_callback.best_model_path
+    return module_class, path, module_class(lightning).load_from_checkpoint(
+        path, weights_only=False)
+
+
+def test_a_checkpoint_lightning_wrote_loads_its_weights_as_in_lightning(tmp_path):
+    # a Lightning user's trained models: they loaded nowhere ("not a ptrain checkpoint")
+    import lightning.pytorch as lightning
+
+    import ptrain.lightning as ours
+
+    module_class, path, theirs = _written_by_lightning(tmp_path, {"a": 1})
+    loaded = module_class(ours).load_from_checkpoint(path)
+    assert loaded.hparams == theirs.hparams == {"cfg": {"a": 1}, "width": 4}
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 theirs.state_dict().values()))
+    # on_load_checkpoint reads the whole file, as under Lightning
+    assert (loaded.vocab, loaded.seen) == (theirs.vocab, theirs.seen)
+    assert "loops" in loaded.seen
+    options = dict(logger=False, **QUIET)
+    validated = ours.Trainer(default_root_dir=tmp_path / "ours", **options).validate(
+        module_class(ours)({"a": 0}), ckpt_path=path, verbose=False)
+    assert validated == lightning.Trainer(default_root_dir=tmp_path / "lightning",
+                                          **options).validate(theirs, verbose=False)
+    with pytest.raises(CheckpointError, match="written by Lightning .*load_from_checkpoint"):
+        ours.Trainer(default_root_dir=tmp_path / "ours", max_epochs=3, **options).fit(
+            module_class(ours)({"a": 0}), ckpt_path=path)
+
+
+def test_weights_only_false_reads_a_lightning_checkpoint_whole_as_lightning(tmp_path):
+    import argparse
+
+    import ptrain.lightning as ours
+
+    module_class, path, theirs = _written_by_lightning(tmp_path, argparse.Namespace(x=1))
+    with pytest.raises(CheckpointError, match=r"argparse.Namespace.*weights_only=False"):
+        module_class(ours).load_from_checkpoint(path)
+    loaded = module_class(ours).load_from_checkpoint(path, weights_only=False)
+    assert loaded.hparams.cfg == theirs.hparams.cfg == argparse.Namespace(x=1)
+    assert torch.equal(loaded.layer.weight, theirs.layer.weight)

@@ -279,8 +279,14 @@ def _not_a_file(path: Path) -> CheckpointError:
     return CheckpointNotFoundError(f"checkpoint {str(path)!r} does not exist. {fix.strip()}")
 
 
-def safe_load(path: str | Path) -> dict[str, Any]:
-    """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not."""
+def safe_load(path: str | Path, trusted: bool = False) -> dict[str, Any]:
+    """Read a ptrain checkpoint onto the CPU, or raise :class:`CheckpointError` saying why not.
+    A checkpoint Lightning's Trainer wrote comes back in the layout of ptrain's weights-only
+    checkpoints (:mod:`ptrain.lightning_files`). ``trusted``: the caller asked to read the whole
+    file, whatever Python objects it holds (Lightning's ``weights_only=False``); otherwise
+    torch's weights-only loader reads it."""
+    from ptrain import lightning_files
+
     path = Path(path)
     if (path / ".metadata").is_file():  # torch.distributed.checkpoint's folder
         flags = _sharded_writer(sharded_meta(path))  # an incomplete one is named for its lack
@@ -300,7 +306,8 @@ def safe_load(path: str | Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # the refusal below says what the file is
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            checkpoint = load_weights_only(path)
+            checkpoint = (torch.load(path, map_location="cpu", weights_only=False) if trusted
+                          else load_weights_only(path))
     except pickle.UnpicklingError as exc:
         text = _ANSI.sub("", str(exc))
         unsafe = _UNSUPPORTED_GLOBAL.search(text)
@@ -309,8 +316,10 @@ def safe_load(path: str | Path) -> dict[str, Any]:
                 f"checkpoint {str(path)!r} was refused as unsafe: loading it would import and "
                 f"call {unsafe.group(1)}, arbitrary pickled Python that could run any code; it "
                 f"was not run. ptrain checkpoints hold only tensors and plain values, so this "
-                f"file was not written by ptrain as it is. To see what it holds without running "
-                f"it: {_inspect_command(path)}"
+                f"file was not written by ptrain as it is (one Lightning wrote may hold such "
+                f"hyperparameters: if you trust where it came from, "
+                f"load_from_checkpoint(path, weights_only=False) reads it whole). To see what "
+                f"it holds without running it: {_inspect_command(path)}"
             ) from None
         if _UNSUPPORTED_OPERAND.search(text) and _is_plain_pickle(path):
             raise CheckpointError(
@@ -323,6 +332,8 @@ def safe_load(path: str | Path) -> dict[str, Any]:
         raise _corrupt(path, exc) from None
     except (KeyError, IndexError):  # the weights-only unpickler, on bytes that are no pickle
         raise _corrupt(path, ValueError("its bytes are not a torch.save file")) from None
+    if lightning_files.is_lightning_checkpoint(checkpoint):
+        return lightning_files.as_ptrain_checkpoint(checkpoint, FORMAT, FORMAT_VERSION)
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         keys = _keys(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
         raise CheckpointError(

@@ -361,13 +361,15 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         As in Lightning, ``configure_model()`` runs before the weights load and
         ``on_load_checkpoint(checkpoint)`` right before them (it may adapt
         ``checkpoint["state_dict"]``). ``strict=False`` tolerates missing and unexpected
-        weights. ``weights_only`` is accepted for Lightning's signature: ptrain's checkpoints
-        always load with torch's weights-only loader."""
+        weights. A checkpoint Lightning's Trainer wrote loads too. The file is read with
+        torch's weights-only loader unless ``weights_only=False`` says to trust it whole (a
+        file of Lightning's whose hyperparameters hold other objects, such as an
+        ``argparse.Namespace``), as Lightning reads it then."""
         from ptrain.checkpoint_io import module_weights, safe_load
         from ptrain.hook_methods import loaded_checkpoint_view
         from ptrain.hyperparameters import MODULE_KEYS, init_arguments_from
 
-        checkpoint = safe_load(checkpoint_path)
+        checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
         module = cls(**init_arguments_from(cls, checkpoint, MODULE_KEYS, overrides,
                                           hparams_file))
         if type(module).configure_model is not TrainModule.configure_model:
@@ -750,11 +752,11 @@ class DataModule(HyperParametersMixin):
                              **overrides: Any) -> DataModule:
         """A new datamodule built from the hyperparameters a checkpoint saved for it
         (``overrides`` and ``hparams_file`` as in :meth:`TrainModule.load_from_checkpoint`),
-        holding the state its ``state_dict()`` saved."""
+        holding the state its ``state_dict()`` saved; ``weights_only`` as there."""
         from ptrain.checkpoint_io import safe_load
         from ptrain.hyperparameters import DATAMODULE_KEYS, init_arguments_from
 
-        checkpoint = safe_load(checkpoint_path)
+        checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
         datamodule = cls(**init_arguments_from(cls, checkpoint, DATAMODULE_KEYS, overrides,
                                               hparams_file))
         if checkpoint.get("datamodule_state"):

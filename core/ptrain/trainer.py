@@ -1318,6 +1318,14 @@ class Trainer:
 
     def _restore(self, path: Path, stage: str) -> dict[str, Any]:
         checkpoint = self.hook.load_checkpoint(trainer=self, path=str(path))
+        if stage == "fit" and checkpoint.get("lightning_version"):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was written by Lightning "
+                f"{checkpoint['lightning_version']}, so fit can't resume from it: Lightning "
+                f"keeps the loop's progress, the callbacks' and the random state in a layout "
+                f"of its own, and the resume would not be exact. Its weights load: "
+                f"validate, test or predict with it, or load it into a new model "
+                f"(load_from_checkpoint) and fit that from the start.")
         if stage == "fit" and checkpoint.get("weights_only"):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} holds the weights only (saved with "

@@ -266,12 +266,14 @@ class Trainer(_Trainer):
     def _checkpoint_argument(self, ckpt_path: Any, weights_only: bool | None) -> str | None:
         """Lightning's meanings: ``ckpt_path="last"`` with no last checkpoint to find starts
         from scratch with a warning (ptrain's own ``"last"`` is an error then);
-        ``weights_only=False`` allows nothing more, since ptrain's checkpoints always load
-        with torch's weights-only loader (said once)."""
+        ``weights_only=False`` allows nothing more: the stages read with torch's weights-only
+        loader (said once; ``load_from_checkpoint`` takes ``weights_only=False``)."""
         if weights_only is False:
-            warnings.warn("weights_only=False: ptrain's checkpoints hold only tensors and plain "
-                          "values and always load with torch's weights-only loader; there is "
-                          "nothing more to allow.", stacklevel=3)
+            warnings.warn("weights_only=False: the trainer's stages read checkpoints with "
+                          "torch's weights-only loader whatever it says (ptrain's hold tensors "
+                          "and plain values); for a file you trust that holds other objects, "
+                          "load it with Model.load_from_checkpoint(path, weights_only=False) "
+                          "and pass that model.", stacklevel=3)
         if ckpt_path is None:
             return None
         ckpt_path = os.fspath(ckpt_path)
