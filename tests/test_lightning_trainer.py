@@ -512,7 +512,10 @@ def test_estimated_stepping_batches_are_lightnings(tmp_path, arguments):
 
         class Model(model_class(pl)):
             def configure_optimizers(self):
-                estimates.append(self.trainer.estimated_stepping_batches)
+                # the count also sets num_training_batches, before the loop (chemprop sizes
+                # its warmup with it there)
+                estimates.append((self.trainer.estimated_stepping_batches,
+                                  self.trainer.num_training_batches))
                 return super().configure_optimizers()
 
         model = Model(n_train=20, batch_size=4)

@@ -573,7 +573,9 @@ class Trainer(_Trainer):
     def estimated_stepping_batches(self) -> int | float:
         """The optimizer steps ``fit`` will take, from the limits, the training batches per
         epoch and ``accumulate_grad_batches``, as Lightning estimates them (``inf`` without a
-        limit). Outside ``fit`` the training dataloader is asked for, to count its batches."""
+        limit). Before the loop starts (in ``configure_optimizers``) or outside ``fit`` the
+        training dataloader is asked for, to count its batches; as in Lightning, the count is
+        then ``num_training_batches`` too (a schedule sized per epoch reads it next)."""
         epochs = self.max_epochs
         if epochs is None:  # what fit will decide
             epochs = 1000 if no_limit(self.max_steps) and self.max_time is None else -1
@@ -599,7 +601,8 @@ class Trainer(_Trainer):
                                   "(configure_optimizers, a hook).")
             # the stage takes this loader rather than asking again (see Trainer._dataloader)
             loader = self._asked_early["train"] = source.train_dataloader()
-        return limit_batches(loader_length(loader), self.limit_train_batches)
+        self.num_training_batches = limit_batches(loader_length(loader), self.limit_train_batches)
+        return self.num_training_batches
 
     # -- devices -----------------------------------------------------------------------------
 
