@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -136,6 +138,49 @@ def test_classes_partials_and_dataclasses_travel_in_checkpoints_other_objects_ar
     optimizer = rebuilt.hparams.optimizer(rebuilt.parameters())
     assert isinstance(optimizer, torch.optim.SGD)
     assert optimizer.defaults["lr"] == 0.3 and optimizer.defaults["momentum"] == 0.5
+
+
+class Activation(enum.StrEnum):
+    RELU = "relu"
+    TANH = "tanh"
+
+
+class WithSubclassedValues(TinyRegressor):
+    """Values of subclasses of str and float, as chemprop and numpy give them: a ``StrEnum``
+    option, in a list and in a dict added to ``hparams`` after ``save_hyperparameters``, and a
+    numpy ``float64``."""
+
+    def __init__(self, activation=Activation.TANH, lr=np.float64(0.25)):
+        super().__init__(lr=float(lr))
+        self.save_hyperparameters()
+        self.hparams["block"] = {"activation": Activation.RELU, "choices": list(Activation)}
+
+
+def test_enum_members_and_numpy_floats_travel_in_checkpoints(tmp_path):
+    module = WithSubclassedValues()
+    trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1, default_root_dir=str(tmp_path),
+                             callbacks=["no:progress-bar", "no:tensorboard"], seed=0)
+    trainer.fit(module)  # the first save checks that the checkpoint loads again
+    saved = torch.load(trainer.last_checkpoint_path, weights_only=True)["hyper_parameters"]
+    assert type(saved["lr"]) is float and saved["lr"] == 0.25
+    rebuilt = WithSubclassedValues.load_from_checkpoint(str(trainer.last_checkpoint_path))
+    assert rebuilt.hparams.activation is Activation.TANH
+    assert rebuilt.hparams.block == {"activation": Activation.RELU,
+                                     "choices": [Activation.RELU, Activation.TANH]}
+
+
+class Permission(enum.Flag):
+    READ = 1
+    WRITE = 2
+
+
+def test_a_combination_of_flags_has_no_saved_form():
+    from ptrain.hyperparameters import Unsaveable, saved_form
+
+    assert saved_form(Permission.READ) == {
+        "__ptrain_reference__": f"{__name__}:Permission.READ"}
+    with pytest.raises(Unsaveable):
+        saved_form(Permission.READ | Permission.WRITE)
 
 
 def test_loggers_receive_every_value_as_text_where_it_is_not_plain():

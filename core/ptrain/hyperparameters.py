@@ -5,9 +5,11 @@ arguments, how it travels in checkpoints and to the loggers, and how it comes ba
 torch's weights-only loader, so they hold a *saved form* made of plain values (None, bool, int,
 float, str, and lists/dicts of them):
 
-- a plain value as it is; an OmegaConf container or an ``argparse.Namespace`` as the plain
+- a plain value as it is; a value of a subclass of int, float or str (numpy's ``float64``) as
+  the plain value it holds; an OmegaConf container or an ``argparse.Namespace`` as the plain
   dict it holds;
-- a class or function importable by its name, as ``{"__ptrain_reference__": "module:qualname"}``;
+- a class or function importable by its name, as ``{"__ptrain_reference__": "module:qualname"}``,
+  and a member of such an ``Enum`` (a ``StrEnum`` option too) as ``"module:Class.MEMBER"``;
 - a ``functools.partial`` of one, with saveable arguments (what Hydra's ``_partial_: true``
   makes), as ``{"__ptrain_partial__": reference, "args": [...], "kwargs": {...}}``;
 - a dataclass instance with saveable fields, as ``{"__ptrain_dataclass__": reference,
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 import importlib
 import inspect
@@ -38,6 +41,9 @@ from ptrain.errors import ModelError
 PLAIN = (type(None), bool, int, float, str)
 REFERENCE, PARTIAL, DATACLASS = "__ptrain_reference__", "__ptrain_partial__", \
     "__ptrain_dataclass__"
+#: How a value of a subclass of int, float or str is turned into the exact type (its own
+#: ``__str__``... may say something else).
+_EXACT = {int: int.__int__, float: float.__float__, str: str.__str__}
 
 
 class Unsaveable(Exception):
@@ -45,7 +51,10 @@ class Unsaveable(Exception):
 
 
 def is_plain(value: Any) -> bool:
-    if isinstance(value, PLAIN):
+    """Whether ``value`` is made of :data:`PLAIN` values, lists and str-keyed dicts only. The
+    types must be exact: a subclass (an ``Enum`` member of ``StrEnum``, numpy's ``float64``)
+    would be pickled as itself, which the weights-only loader refuses."""
+    if type(value) in PLAIN:
         return True
     if isinstance(value, (list, tuple)):
         return all(is_plain(v) for v in value)
@@ -89,6 +98,17 @@ def saved_form(value: Any) -> Any:
         return [saved_form(v) for v in value]
     if inspect.isclass(value) or inspect.isroutine(value):
         return {REFERENCE: _reference(value)}
+    if isinstance(value, enum.Enum):
+        reference = f"{_reference(type(value))}.{value.name}"
+        try:
+            if _resolve(reference) is value:
+                return {REFERENCE: reference}
+        except AttributeError:  # a combination of flags has no name of its own
+            pass
+        raise Unsaveable(value)
+    for base, exact in _EXACT.items():  # a subclass's value (numpy's float64) as the base type
+        if isinstance(value, base):
+            return exact(value)
     if isinstance(value, functools.partial):
         return {PARTIAL: _reference(value.func), "args": [saved_form(a) for a in value.args],
                 "kwargs": {k: saved_form(v) for k, v in value.keywords.items()}}
