@@ -446,6 +446,35 @@ def test_a_metric_only_updated_in_the_step_runs_as_in_lightning_and_says_so(tmp_
     assert any("'both'" in t and "epoch value is still published" in t for t in texts), texts
 
 
+def test_a_metric_called_as_the_loss_publishes_its_step_value_without_the_graph(tmp_path):
+    # chemprop logs its criterion, a Metric whose forward returns the loss it trains on: the
+    # step value published is that tensor, which held the step's graph (a warning when read as
+    # a number, the graph kept alive until the next step)
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.criterion = torchmetrics.MeanSquaredError()
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = self.criterion(self(x), y)
+                self.log("train_loss", self.criterion, on_step=True, on_epoch=True)
+                return loss
+
+        return Module
+
+    runs = both(make, tmp_path, max_epochs=1)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    for metrics in ("callback_metrics", "logged_metrics"):
+        lightnings, ours = getattr(lt, metrics), getattr(pt, metrics)
+        assert numbers(ours) == numbers(lightnings)
+        assert not any(v.requires_grad for v in lightnings.values())
+        assert [k for k, v in ours.items() if v.requires_grad] == []
+
+
 def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
     # darts fits float64 series under precision="64-true"; its val_loss was rounded to float32
     def run(name):

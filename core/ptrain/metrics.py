@@ -231,6 +231,8 @@ class MetricStore:
         elif _is_metric_object(value):
             metric_object = value
             value = getattr(metric_object, "_forward_cache", None) if on_step else None
+            if isinstance(value, torch.Tensor):  # its forward's result holds the step's graph
+                value = value.detach()
             if on_step and value is None:  # only update()d: no value for this batch
                 self._no_step_value(name, on_epoch)
                 if not on_epoch:
