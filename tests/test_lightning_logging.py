@@ -475,6 +475,25 @@ def test_a_metric_called_as_the_loss_publishes_its_step_value_without_the_graph(
         assert [k for k, v in ours.items() if v.requires_grad] == []
 
 
+def test_on_train_batch_end_gets_the_loss_without_its_graph_as_in_lightning(tmp_path):
+    # a callback that keeps outputs["loss"] of every step kept every step's graph
+    def callbacks(framework):
+        class Keep(framework.Callback):
+            def __init__(self):
+                self.losses = []
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                self.losses.append(outputs["loss"])
+
+        return [Keep()]
+
+    runs = both(base_module, tmp_path, max_epochs=1, callbacks=callbacks)
+    lightnings, ours = (runs[name][0].callbacks[0].losses for name in ("lightning", "ptrain"))
+    assert [float(v) for v in ours] == [float(v) for v in lightnings] and len(ours) == 4
+    assert not any(v.requires_grad for v in lightnings)
+    assert not any(v.requires_grad for v in ours)
+
+
 def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
     # darts fits float64 series under precision="64-true"; its val_loss was rounded to float32
     def run(name):

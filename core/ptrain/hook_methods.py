@@ -293,7 +293,9 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
             dispatch.call(BATCH_START[stage], trainer, batch, batch_idx, index)
 
     def on_train_step_end(trainer, batch, batch_idx, loss):
-        outputs = None if loss is None else {"loss": loss}
+        # the loss without its graph, as Lightning's outputs: a method keeping outputs across
+        # steps keeps numbers, not every step's graph
+        outputs = None if loss is None else {"loss": loss.detach()}
         dispatch.call("on_train_batch_end", trainer, outputs, batch, batch_idx)
 
     def on_evaluation_batch_end(trainer, stage, outputs, batch, batch_idx):
