@@ -52,3 +52,18 @@ def test_a_lightning_pytorch_submodule_of_a_submodule_is_the_same_module():
     from ptrain.lightning.pytorch.callbacks.early_stopping import EarlyStopping as aliased
 
     assert aliased is EarlyStopping
+
+
+def test_get_filesystem_imports_from_core_saving_as_lightnings(tmp_path):
+    """``from lightning.pytorch.core.saving import get_filesystem`` (Lightning re-exports it
+    there): the same fsspec filesystem as Lightning's, for a path and for a URL."""
+    from lightning.pytorch.core.saving import get_filesystem as lightnings
+
+    from ptrain.lightning.core.saving import get_filesystem
+
+    (tmp_path / "a.txt").write_text("x")
+    fs = get_filesystem(tmp_path / "a.txt")
+    assert type(fs) is type(lightnings(tmp_path / "a.txt"))
+    with fs.open(str(tmp_path / "a.txt"), "rb") as file:
+        assert file.read() == b"x"
+    assert type(get_filesystem("memory://here")) is type(lightnings("memory://here"))

@@ -1,6 +1,7 @@
 """``lightning.pytorch.core.saving``: hyperparameters to and from the ``hparams.yaml`` files
 Lightning's loggers write (``save_hparams_to_yaml``, ``load_hparams_from_yaml``). They need
-PyYAML (``pip install pyyaml``); ptrain's own run folder keeps them as ``hparams.toml``."""
+PyYAML (``pip install pyyaml``); ptrain's own run folder keeps them as ``hparams.toml``.
+Also ``get_filesystem``, which Lightning's module re-exports and programs import from here."""
 
 from __future__ import annotations
 
@@ -93,4 +94,16 @@ def load_hparams_from_yaml(config_yaml: Any, use_omegaconf: bool = True) -> Any:
     return loaded
 
 
-__all__ = ["load_hparams_from_yaml", "save_hparams_to_yaml"]
+def get_filesystem(path: Any, **kwargs: Any) -> Any:
+    """The ``fsspec`` filesystem that holds ``path`` (a local path or a URL such as
+    ``s3://bucket/x``; ``kwargs`` go to that filesystem), as Lightning's ``get_filesystem``
+    returns it. Needs ``fsspec`` (``pip install fsspec``)."""
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError:
+        raise ModelError(f"get_filesystem({str(path)!r}) needs fsspec: pip install fsspec.") \
+            from None
+    return url_to_fs(str(path), **kwargs)[0]
+
+
+__all__ = ["get_filesystem", "load_hparams_from_yaml", "save_hparams_to_yaml"]
