@@ -67,3 +67,12 @@ def test_get_filesystem_imports_from_core_saving_as_lightnings(tmp_path):
     with fs.open(str(tmp_path / "a.txt"), "rb") as file:
         assert file.read() == b"x"
     assert type(get_filesystem("memory://here")) is type(lightnings("memory://here"))
+
+
+def test_tuner_imports_from_lightnings_tuning_module():
+    """``from lightning.pytorch.tuner.tuning import Tuner`` (the module Lightning defines it
+    in) works with ``ptrain.lightning`` in its place."""
+    from ptrain.lightning.tuner import Tuner
+    from ptrain.lightning.tuner.tuning import Tuner as from_tuning
+
+    assert from_tuning is Tuner

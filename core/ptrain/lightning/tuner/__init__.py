@@ -340,3 +340,4 @@ class Tuner:
         for holder in holders:
             _set(holder, batch_arg_name, size)
         return size
+
