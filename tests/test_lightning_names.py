@@ -76,3 +76,40 @@ def test_tuner_imports_from_lightnings_tuning_module():
     from ptrain.lightning.tuner.tuning import Tuner as from_tuning
 
     assert from_tuning is Tuner
+
+
+#: checks, in a fresh interpreter, that each submodule Lightning's packages hold as an attribute
+#: once ``import lightning.pytorch`` has run is one of ptrain's after ``import ptrain.lightning``
+#: alone, wherever ptrain has that module
+_BOUND_SUBMODULES = r"""
+import importlib, pkgutil, sys, types
+import ptrain.lightning as ours
+import lightning.pytorch as theirs
+
+missing = []
+for package in ("", "callbacks", "core", "loggers", "profilers", "tuner", "utilities"):
+    lightning = importlib.import_module("lightning.pytorch" + (package and "." + package))
+    own = "ptrain.lightning" + (package and "." + package)
+    files = {m.name for m in pkgutil.iter_modules(importlib.import_module(own).__path__)}
+    for name, value in vars(lightning).items():
+        if isinstance(value, types.ModuleType) and name in files:
+            holder = ours
+            for part in [p for p in package.split(".") if p] + [name]:
+                holder = getattr(holder, part, None)
+            if not isinstance(holder, types.ModuleType):
+                missing.append(f"{own}.{name}")
+print(missing)
+sys.exit(1 if missing else 0)
+"""
+
+
+def test_a_submodule_lightning_binds_is_an_attribute_without_an_import_of_its_own():
+    """``pl.callbacks.early_stopping.EarlyStopping`` (PyTorch Tabular reads it so) and
+    ``pl.core.saving``, ``pl.tuner.tuning``, ``pl.profilers.simple`` after ``import
+    ptrain.lightning as pl`` alone, as after ``import lightning.pytorch as pl``."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _BOUND_SUBMODULES], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]

@@ -1,5 +1,6 @@
 """What the adapters of ``ptrain.lightning`` share: the one message for a Lightning argument
-ptrain does not take with that value, and names that come from an optional distribution."""
+ptrain does not take with that value, names that come from an optional distribution, and
+submodules read as attributes of their package."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def refuse_unless(owner: str, given: dict[str, Any], defaults: dict[str, tuple[A
         value = given.get(argument, accepted)
         if value != accepted or type(value) is not type(accepted):
             raise refuse(owner, argument, value, instead)
+
+
+def submodule(namespace: str, name: str, submodules: tuple[str, ...]) -> Any:
+    """A package ``__getattr__``'s answer for ``namespace.name`` where ``name`` is one of the
+    package's ``submodules``: that module, imported now. Lightning's packages import their
+    submodules, so a program may read ``pl.callbacks.early_stopping.EarlyStopping`` with no
+    import of its own; ptrain's import them when first read. Any other name is an
+    ``AttributeError``."""
+    if name not in submodules:
+        raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+    return importlib.import_module(f"{namespace}.{name}")
 
 
 def from_distribution(namespace: str, name: str,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptrain.hook_methods import Callback
-from ptrain.lightning._common import from_distribution
+from ptrain.lightning._common import from_distribution, submodule
 
 from ptrain.lightning.callbacks.checkpoint import Checkpoint
 from ptrain.lightning.callbacks.device_stats_monitor import DeviceStatsMonitor
@@ -42,7 +42,13 @@ from ptrain.lightning.callbacks.weight_averaging import (
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return submodule(__name__, name, _SUBMODULES)
     return from_distribution(__name__, name, _FROM_DISTRIBUTIONS)
+
+
+#: modules here that Lightning's package has imported and that this one imports when first read
+_SUBMODULES = ("batch_size_finder", "callback", "early_stopping", "lr_finder", "lr_monitor")
 
 
 _FROM_DISTRIBUTIONS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from ptrain.errors import ConfigError
-from ptrain.lightning._common import from_distribution
+from ptrain.lightning._common import from_distribution, submodule
 from ptrain.lightning.loggers.csv_logs import CSVLogger
 from ptrain.lightning.loggers.logger import Logger
 from ptrain.lightning.loggers.tensorboard import TensorBoardLogger
@@ -57,7 +57,13 @@ class NeptuneLogger(_WithoutPlugin):
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return submodule(__name__, name, _SUBMODULES)
     return from_distribution(__name__, name, _FROM_DISTRIBUTIONS)
+
+
+#: modules here that Lightning's package has imported and that this one imports when first read
+_SUBMODULES = ("comet", "litlogger", "mlflow", "wandb")
 
 
 _FROM_DISTRIBUTIONS = {

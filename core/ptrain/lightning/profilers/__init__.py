@@ -465,3 +465,13 @@ class XLAProfiler(Profiler):
 #: Trainer(profiler=NAME): Lightning's names
 PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler,
              "xla": XLAProfiler}
+
+
+#: modules here that Lightning's package has imported and that this one imports when first read
+_SUBMODULES = ("advanced", "base", "profiler", "pytorch", "simple", "xla")
+
+
+def __getattr__(name: str) -> Any:
+    from ptrain.lightning._common import submodule
+
+    return submodule(__name__, name, _SUBMODULES)

@@ -341,3 +341,12 @@ class Tuner:
             _set(holder, batch_arg_name, size)
         return size
 
+
+#: modules here that Lightning's package has imported and that this one imports when first read
+_SUBMODULES = ("tuning",)
+
+
+def __getattr__(name: str) -> Any:
+    from ptrain.lightning._common import submodule
+
+    return submodule(__name__, name, _SUBMODULES)

@@ -39,8 +39,6 @@ _SUBMODULES = ("exceptions", "imports", "model_helpers", "model_summary", "types
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:
-        import importlib
+    from ptrain.lightning._common import submodule
 
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return submodule(__name__, name, _SUBMODULES)
