@@ -767,3 +767,33 @@ def test_print_speaks_in_the_first_process_as_lightnings_does(tmp_path, capsys):
 
     lightning, ptrain_ = both(printed)
     assert ptrain_ == lightning == "parameters: 3!\n"
+
+
+# -- hyperparameters ------------------------------------------------------------------------
+
+def test_hparams_of_one_dictconfig_keep_its_nested_configs_as_lightnings_do():
+    """``save_hyperparameters(cfg)`` with an OmegaConf ``DictConfig``: nested configs are read
+    and written with dots (``self.hparams.head.dim = 3``, ``hparams.metrics[0].top_k``), as
+    PyTorch Tabular's models do; in ptrain the checkpoint still holds plain values."""
+    from omegaconf import OmegaConf
+
+    def run(pl):
+        class Configured(model_class(pl)):
+            def __init__(self, config):
+                super().__init__()
+                self.save_hyperparameters(config)
+                self.hparams.head.dim = 3
+
+        config = OmegaConf.create({"lr": 0.1, "head": {"layers": "8"},
+                                   "metrics": [{"top_k": 1}]})
+        module = Configured(config)
+        if pl is ptrain.lightning:  # what a checkpoint holds: plain values only
+            from ptrain.hyperparameters import saved_form
+
+            assert saved_form(dict(module.hparams)) == {
+                "lr": 0.1, "head": {"layers": "8", "dim": 3}, "metrics": [{"top_k": 1}]}
+        return (module.hparams.lr, module.hparams.head.layers, module.hparams.head.dim,
+                module.hparams.metrics[0].top_k, config.head.dim)
+
+    lightning, ours = both(run)
+    assert ours == lightning == (0.1, "8", 3, 1, 3)

@@ -225,7 +225,8 @@ class HyperParametersMixin:
 
         Call it in ``__init__`` (or pass ``frame``, the frame of the ``__init__`` to read).
         With no arguments every init argument is kept; with names only those; with one dict
-        (or ``argparse.Namespace``, or OmegaConf container), its entries. ``ignore`` leaves
+        (or ``argparse.Namespace``, or OmegaConf ``DictConfig``), its entries (a DictConfig's
+        nested configs stay DictConfig/ListConfig objects, as given). ``ignore`` leaves
         names out. ``logger=False`` keeps them from the loggers and ``hparams.toml`` (they
         still go into checkpoints). An ``nn.Module`` argument is left out with a warning (its
         weights are in the checkpoint already); a value without a saved form (see
@@ -249,10 +250,11 @@ class HyperParametersMixin:
                 pass
             if isinstance(given, argparse.Namespace):
                 given = vars(given)
-            if type(given).__module__.startswith("omegaconf"):
-                from omegaconf import OmegaConf
-
-                given = OmegaConf.to_container(given, resolve=True)
+            if type(given).__module__.startswith("omegaconf") and hasattr(given, "items"):
+                # its entries as OmegaConf gives them: a nested config stays a DictConfig or
+                # ListConfig, read and written with dots (self.hparams.head.dim = 4), as
+                # Lightning keeps the container itself; checkpoints hold their plain form
+                given = dict(given.items())
             if not isinstance(given, Mapping):
                 raise HyperparameterError(
                     f"save_hyperparameters({type(given).__qualname__}) takes names of __init__ "
