@@ -797,3 +797,27 @@ def test_hparams_of_one_dictconfig_keep_its_nested_configs_as_lightnings_do():
 
     lightning, ours = both(run)
     assert ours == lightning == (0.1, "8", 3, 1, 3)
+
+
+# -- copies -----------------------------------------------------------------------------------
+
+def test_a_fitted_trainer_deep_copies_as_lightnings_does(tmp_path):
+    """``copy.deepcopy(trainer)`` after ``fit`` (PyTorch Tabular's tuner keeps its best model
+    so): the copy has its own callbacks with their state, and tests as the original."""
+    import copy
+
+    def run(pl):
+        pl.seed_everything(0)
+        model = model_class(pl)()
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=2,
+                             logger=False, **QUIET)
+        trainer.fit(model)
+        twin = copy.deepcopy(trainer)
+        assert twin.checkpoint_callback is not trainer.checkpoint_callback
+        original = trainer.test(model, verbose=False)
+        copied = twin.test(copy.deepcopy(model), verbose=False)
+        return (twin.global_step, twin.current_epoch, twin.checkpoint_callback.best_model_path
+                == trainer.checkpoint_callback.best_model_path, original == copied, copied)
+
+    lightning, ours = both(run)
+    assert ours == lightning

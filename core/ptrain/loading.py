@@ -14,6 +14,7 @@ before anything is instantiated.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.metadata
 import inspect
@@ -287,6 +288,20 @@ class _PluginManager(pluggy.PluginManager):
     its mark's options; anything unmarked: none), and so is a value of the instance itself that
     can't be called (none). Anything else (a module's attribute, a callable stored on the
     instance, a marked staticmethod or classmethod) is pluggy's to judge."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _PluginManager:
+        """A copy whose registered plugins are copies too (``copy.deepcopy`` of a trainer, as a
+        Lightning trainer can be copied); modules (the hook specification, a module
+        registered as a plugin) are not copied but shared, as a module is one per process."""
+        for caller in vars(self.hook).values():
+            if caller.spec is not None:
+                memo.setdefault(id(caller.spec.namespace), caller.spec.namespace)
+        for plugin in self.get_plugins():
+            if isinstance(plugin, ModuleType):
+                memo.setdefault(id(plugin), plugin)
+        copied = memo[id(self)] = type(self).__new__(type(self))
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         #: the hook each attribute of ``plugin`` marked as a hook implementation implements

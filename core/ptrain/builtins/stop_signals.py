@@ -77,6 +77,17 @@ class StopSignals:
         self._wakeup: tuple[int, int] | None = None  # (our pipe's write end, the previous fd)
         self._second_taken = threading.Event()  # the main thread's handler took a second signal
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy`` of a trainer, pickling) keeps the settings and what was
+        received, not this process's handlers, pipe, process group and thread event: it starts
+        as a callback that has not set up yet."""
+        state = dict(self.__dict__)
+        state.update(_previous={}, _group=None, _posted=None, _wakeup=None, _second_taken=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _second_taken=threading.Event())
+
     @staticmethod
     @hookimpl
     def add_options(options) -> None:
