@@ -821,3 +821,26 @@ def test_a_fitted_trainer_deep_copies_as_lightnings_does(tmp_path):
 
     lightning, ours = both(run)
     assert ours == lightning
+
+
+def test_a_trainer_made_from_a_config_filtered_by_its_signature_draws_as_lightnings(tmp_path):
+    """PyTorch Tabular passes the entries of its trainer config that Trainer.__init__ names:
+    its `seed` reached ptrain.lightning's extra `seed` argument, which seeded again when the
+    trainer was made, so every shuffle differed from Lightning's run (whose Trainer takes none)."""
+    import inspect
+
+    def run(pl):
+        pl.seed_everything(7)
+        model = model_class(pl)()  # draws its initial weights
+        config = {"seed": 7, "max_epochs": 1, "logger": False, "enable_checkpointing": False,
+                  "default_root_dir": tmp_path / pl.__name__, **QUIET}
+        names = inspect.signature(pl.Trainer.__init__).parameters
+        pl.Trainer(**{k: v for k, v in config.items() if k in names})
+        return torch.rand(4).tolist(), model.layer.weight.tolist()
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    lightning_names = set(inspect.signature(importlib.import_module(
+        "lightning.pytorch").Trainer.__init__).parameters)
+    assert set(inspect.signature(ptrain.lightning.Trainer.__init__).parameters) - \
+        lightning_names == {"plugin_options"}

@@ -104,8 +104,8 @@ OptimizerCallable = Callable[[Iterable], Optimizer]
 #: an argument type for a model that makes its own scheduler from its optimizer
 LRSchedulerCallable = Callable[[Optimizer], Union[LRScheduler, ReduceLROnPlateau]]
 
-#: ptrain.lightning.Trainer arguments the CLI does not offer: ``seed`` (ptrain's own) would be a
-#: second seed beside the CLI's ``seed_everything``
+#: arguments of ptrain's own Trainer the CLI does not offer: ``seed`` would be a second seed
+#: beside the CLI's ``seed_everything``, and ``catalog`` is the plugins found, not a setting
 _HIDDEN_TRAINER_ARGUMENTS = frozenset({"seed", "catalog"})
 
 

@@ -26,7 +26,7 @@ import torch
 
 import ptrain
 from ptrain.errors import ConfigError
-from tests.conftest import REPO, TinyRegressor, make_regression_data
+from tests.conftest import TinyRegressor, make_regression_data
 
 QUIET = ["no:progress-bar", "no:checkpoint"]
 

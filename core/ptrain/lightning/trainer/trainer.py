@@ -55,8 +55,10 @@ def _defaults_from_environment(init: Any) -> Any:
 class Trainer(_Trainer):
     """Lightning's ``Trainer(...)``: each argument keeps its Lightning meaning and becomes a
     ptrain option, callback selection or plugin; a value ptrain can't honour is refused with a
-    :class:`ConfigError` naming it and what to do. ``plugin_options`` and ``seed`` are ptrain's
-    own extras. The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
+    :class:`ConfigError` naming it and what to do. ``plugin_options`` is ptrain's own extra
+    (no ``seed``: a program that passes its config's entries that the signature names, as
+    PyTorch Tabular does, would seed again here where Lightning does not; seed with
+    ``seed_everything``). The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
     the first logger's ``save_dir/name/version_N``.
 
     Also Lightning's attribute names: ``lightning_module``, ``logger``, ``callbacks``,
@@ -113,8 +115,7 @@ class Trainer(_Trainer):
                  sync_batchnorm: bool = False, reload_dataloaders_every_n_epochs: int = 0,
                  default_root_dir: Any = None, enable_autolog_hparams: bool = True,
                  model_registry: str | None = None,
-                 plugin_options: dict[str, dict[str, Any]] | None = None,
-                 seed: int | None = None):
+                 plugin_options: dict[str, dict[str, Any]] | None = None):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_barebones(given)
         options, loggers, implied_options = _translate(given)
@@ -854,7 +855,7 @@ def _translate(given: dict[str, Any]
     for argument in ("max_epochs", "min_epochs", "min_steps", "max_time", "limit_train_batches",
                      "limit_val_batches", "limit_test_batches", "limit_predict_batches",
                      "val_check_interval", "num_sanity_val_steps", "log_every_n_steps",
-                     "gradient_clip_algorithm", "seed"):
+                     "gradient_clip_algorithm"):
         if g[argument] is not None:
             options[argument] = g[argument]
     if g["gradient_clip_val"]:  # Lightning: 0 or None is no clipping
