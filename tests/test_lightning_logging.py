@@ -494,6 +494,32 @@ def test_on_train_batch_end_gets_the_loss_without_its_graph_as_in_lightning(tmp_
     assert not any(v.requires_grad for v in ours)
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_on_train_batch_end_gets_what_training_step_returned_as_in_lightning(tmp_path,
+                                                                             accumulate):
+    # programs collect their predictions there since Lightning 2 dropped training_epoch_end:
+    # only the loss came through, and undivided under accumulation
+    def dict_module(framework):
+        class Returns(base_module(framework)):
+            def training_step(self, batch, batch_idx):
+                return {"loss": self.loss(batch), "preds": self(batch[0]).detach(),
+                        "index": batch_idx}
+
+            def on_train_batch_end(self, outputs, batch, batch_idx):
+                self.kept = getattr(self, "kept", []) + [outputs]
+
+        return Returns
+
+    runs = both(dict_module, tmp_path, max_epochs=1, accumulate_grad_batches=accumulate)
+    lightnings, ours = (runs[name][1].kept for name in ("lightning", "ptrain"))
+    assert [sorted(o) for o in ours] == [sorted(o) for o in lightnings] == [
+        ["index", "loss", "preds"]] * 4
+    for mine, theirs in zip(ours, lightnings):
+        assert mine["index"] == theirs["index"]
+        assert torch.equal(mine["preds"], theirs["preds"])
+        assert float(mine["loss"]) == float(theirs["loss"]) and not mine["loss"].requires_grad
+
+
 def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
     # darts fits float64 series under precision="64-true"; its val_loss was rounded to float32
     def run(name):

@@ -146,6 +146,7 @@ class FitLoop:
         # so the next backward starts a window (whoever decided where windows end)
         self.gradients_stale = True
         self.batches_trained = False  # the running epoch's batches all ran (run_epoch)
+        self.step_output: Any = None  # what the last training_step returned, for the hooks
         if not self.automatic and self.accumulate > 1:
             raise ConfigError(
                 f"accumulate_grad_batches={self.accumulate} applies to automatic optimization; "
@@ -362,7 +363,7 @@ class FitLoop:
                 self._step_epoch_schedulers(self.last_batch_schedulers)
             if self.step_hooks.has_on_train_step_end:
                 self.step_hooks.on_train_step_end(trainer=t, batch=batch, batch_idx=batch_idx,
-                                                  loss=loss)
+                                                  loss=loss, output=self.step_output)
             ran_check = False
             if t.global_step // t.log_every_n_steps > self.last_published // t.log_every_n_steps:
                 self.last_published = t.global_step
@@ -461,7 +462,8 @@ class FitLoop:
         batch = t.metrics.batch = hook.transfer_batch(trainer=t, batch=batch)
         if hook.has_on_batch_start:
             hook.on_batch_start(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
-        output = hook.model_step(trainer=t, stage="train", batch=batch, batch_idx=batch_idx)
+        output = self.step_output = hook.model_step(trainer=t, stage="train", batch=batch,
+                                                    batch_idx=batch_idx)
         if isinstance(output, dict):
             if "loss" not in output and self.automatic:
                 raise ModelError(

@@ -292,11 +292,9 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
         else:
             dispatch.call(BATCH_START[stage], trainer, batch, batch_idx, index)
 
-    def on_train_step_end(trainer, batch, batch_idx, loss):
-        # the loss without its graph, as Lightning's outputs: a method keeping outputs across
-        # steps keeps numbers, not every step's graph
-        outputs = None if loss is None else {"loss": loss.detach()}
-        dispatch.call("on_train_batch_end", trainer, outputs, batch, batch_idx)
+    def on_train_step_end(trainer, batch, batch_idx, loss, output):
+        dispatch.call("on_train_batch_end", trainer, _batch_end_outputs(trainer, loss, output),
+                      batch, batch_idx)
 
     def on_evaluation_batch_end(trainer, stage, outputs, batch, batch_idx):
         index = getattr(trainer, "dataloader_idx", None)
@@ -407,6 +405,22 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
     namespace.update(name=name, hooks=frozenset(hooks), lightning_role=role,
                      lightning_dispatch=dispatch)
     return type("HookMethods", (), namespace)()
+
+
+def _batch_end_outputs(trainer: Trainer, loss: Any, output: Any) -> dict[str, Any] | None:
+    """``on_train_batch_end``'s ``outputs``, as Lightning's: the loss the backward pass used
+    (divided by ``accumulate_grad_batches`` under automatic optimization) without its graph,
+    so a method keeping outputs across steps keeps numbers, and the other entries of a dict
+    ``training_step`` returned, as they are."""
+    if loss is None:
+        return None
+    accumulate = trainer.accumulate_grad_batches
+    if accumulate > 1 and trainer.module.automatic_optimization:
+        loss = loss / accumulate
+    outputs = {"loss": loss.detach()}
+    if isinstance(output, dict):
+        outputs.update((key, value) for key, value in output.items() if key != "loss")
+    return outputs
 
 
 def module_hook_plugin(module: Any, base: type, stop: bool = True) -> Any | None:

@@ -608,7 +608,8 @@ def on_before_zero_grad(trainer: Trainer, optimizer: torch.optim.Optimizer) -> N
 
 
 @hookspec
-def on_train_step_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor) -> None:
+def on_train_step_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.Tensor,
+                      output: Any) -> None:
     """A training batch's step is done, and nothing it triggers has run yet.
 
     Fires: once per training batch, right after its training step (and the optimizer step, when
@@ -620,6 +621,11 @@ def on_train_step_end(trainer: Trainer, batch: Any, batch_idx: int, loss: torch.
     weights) is what that validation sees. Lightning's ``on_train_batch_end`` fires here. Not
     the place to write a checkpoint: the validation due after this batch has not run, so a
     resume from it would skip that validation (:func:`on_train_batch_end` is the place).
+
+    :param loss: the step's loss as the module returned it (``None`` when it skipped the
+        batch), still holding its graph.
+    :param output: what ``training_step`` returned: the loss, or a dict with ``"loss"`` and
+        whatever else the module put in it (predictions to collect, ...).
 
     Result: all. Implemented by: callbacks that act on the model after each step (online
     evaluators, weight averaging, Lightning's ``on_train_batch_end`` methods). Called only when
