@@ -423,6 +423,30 @@ def test_load_from_checkpoint_calls_on_load_checkpoint_with_what_was_saved(tmp_p
     assert ours[0][0] == {"dtype": "torch.float32", "epoch": 0}
 
 
+def test_hparams_name_naming_init_kwargs_loads_them_as_keywords_as_lightning(tmp_path):
+    # pytorch-forecasting's on_save_checkpoint sets checkpoint["hparams_name"] = "kwargs", the
+    # name of its models' **kwargs: Lightning passes the hyperparameters as keywords (they
+    # were passed as `kwargs={...}`, a TypeError in its __init__)
+    def run(pl, name):
+        class Named(model_class(pl)):
+            def __init__(self, width: int = 1, **kwargs):
+                super().__init__()
+                self.save_hyperparameters()
+                self.extra = kwargs
+
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["hparams_name"] = "kwargs"
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=1, logger=False,
+                             **QUIET)
+        trainer.fit(Named(width=3, depth=2))
+        loaded = Named.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
+        return dict(loaded.hparams), loaded.extra
+
+    lightning, ours = both(run)
+    assert ours == lightning == ({"width": 3, "depth": 2}, {"depth": 2})
+
+
 @pytest.mark.parametrize("after, weights_only", [("fit", False), ("predict", False),
                                                   ("fit", True)])
 def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after,

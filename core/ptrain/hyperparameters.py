@@ -378,15 +378,17 @@ def init_arguments_from(cls: type, checkpoint: Mapping[str, Any], keys: tuple[st
     """The keyword arguments that rebuild ``cls`` from a checkpoint's hyperparameters (under
     ``keys``), as ``load_from_checkpoint`` takes them: those of ``hparams_file`` (a YAML or
     TOML file, as the loggers write them) replace the checkpoint's; values recorded from one
-    container argument go back into that argument; ``overrides`` replace or add init
-    arguments; and those ``__init__`` does not take are left out unless it has
-    ``**kwargs``."""
+    container argument go back into that argument, when it is a named one (a name that is
+    ``__init__``'s ``*args`` or ``**kwargs``, as pytorch-forecasting's checkpoints hold, passes
+    them as keywords, as Lightning does); ``overrides`` replace or add init arguments; and
+    those ``__init__`` does not take are left out unless it has ``**kwargs``."""
     saved = restored_hyperparameters(checkpoint.get(keys[0]))
     if hparams_file is not None:
         saved.update(read_hyperparameters_file(hparams_file))
     params = inspect.signature(cls).parameters
     name = checkpoint.get(keys[1])
-    if name is not None and name in params:
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if name is not None and name in params and params[name].kind not in variadic:
         arguments = {name: saved, **overrides}
     else:
         arguments = {**saved, **overrides}
