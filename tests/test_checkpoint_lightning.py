@@ -447,6 +447,21 @@ def test_hparams_name_naming_init_kwargs_loads_them_as_keywords_as_lightning(tmp
     assert ours == lightning == ({"width": 3, "depth": 2}, {"depth": 2})
 
 
+def test_the_trainers_strategy_reads_a_checkpoint_as_lightnings_does(tmp_path):
+    # pytorch-forecasting's Tuner replaces trainer.strategy.load_checkpoint (to pass
+    # weights_only=False) around lr_find: reading the attribute was an AttributeError
+    def run(pl, name):
+        trainer = fit(pl, tmp_path / name, callbacks=None, max_epochs=2)
+        read = trainer.strategy.load_checkpoint(trainer.checkpoint_callback.best_model_path,
+                                                weights_only=True)
+        return (read["epoch"], read["global_step"],
+                {k: v.tolist() for k, v in read["state_dict"].items()})
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[:2] == (1, 4)
+
+
 @pytest.mark.parametrize("after, weights_only", [("fit", False), ("predict", False),
                                                   ("fit", True)])
 def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after,

@@ -150,6 +150,22 @@ class Strategy:
     def checkpoint_io(self) -> Any:
         return self._checkpoint_io
 
+    def load_checkpoint(self, checkpoint_path: Any,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint file at ``checkpoint_path`` as a dict, read as the run reads its
+        checkpoints: by the program's own ``CheckpointIO`` (this strategy's ``checkpoint_io``,
+        else the Trainer's), else by torch's weights-only loader whatever ``weights_only``
+        says (see ``TorchCheckpointIO``). It only reads: ptrain's loop restores a run without
+        calling it, so a program that replaces it around a stage (pytorch-forecasting's
+        ``Tuner`` does, around ``lr_find``) changes no restore."""
+        from ptrain.lightning.plugins.io import TorchCheckpointIO
+
+        io = self.checkpoint_io
+        if io is None and self._trainer is not None:
+            io = getattr(self._trainer.pm.get_plugin("checkpoint-io"), "io", None)
+        io = TorchCheckpointIO() if io is None else io
+        return io.load_checkpoint(checkpoint_path, weights_only=weights_only)
+
     @staticmethod
     def _distributed() -> bool:
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
