@@ -462,6 +462,34 @@ def test_the_trainers_strategy_reads_a_checkpoint_as_lightnings_does(tmp_path):
     assert ours[:2] == (1, 4)
 
 
+def test_lr_find_hands_on_save_checkpoint_the_hyperparameters_as_lightning(tmp_path):
+    # pytorch-forecasting's on_save_checkpoint updates checkpoint["hyper_parameters"]; the
+    # finder's snapshot of the run (Lightning's is a checkpoint file) held none: KeyError
+    def run(pl, name):
+        class Seen(model_class(pl)):
+            def __init__(self, lr: float = 0.1):
+                super().__init__()
+                self.save_hyperparameters()
+                self.seen = []
+
+            def on_save_checkpoint(self, checkpoint):
+                self.seen.append(dict(checkpoint["hyper_parameters"]))
+                checkpoint["hyper_parameters"]["added"] = 1
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, logger=False, max_epochs=1,
+                             **QUIET)
+        model = Seen()
+        tuner = importlib.import_module(f"{pl.__name__}.tuner")
+        tuner.Tuner(trainer).lr_find(model, num_training=5, update_attr=False)
+        return model.seen, dict(model.hparams)
+
+    lightning, ours = both(run)
+    assert ours == lightning == ([{"lr": 0.1}], {"lr": 0.1})
+
+
 @pytest.mark.parametrize("after, weights_only", [("fit", False), ("predict", False),
                                                   ("fit", True)])
 def test_a_save_after_a_stage_holds_what_on_save_checkpoint_adds(tmp_path, after,

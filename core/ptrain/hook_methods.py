@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ptrain.errors import ModelError, PluginError
 from ptrain.hookspecs import PROJECT_NAME
+from ptrain.hyperparameters import DATAMODULE_KEYS, MODULE_KEYS, checkpoint_entries
 
 if TYPE_CHECKING:
     from ptrain.trainer import Trainer
@@ -500,11 +501,16 @@ def _epoch_of(loop: dict[str, Any]) -> int:
 
 def _live_checkpoint(trainer: Trainer) -> dict[str, Any]:
     """The run's state in a checkpoint's layout, for a hook called outside a checkpoint (a
-    finder's snapshot)."""
-    return {"model": trainer.module.state_dict(),
+    finder's snapshot, where Lightning writes a checkpoint file): the module's (and
+    datamodule's) hyperparameters too, as a checkpoint holds them."""
+    live = {"model": trainer.module.state_dict(),
             "optimizers": [opt.state_dict() for opt in trainer.optimizers],
             "lr_schedulers": [s["scheduler"].state_dict() for s in trainer.lr_schedulers],
-            "loop": dict(trainer.loop_state, global_step=trainer.global_step), "plugins": {}}
+            "loop": dict(trainer.loop_state, global_step=trainer.global_step), "plugins": {},
+            **checkpoint_entries(trainer.module, MODULE_KEYS)}
+    if trainer.datamodule is not None:
+        live.update(checkpoint_entries(trainer.datamodule, DATAMODULE_KEYS))
+    return live
 
 
 def _view(checkpoint: dict[str, Any], epoch: int) -> dict[str, Any]:
