@@ -61,3 +61,23 @@ def test_a_pickled_callable_is_named(tmp_path):
     torch.save({"format": "ptrain", "hook": print}, path)
     with pytest.raises(CheckpointError, match=r"import and call (builtins\.)?print\b"):
         safe_load(path)
+
+
+def test_a_read_leaves_the_programs_own_safe_globals_allowed(tmp_path):
+    # ptrain allows NumPy's scalar globals around each read; one the program had allowed
+    # itself (for its own torch.load of data holding NumPy dtypes, as pytorch-forecasting's
+    # checkpoints do) was no longer allowed after any checkpoint read
+    import numpy as np
+
+    from ptrain.checkpoint_io import load_weights_only
+
+    path = tmp_path / "numbers.pt"
+    torch.save({"x": np.float64(1.5)}, path)
+    before = torch.serialization.get_safe_globals()
+    try:
+        torch.serialization.add_safe_globals([np.dtype])
+        assert load_weights_only(path) == {"x": 1.5}
+        assert set(torch.serialization.get_safe_globals()) == {*before, np.dtype}
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)

@@ -220,8 +220,13 @@ def _numpy_scalar_globals() -> list[Any]:
 
 def load_weights_only(source: Any, map_location: Any = "cpu") -> Any:
     """``torch.load(source, weights_only=True)``, NumPy's scalars allowed (see
-    :func:`_numpy_scalar_globals`): how ptrain reads every checkpoint file."""
-    with torch.serialization.safe_globals(_numpy_scalar_globals()):
+    :func:`_numpy_scalar_globals`): how ptrain reads every checkpoint file. Torch's list of
+    allowed globals is as it was afterwards: those the program allowed itself
+    (``torch.serialization.add_safe_globals``) stay allowed, so only the ones not yet allowed
+    are added for the read (torch's ``safe_globals`` removes on exit all it was given)."""
+    allowed = set(torch.serialization.get_safe_globals())
+    added = [g for g in _numpy_scalar_globals() if g not in allowed]
+    with torch.serialization.safe_globals(added):
         return torch.load(source, map_location=map_location, weights_only=True)
 
 
