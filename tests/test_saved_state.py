@@ -52,6 +52,20 @@ def test_unloadable_plugin_state_is_named_at_the_first_save(make_trainer, tmp_pa
     assert not list(Path(tmp_path / "runs").rglob("*.ckpt"))
 
 
+def test_an_object_of_a_class_the_loader_refuses_to_build_is_named(make_trainer, tmp_path):
+    # a NumPy string dtype (pytorch-forecasting's encoders hold them): torch refuses to build
+    # it ("Can only build ... but got <class ...>"), a reason the message left out (it gave
+    # only the first line of torch's, which names nothing)
+    import numpy as np
+
+    trainer = make_trainer(max_epochs=1, callbacks=["no:progress-bar",
+                                                    StatefulCallback({"kind": np.dtype("U5")})])
+    with pytest.raises(ptrain.PluginError) as refused:
+        trainer.fit(TinyRegressor())
+    assert ("it holds numpy.dtypes.StrDType, which the weights-only loader refuses"
+            in str(refused.value))
+
+
 def test_plain_plugin_state_is_saved_and_read_back(make_trainer, tmp_path):
     trainer = make_trainer(max_epochs=1, callbacks=["no:progress-bar",
                                                     StatefulCallback({"seen": [1, 2.5, "x"]})])

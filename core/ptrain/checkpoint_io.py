@@ -34,6 +34,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: torch's words for a pickled global the weights-only loader refuses (a class, a function to
 #: call): "Unsupported global: GLOBAL x.y", or "unsupported GLOBAL x.y whose module x is blocked"
 _UNSUPPORTED_GLOBAL = re.compile(r"unsupported (?:global: )?GLOBAL (\S+)", re.IGNORECASE)
+#: ... for an object whose class it won't build (a NumPy string dtype): "Can only build
+#: Tensor, ... but got <class 'x.y'>"
+_UNBUILT_CLASS = re.compile(r"Can only build .* but got <class '([^']+)'>")
 #: ... and for a pickle stream that is no torch.save file (a plain pickle.dump)
 _UNSUPPORTED_OPERAND = re.compile(r"Unsupported operand \d+")
 FORMAT_VERSION = 1
@@ -247,10 +250,12 @@ def unloadable_reason(value: Any) -> str | None:
             load_weights_only(buffer)
     except Exception as exc:  # noqa: BLE001 - whatever the pickler or the loader refuses
         text = _ANSI.sub("", str(exc))
-        unsafe = _UNSUPPORTED_GLOBAL.search(text)
+        unsafe = _UNSUPPORTED_GLOBAL.search(text) or _UNBUILT_CLASS.search(text)
         if unsafe:
             return f"it holds {unsafe.group(1)}, which the weights-only loader refuses"
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # torch's reason follows its general advice, which names nothing
+        reason = text.split("WeightsUnpickler error:", 1)[-1]
+        lines = [line.strip() for line in reason.splitlines() if line.strip()]
         return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     return None
 
