@@ -844,3 +844,16 @@ def test_a_trainer_made_from_a_config_filtered_by_its_signature_draws_as_lightni
         "lightning.pytorch").Trainer.__init__).parameters)
     assert set(inspect.signature(ptrain.lightning.Trainer.__init__).parameters) - \
         lightning_names == {"plugin_options"}
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "ddp", "devices": 2},
+                                     {"use_distributed_sampler": False}])
+def test_the_connector_integrations_read_answers_as_lightnings(options):
+    # optuna's PyTorchLightningPruningCallback reads trainer._accelerator_connector.is_distributed
+    # in on_fit_start: an AttributeError before
+    def run(pl):
+        connector = pl.Trainer(logger=False, **QUIET, **options)._accelerator_connector
+        return connector.is_distributed, connector.use_distributed_sampler
+
+    lightning, ours = both(run)
+    assert ours == lightning

@@ -13,6 +13,7 @@ import os
 import signal
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -664,6 +665,15 @@ class Trainer(_Trainer):
     @strategy.setter
     def strategy(self, value: Any) -> None:  # the native Trainer sets its option value
         self._lightning_strategy = None
+
+    @property
+    def _accelerator_connector(self) -> Any:
+        """What integrations read of Lightning's private connector (optuna's pruning callback:
+        ``is_distributed``; ``use_distributed_sampler``): whether the run's strategy runs
+        several processes (any but ``single-device``), and the Trainer's argument."""
+        return SimpleNamespace(
+            is_distributed=self.options["strategy"] != "single-device",
+            use_distributed_sampler=self._init_kwargs.get("use_distributed_sampler", True))
 
     @property
     def profiler(self) -> Any:
