@@ -514,7 +514,8 @@ def test_ckpt_path_last_without_a_checkpoint_starts_from_scratch_as_in_lightning
         again.fit(TinyRegressor(), ckpt_path="last")
     resumed = pl.Trainer(max_steps=4, logger=False, default_root_dir=str(tmp_path),
                          callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], **QUIET)
-    with pytest.warns(UserWarning, match="weights_only=False: the trainer.s stages read .*load_from_checkpoint"):
+    with pytest.warns(UserWarning,
+                      match="weights_only=False: the trainer.s stages read .*load_from_checkpoint"):
         resumed.fit(TinyRegressor(), ckpt_path="last", weights_only=False)
     assert resumed.ckpt_path == str(folder / "last.ckpt") and resumed.global_step == 4
 

@@ -59,8 +59,9 @@ class Trainer(_Trainer):
     :class:`ConfigError` naming it and what to do. ``plugin_options`` is ptrain's own extra
     (no ``seed``: a program that passes its config's entries that the signature names, as
     PyTorch Tabular does, would seed again here where Lightning does not; seed with
-    ``seed_everything``). The run folder is Lightning's: ``default_root_dir/lightning_logs/version_N``, or
-    the first logger's ``save_dir/name/version_N``.
+    ``seed_everything``). The run folder is Lightning's:
+    ``default_root_dir/lightning_logs/version_N``, or the first logger's
+    ``save_dir/name/version_N`` (or the folder its ``version`` names).
 
     Also Lightning's attribute names: ``lightning_module``, ``logger``, ``callbacks``,
     ``logged_metrics``, ``progress_bar_metrics``, ``checkpoint_callback``,
