@@ -205,6 +205,28 @@ def test_one_namespace_or_dict_gives_its_entries_and_hparams_initial_keeps_them(
     assert module.hparams_initial.lr == 0.2
 
 
+def test_hparams_initial_keeps_nested_values_as_recorded_as_lightnings():
+    # PyTorch Tabular changes its nested configs after recording them
+    import importlib
+
+    def run(name):
+        pl = importlib.import_module(name)
+
+        class Nested(pl.LightningModule):
+            def __init__(self, head: dict):
+                super().__init__()
+                self.save_hyperparameters()
+
+        module = Nested({"dims": [4, 2], "act": "relu"})
+        module.hparams.head["dims"].append(1)
+        module.hparams.head["act"] = "tanh"
+        return dict(module.hparams_initial), dict(module.hparams)
+
+    lightning, ours = (run(name) for name in ("lightning.pytorch", "ptrain.lightning"))
+    assert ours == lightning
+    assert ours[0] == {"head": {"dims": [4, 2], "act": "relu"}}
+
+
 def test_unknown_names_and_calls_outside_init_are_errors():
     class Typo(TinyRegressor):
         def __init__(self, lr: float = 0.1):

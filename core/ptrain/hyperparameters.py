@@ -25,6 +25,7 @@ a non-plain one as readable text.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import enum
 import functools
@@ -300,7 +301,8 @@ class HyperParametersMixin:
         merged = {k: v for k, v in self.__dict__.get("_hparams", {}).items() if k not in ignored}
         merged.update(kept)
         self.__dict__["_hparams"] = HyperParameters(merged)
-        self.__dict__["_hparams_initial"] = HyperParameters(merged)
+        # a copy all the way down, as Lightning's: a change to a nested config is not seen here
+        self.__dict__["_hparams_initial"] = copy.deepcopy(HyperParameters(merged))
         self.__dict__["_log_hyperparams"] = logger
         self.__dict__["_hparams_name"] = name
 
@@ -345,9 +347,10 @@ class HyperParametersMixin:
 
     @property
     def hparams_initial(self) -> HyperParameters:
-        """The hyperparameters as :meth:`save_hyperparameters` recorded them (later changes to
-        :attr:`hparams` are not seen here)."""
-        return HyperParameters(self.__dict__.get("_hparams_initial", {}))
+        """The hyperparameters as :meth:`save_hyperparameters` recorded them: a copy, all the
+        way down, of what it recorded (later changes to :attr:`hparams`, or to what this
+        returns, are not seen here), as Lightning's."""
+        return copy.deepcopy(HyperParameters(self.__dict__.get("_hparams_initial", {})))
 
     @property
     def logs_hyperparameters(self) -> bool:
