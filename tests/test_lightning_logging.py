@@ -520,6 +520,33 @@ def test_on_train_batch_end_gets_what_training_step_returned_as_in_lightning(tmp
         assert float(mine["loss"]) == float(theirs["loss"]) and not mine["loss"].requires_grad
 
 
+@pytest.mark.parametrize("returned", ["none", "dict without loss"])
+def test_on_train_batch_end_outputs_without_a_loss_are_lightnings(tmp_path, returned):
+    # manual optimization: Lightning passes {} for None and the dict without a loss as it is
+    def manual_module(framework):
+        class Manual(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(self.loss(batch))
+                optimizer.step()
+                return None if returned == "none" else {"index": batch_idx}
+
+            def on_train_batch_end(self, outputs, batch, batch_idx):
+                self.kept = getattr(self, "kept", []) + [outputs]
+
+        return Manual
+
+    runs = both(manual_module, tmp_path, max_epochs=1)
+    lightnings, ours = (runs[name][1].kept for name in ("lightning", "ptrain"))
+    assert ours == lightnings == ([{}] * 4 if returned == "none" else
+                                  [{"index": i} for i in range(4)])
+
+
 def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
     # darts fits float64 series under precision="64-true"; its val_loss was rounded to float32
     def run(name):

@@ -412,16 +412,15 @@ def _batch_end_outputs(trainer: Trainer, loss: Any, output: Any) -> dict[str, An
     """``on_train_batch_end``'s ``outputs``, as Lightning's: the loss the backward pass used
     (divided by ``accumulate_grad_batches`` under automatic optimization) without its graph,
     so a method keeping outputs across steps keeps numbers, and the other entries of a dict
-    ``training_step`` returned, as they are."""
+    ``training_step`` returned, as they are; without a loss (the step returned ``None``, or
+    under manual optimization a dict without one), those entries alone (``{}``)."""
+    rest = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, dict) else {}
     if loss is None:
-        return None
+        return rest
     accumulate = trainer.accumulate_grad_batches
     if accumulate > 1 and trainer.module.automatic_optimization:
         loss = loss / accumulate
-    outputs = {"loss": loss.detach()}
-    if isinstance(output, dict):
-        outputs.update((key, value) for key, value in output.items() if key != "loss")
-    return outputs
+    return {"loss": loss.detach(), **rest}
 
 
 def module_hook_plugin(module: Any, base: type, stop: bool = True) -> Any | None:
