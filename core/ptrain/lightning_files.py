@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: the hyperparameter entries, which ptrain's checkpoints name as Lightning's do
-_HYPERPARAMETER_KEYS = ("hyper_parameters", "hparams_name", "datamodule_hyper_parameters",
-                        "datamodule_hparams_name")
+from ptrain.hook_methods import MODULE_PLUGIN
+from ptrain.hyperparameters import DATAMODULE_KEYS, MODULE_KEYS
 
 
 def is_lightning_checkpoint(checkpoint: Any) -> bool:
@@ -35,8 +34,9 @@ def as_ptrain_checkpoint(checkpoint: dict[str, Any], fmt: str, version: int) -> 
         "model": checkpoint["state_dict"], "optimizers": [],
         "loop": {"global_step": checkpoint.get("global_step", 0),
                  "epoch": checkpoint.get("epoch", 0)},
-        **{key: checkpoint[key] for key in _HYPERPARAMETER_KEYS if key in checkpoint},
-        "plugins": {"module-hooks": {k: v for k, v in checkpoint.items() if k != "state_dict"}},
+        # ptrain's checkpoints name the hyperparameters' entries as Lightning's do
+        **{key: checkpoint[key] for key in (*MODULE_KEYS, *DATAMODULE_KEYS) if key in checkpoint},
+        "plugins": {MODULE_PLUGIN: {k: v for k, v in checkpoint.items() if k != "state_dict"}},
     }
 
 
