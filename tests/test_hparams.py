@@ -140,7 +140,39 @@ def test_classes_partials_and_dataclasses_travel_in_checkpoints_other_objects_ar
     assert optimizer.defaults["lr"] == 0.3 and optimizer.defaults["momentum"] == 0.5
 
 
-class Activation(enum.StrEnum):
+class Normalizer:
+    """An object a program's checkpoints may hold once it allows the class (pytorch-forecasting's
+    GroupNormalizer as its models' output_transformer)."""
+
+    def __init__(self, center: float = 0.0):
+        self.center = center
+
+    def __eq__(self, other):
+        return isinstance(other, Normalizer) and other.center == self.center
+
+
+class WithAllowedObject(TinyRegressor):
+    def __init__(self, normalizer=None, lr: float = 0.1):
+        super().__init__(lr=lr)
+        self.save_hyperparameters()
+
+
+def test_an_object_of_a_class_the_program_allowed_travels_in_checkpoints(tmp_path, recwarn):
+    # it was left out (and had to be passed again) although the loader would build it
+    with torch.serialization.safe_globals([Normalizer]):
+        module = WithAllowedObject(Normalizer(2.5))
+        assert not [w for w in recwarn.list if "save_hyperparameters" in str(w.message)]
+        trainer = ptrain.Trainer(accelerator="cpu", max_epochs=1,
+                                 default_root_dir=str(tmp_path),
+                                 callbacks=["no:progress-bar", "no:tensorboard"])
+        trainer.fit(module)
+        rebuilt = WithAllowedObject.load_from_checkpoint(str(trainer.last_checkpoint_path))
+    assert rebuilt.hparams.normalizer == Normalizer(2.5)
+    with pytest.warns(UserWarning, match="keeps 'normalizer'.*add_safe_globals"):
+        WithAllowedObject(Normalizer(1.0))  # not allowed here: said, and left out
+
+
+class Activation(str, enum.Enum):  # a StrEnum, also on Python 3.10
     RELU = "relu"
     TANH = "tanh"
 

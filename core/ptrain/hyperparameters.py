@@ -13,7 +13,9 @@ float, str, and lists/dicts of them):
 - a ``functools.partial`` of one, with saveable arguments (what Hydra's ``_partial_: true``
   makes), as ``{"__ptrain_partial__": reference, "args": [...], "kwargs": {...}}``;
 - a dataclass instance with saveable fields, as ``{"__ptrain_dataclass__": reference,
-  "fields": {...}}``.
+  "fields": {...}}``;
+- an object of a class the program let the loader build
+  (``torch.serialization.add_safe_globals``), as it is.
 
 :func:`restored_hyperparameters` turns the saved form back into those objects, so
 ``load_from_checkpoint`` rebuilds the module with them. Any other object (a model passed in, an
@@ -34,6 +36,7 @@ import inspect
 import warnings
 from typing import Any, Mapping
 
+import torch
 from torch import nn
 
 from ptrain.errors import ModelError
@@ -117,7 +120,18 @@ def saved_form(value: Any) -> Any:
         fields = {f.name: saved_form(getattr(value, f.name))
                   for f in dataclasses.fields(value) if f.init}
         return {DATACLASS: _reference(type(value)), "fields": fields}
+    if _allowed_by_program(value):
+        return value
     raise Unsaveable(value)
+
+
+def _allowed_by_program(value: Any) -> bool:
+    """Whether the program let torch's weights-only loader build objects of ``value``'s class
+    (``torch.serialization.add_safe_globals``): such a value is kept as it is (the first
+    save reads the whole checkpoint back, so what it holds beyond that class must load too)."""
+    cls = type(value)
+    return any(entry is cls or (isinstance(entry, tuple) and entry[0] is cls)
+               for entry in torch.serialization.get_safe_globals())
 
 
 def _resolve(reference: str) -> Any:
@@ -291,7 +305,9 @@ class HyperParametersMixin:
                     f"{type(self).__qualname__}.save_hyperparameters keeps {key!r} (a "
                     f"{type(value).__qualname__}) in self.hparams, but checkpoints can't hold it: "
                     f"they keep plain values, importable classes and functions, partials and "
-                    f"dataclasses of those, so that they load safely. load_from_checkpoint needs "
+                    f"dataclasses of those, and objects of the classes the program allowed "
+                    f"(torch.serialization.add_safe_globals), so that they load safely. "
+                    f"load_from_checkpoint needs "
                     f"it passed again ({type(self).__qualname__}.load_from_checkpoint(path, "
                     f"{key}=...)); pass ignore=[{key!r}] to say so and silence this.",
                     stacklevel=2)
