@@ -855,6 +855,52 @@ def test_lightnings_callback_submodules_import_with_their_names(module, names):
             Customised()
 
 
+def epoch_bar_class(framework):
+    """A bar as NeuralProphet's (neuralprophet/logger.py): it calls ``init_train_tqdm`` in
+    ``__init__`` and moves that tqdm bar itself, once per epoch."""
+
+    class EpochBar(CALLBACKS[framework].TQDMProgressBar):
+        def __init__(self, *args, **kwargs):
+            self.epochs = kwargs.pop("epochs")
+            super().__init__(*args, **kwargs)
+            self.main_progress_bar = super().init_train_tqdm()
+            self.seen = []
+
+        def on_train_epoch_start(self, trainer, *_):
+            self.main_progress_bar.reset(self.epochs)
+            self.main_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")
+            self.seen.append(self.main_progress_bar.desc)
+
+        def on_train_batch_end(self, trainer, pl_module, *_):
+            pass
+
+    return EpochBar
+
+
+def test_a_tqdm_bar_may_call_the_init_tqdm_methods_as_in_lightning(tmp_path):
+    # NeuralProphet's ProgressBar calls init_train_tqdm in __init__: an AttributeError before
+    bars = {}
+    for framework in (pl, ppl):
+        bar = epoch_bar_class(framework)(refresh_rate=5, epochs=3)
+        fit_weights(framework, lambda c: [bar], tmp_path / framework.__name__,
+                    enable_progress_bar=True)
+        bars[framework] = bar
+        bar.main_progress_bar.close()
+    assert bars[ppl].seen == bars[pl].seen == ["Epoch 1: ", "Epoch 2: ", "Epoch 3: "]
+    for name in ("init_sanity_tqdm", "init_train_tqdm", "init_predict_tqdm", "init_test_tqdm"):
+        for refresh_rate in (1, 0):
+            made = {framework: getattr(CALLBACKS[framework].TQDMProgressBar(refresh_rate),
+                                       name)() for framework in (pl, ppl)}
+            for bar in made.values():
+                bar.close()
+            seen = [tuple(getattr(b, key, None)  # a disabled tqdm sets few attributes
+                          for key in ("desc", "disable", "leave", "smoothing", "bar_format"))
+                    for b in made.values()]
+            assert seen[0] == seen[1], name
+            assert seen[0][1] or refresh_rate  # disabled with refresh_rate=0
+            assert type(made[ppl]).format_num(0.5) == type(made[pl]).format_num(0.5)
+
+
 def test_the_deeper_callback_modules_have_lightnings_names():
     from lightning_names import public_names
 

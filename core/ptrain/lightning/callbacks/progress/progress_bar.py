@@ -118,13 +118,16 @@ class _LightningDisplay(_Display):
 class _PtrainBar(ProgressBar):
     """A Lightning progress bar class drawn by ptrain's ``progress-bar`` (rich, redrawn at most
     every 0.2 s on a terminal, a line per finished epoch). A subclass overriding the drawing
-    methods of Lightning's class (``_drawing``) is refused: ptrain would not call them."""
+    methods of Lightning's class (``_drawing``) is refused: ptrain would not call them. The
+    class that names ``_drawing`` may define them for a program to call itself."""
 
     _drawing: tuple[str, ...] = ()
 
     def __init__(self, refresh_rate: int) -> None:
         super().__init__()
-        drawn = [name for name in self._drawing if callable(getattr(type(self), name, None))]
+        base = next(cls for cls in type(self).__mro__ if "_drawing" in vars(cls))
+        drawn = [name for name in self._drawing
+                 if getattr(type(self), name, None) is not getattr(base, name, None)]
         if drawn:
             raise ConfigError(
                 f"{type(self).__name__}.{drawn[0]} overrides how Lightning's "

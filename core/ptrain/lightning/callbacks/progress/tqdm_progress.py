@@ -14,12 +14,22 @@ from ptrain.lightning.callbacks.progress.progress_bar import _PtrainBar
 #: value does not make the line jump
 _NUMBER_WIDTH = 5
 
+#: the bar's line as Lightning's: done/total (``?`` when unknown), times, the rate in batches
+#: per second (never inverted) and the metrics
+_BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+
 
 class TQDMProgressBar(_PtrainBar):
     """Lightning's ``TQDMProgressBar``, drawn by ptrain's ``progress-bar`` (see
     :class:`_PtrainBar`). ``refresh_rate=0`` turns it off; another value leaves the redrawing
     to ptrain's bar (at most every 0.2 s). ``leave`` is accepted either way: ptrain prints one
-    line per finished epoch. ``process_position`` other than 0 is refused."""
+    line per finished epoch. ``process_position`` other than 0 is refused.
+
+    The ``init_*_tqdm`` methods are there for a subclass to call (NeuralProphet's bar makes its
+    own in ``__init__`` and moves it in its callback methods): each returns a new
+    :class:`Tqdm` with that stage's description, disabled when this bar is, which the caller
+    draws; ptrain never calls them and draws its own display besides. A subclass overriding
+    one is refused when made, since ptrain would not call its override."""
 
     _drawing = ("init_sanity_tqdm", "init_train_tqdm", "init_predict_tqdm",
                 "init_validation_tqdm", "init_test_tqdm")
@@ -31,6 +41,29 @@ class TQDMProgressBar(_PtrainBar):
         super().__init__(refresh_rate)
         self.leave = leave
         self.process_position = process_position
+
+    def _tqdm(self, description: str, leave: bool, **options: Any) -> Any:
+        """A :class:`Tqdm` for the caller to draw, on stdout, with Lightning's settings."""
+        import sys
+
+        return _tqdm_class()(desc=description, position=0, disable=self.is_disabled,
+                             leave=leave, dynamic_ncols=True, file=sys.stdout,
+                             bar_format=_BAR_FORMAT, **options)
+
+    def init_sanity_tqdm(self) -> Any:
+        return self._tqdm(self.sanity_check_description, leave=False)
+
+    def init_train_tqdm(self) -> Any:
+        return self._tqdm(self.train_description, leave=True, smoothing=0)
+
+    def init_predict_tqdm(self) -> Any:
+        return self._tqdm(self.predict_description, leave=True, smoothing=0)
+
+    def init_validation_tqdm(self) -> Any:
+        return self._tqdm(self.validation_description, leave=False)
+
+    def init_test_tqdm(self) -> Any:
+        return self._tqdm(self.test_description, leave=True)
 
 
 _LAZY = ("Tqdm",)  # made when first asked for: it needs tqdm
