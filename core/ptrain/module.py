@@ -625,7 +625,8 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
 
 
 _SCRIPTING = [False]
-#: the tensor dtype of a number :meth:`TrainModule.all_gather` gathers (Lightning's)
+
+
 @contextlib.contextmanager
 def jit_scripting() -> Iterator[None]:
     """While ``torch.jit.script`` compiles a module: :attr:`TrainModule.trainer` answers
