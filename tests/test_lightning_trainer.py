@@ -857,3 +857,75 @@ def test_the_connector_integrations_read_answers_as_lightnings(options):
 
     lightning, ours = both(run)
     assert ours == lightning
+
+
+def _early_stopping_run(framework: str, monitor: str, **trainer_args) -> dict:
+    """Fits a module that logs ``train_loss`` (``on_epoch=True`` in ``training_step``),
+    ``val_loss`` and ``epoch_metric`` (in ``on_train_epoch_end``) and never improves, with a
+    patience-2 ``EarlyStopping`` on ``monitor`` and a callback recording what the stopper says
+    where a program reads it; returns the record and where the run stopped."""
+    pl = importlib.import_module(framework)
+    callbacks = importlib.import_module(framework + ".callbacks")
+    seen: list = []
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch).pow(2).mean()
+            self.log("train_loss", loss.detach() * 0 + 1, on_epoch=True, on_step=False)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", 1.0)
+
+        def on_train_epoch_end(self):
+            self.log("epoch_metric", 1.0)
+            seen.append(("module on_train_epoch_end", stopper.wait_count))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Watch(pl.Callback):
+        def on_validation_end(self, trainer, module):
+            if not trainer.sanity_checking:
+                seen.append(("on_validation_end", stopper.wait_count, trainer.should_stop))
+
+        def on_train_epoch_end(self, trainer, module):
+            seen.append(("on_train_epoch_end", stopper.wait_count, trainer.should_stop))
+
+    stopper = callbacks.EarlyStopping(monitor=monitor, patience=2)
+    loader = DataLoader(Numbers(8), batch_size=4)
+    trainer = pl.Trainer(max_epochs=6, callbacks=[stopper, Watch()], logger=False,
+                         enable_checkpointing=False, **QUIET, **trainer_args)
+    trainer.fit(Model(), loader, loader)
+    return {"seen": seen, "stopped_epoch": stopper.stopped_epoch,
+            "epochs": trainer.current_epoch}
+
+
+@pytest.mark.parametrize("monitor, trainer_args", [
+    ("val_loss", {}),
+    ("train_loss", {}),  # an epoch value of training_step's: ready only at the epoch's end
+    ("epoch_metric", {}),  # logged in the module's on_train_epoch_end
+    # then it checks after each validation, after every callback's on_validation_end (in
+    # Lightning, at its place in the list of callbacks: docs/from-lightning.md)
+    ("val_loss", {"check_val_every_n_epoch": 2}),
+    ("val_loss", {"val_check_interval": 1}),
+], ids=["val_loss", "train_epoch_value", "logged_at_epoch_end", "every_2_epochs",
+        "every_batch"])
+def test_early_stopping_checks_where_lightnings_does(monitor, trainer_args):
+    """With ``check_on_train_epoch_end=None`` Lightning's ``EarlyStopping`` checks at the end of
+    each training epoch when the trainer validates once an epoch, after the module's and the
+    other callbacks' ``on_train_epoch_end``: a metric logged there can be monitored, and a
+    callback reading ``wait_count`` or ``should_stop`` in either hook sees the state before
+    that epoch's check. ptrain had checked after each validation, so the first two stopped the
+    run with "not logged" and the record differed by one hook."""
+    runs = [_early_stopping_run(framework, monitor, **trainer_args)
+            for framework in FRAMEWORKS]
+    assert runs[0]["seen"], "the program recorded nothing"
+    if "check_val_every_n_epoch" in trainer_args:
+        for run in runs:
+            run["seen"] = [entry for entry in run["seen"] if entry[0] != "on_validation_end"]
+    assert runs[1] == runs[0]

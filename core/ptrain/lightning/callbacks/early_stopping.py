@@ -8,6 +8,8 @@ import enum
 
 import torch
 
+from ptrain import hookimpl
+
 try:
     from ptrain_early_stopping import EarlyStopping as _EarlyStopping
 except ImportError as exc:
@@ -34,9 +36,13 @@ _REASONS = {None: EarlyStoppingReason.NOT_STOPPED,
 
 
 class EarlyStopping(_EarlyStopping):
-    """Lightning's ``EarlyStopping``. ``check_on_train_epoch_end``: ``None`` checks after each
-    validation (after each training epoch when the run has none), ``True`` at the end of each
-    training epoch, ``False`` after each validation. ptrain always reports why it stopped, so
+    """Lightning's ``EarlyStopping``. ``check_on_train_epoch_end``: ``True`` checks at the end of
+    each training epoch (after the module's and the other callbacks' ``on_train_epoch_end``, so
+    a metric logged there, or logged with ``on_epoch=True`` in ``training_step``, is seen),
+    ``False`` after each validation; ``None`` chooses as Lightning does when the stage starts:
+    at the end of each training epoch when the trainer validates once an epoch
+    (``val_check_interval == 1.0`` and ``check_val_every_n_epoch == 1``, the defaults, and
+    also when the run has no validation), else after each validation. ptrain always reports why it stopped, so
     ``verbose`` changes nothing; ``log_rank_zero_only`` likewise (it reports on rank 0).
 
     Lightning's attributes: ``wait_count``, ``best_score`` (a tensor), ``stopped_epoch`` (0
@@ -56,6 +62,15 @@ class EarlyStopping(_EarlyStopping):
                          stopping_threshold=stopping_threshold,
                          divergence_threshold=divergence_threshold, check_on=check_on)
         self.verbose, self.log_rank_zero_only = verbose, log_rank_zero_only
+        self._chooses_like_lightning = check_on_train_epoch_end is None
+
+    @hookimpl
+    def setup(self, trainer, stage: str) -> None:
+        if self._chooses_like_lightning:
+            once_an_epoch = (trainer.val_check_interval == 1.0
+                             and trainer.check_val_every_n_epoch == 1)
+            self.check_on = "train_epoch_end" if once_an_epoch else "validation"
+        super().setup(trainer, stage)
 
     @property
     def wait_count(self) -> int:
