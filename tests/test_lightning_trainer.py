@@ -929,3 +929,84 @@ def test_early_stopping_checks_where_lightnings_does(monitor, trainer_args):
         for run in runs:
             run["seen"] = [entry for entry in run["seen"] if entry[0] != "on_validation_end"]
     assert runs[1] == runs[0]
+
+
+def _warmed_up_early_stopping_run(framework: str, root: Path, check_on_train_epoch_end):
+    """A program's own ``EarlyStopping`` subclass that skips the checks of the first three
+    epochs by overriding Lightning's check methods and calling ``super()``, with a checkpoint
+    each epoch; returns what it saw and what the checkpoints hold of it."""
+    pl = importlib.import_module(framework)
+    callbacks = importlib.import_module(framework + ".callbacks")
+    calls: list = []
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", 1.0)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class WarmedUp(callbacks.EarlyStopping):
+        def on_validation_end(self, trainer, pl_module):
+            calls.append(("on_validation_end", trainer.current_epoch, self.wait_count))
+            if trainer.current_epoch >= 3:
+                super().on_validation_end(trainer, pl_module)
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            calls.append(("on_train_epoch_end", trainer.current_epoch, self.wait_count))
+            if trainer.current_epoch >= 3:
+                super().on_train_epoch_end(trainer, pl_module)
+
+    stopper = WarmedUp(monitor="val_loss", patience=1,
+                       check_on_train_epoch_end=check_on_train_epoch_end)
+    saves = callbacks.ModelCheckpoint(dirpath=root, save_top_k=-1, filename="{epoch}")
+    loader = DataLoader(Numbers(8), batch_size=4)
+    trainer = pl.Trainer(max_epochs=8, callbacks=[stopper, saves], logger=False,
+                         num_sanity_val_steps=0, **QUIET)
+    trainer.fit(Model(), loader, loader)
+    saved = {}
+    for path in sorted(root.glob("epoch=*.ckpt")):
+        state = torch.load(path, weights_only=False)["callbacks"][stopper.state_key]
+        saved[path.name] = {key: state[key] for key in ("wait_count", "stopped_epoch",
+                                                        "best_score", "patience",
+                                                        "stopping_reason")}
+    return {"calls": calls, "epochs": trainer.current_epoch, "key": stopper.state_key,
+            "saved": saved, "state": {k: stopper.state_dict()[k] for k in
+                                      ("wait_count", "stopped_epoch", "best_score",
+                                       "patience")}}
+
+
+@pytest.mark.parametrize("check_on_train_epoch_end", [None, False])
+def test_a_programs_early_stopping_subclass_overrides_the_checks_as_in_lightning(
+        tmp_path, check_on_train_epoch_end):
+    """A common Lightning pattern: an ``EarlyStopping`` subclass whose ``on_validation_end`` or
+    ``on_train_epoch_end`` calls ``super()`` only after some epochs. ptrain refused such a
+    subclass (its checks were ptrain hooks); now each is called where Lightning calls it, and
+    the state each checkpoint holds under ``["callbacks"][state_key]`` is Lightning's."""
+    runs = [_warmed_up_early_stopping_run(framework, tmp_path / framework,
+                                          check_on_train_epoch_end)
+            for framework in FRAMEWORKS]
+    assert runs[0]["saved"] and runs[0]["epochs"] < 8, "the oracle's run did not stop early"
+    assert runs[1]["key"].endswith(".WarmedUp{'monitor': 'val_loss', 'mode': 'min'}")
+    assert runs[1] == runs[0]
+
+
+def test_early_stopping_takes_the_state_lightnings_gives():
+    import lightning.pytorch.callbacks as lightning_callbacks
+    from ptrain.lightning.callbacks import EarlyStopping
+    from ptrain.lightning.callbacks.early_stopping import EarlyStoppingReason
+
+    theirs = lightning_callbacks.EarlyStopping(monitor="val_loss", patience=4)
+    theirs.wait_count, theirs.best_score, theirs.stopped_epoch = 2, torch.tensor(0.5), 0
+    ours = EarlyStopping(monitor="val_loss", patience=4)
+    ours.load_state_dict(theirs.state_dict())
+    assert (ours.wait_count, ours.best, ours.stopped_epoch) == (2, 0.5, 0)
+    assert ours.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+    assert ours.state_key == theirs.state_key

@@ -335,6 +335,17 @@ def test_cli_missing_monitor_is_a_usage_error(tmp_path):
     assert_usage_error(result, "monitor")
 
 
+@pytest.mark.parametrize("argument, value, choices", [
+    ("mode", "maximize", "min or max"),
+    ("check_on", "epoch", "auto, validation, train_epoch_end"),
+])
+def test_a_value_outside_the_choices_is_refused_when_made(argument, value, choices):
+    # in Python no option parser checks them: "maximize" had meant max, and "epoch" had meant
+    # train_epoch_end
+    with pytest.raises(ConfigError, match=f"`{argument}` can be {choices} .*got {value}"):
+        EarlyStopping(monitor="val_loss", **{argument: value})
+
+
 # -- two ddp ranks -----------------------------------------------------------------------------
 
 

@@ -5,6 +5,8 @@ distribution is an ``ImportError`` naming it), and ``EarlyStoppingReason``."""
 from __future__ import annotations
 
 import enum
+import math
+from typing import Any
 
 import torch
 
@@ -41,13 +43,21 @@ class EarlyStopping(_EarlyStopping):
     a metric logged there, or logged with ``on_epoch=True`` in ``training_step``, is seen),
     ``False`` after each validation; ``None`` chooses as Lightning does when the stage starts:
     at the end of each training epoch when the trainer validates once an epoch
-    (``val_check_interval == 1.0`` and ``check_val_every_n_epoch == 1``, the defaults, and
-    also when the run has no validation), else after each validation. ptrain always reports why it stopped, so
-    ``verbose`` changes nothing; ``log_rank_zero_only`` likewise (it reports on rank 0).
+    (``val_check_interval == 1.0`` and ``check_val_every_n_epoch == 1``, the defaults, and also
+    when the run has no validation), else after each validation. ptrain always reports why it
+    stopped, so ``verbose`` changes nothing; ``log_rank_zero_only`` likewise (it reports on
+    rank 0).
 
     Lightning's attributes: ``wait_count``, ``best_score`` (a tensor), ``stopped_epoch`` (0
-    until it stops), ``stopping_reason`` (:class:`EarlyStoppingReason`) and
-    ``stopping_reason_message``."""
+    until it stops), ``stopping_reason`` (:class:`EarlyStoppingReason`),
+    ``stopping_reason_message`` and ``state_key``; ``state_dict()`` has Lightning's keys (and
+    what ptrain needs to resume exactly), saved under ``checkpoint["callbacks"][state_key]``.
+    The checks are Lightning's methods ``on_validation_end`` and ``on_train_epoch_end``, called
+    at those points, so a subclass may override them and call ``super()`` (to skip the first
+    epochs, say), as a Lightning program does."""
+
+    #: Lightning's methods this class calls itself (below), where Lightning calls them
+    not_ptrain_hooks = ("on_train_epoch_end",)
 
     def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3,
                  verbose: bool = False, mode: str = "min", strict: bool = True,
@@ -71,6 +81,63 @@ class EarlyStopping(_EarlyStopping):
                              and trainer.check_val_every_n_epoch == 1)
             self.check_on = "train_epoch_end" if once_an_epoch else "validation"
         super().setup(trainer, stage)
+
+    # -- the checks, as Lightning's methods --------------------------------------------------
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        """After a validation within ``fit``: checks, when the checks are made there."""
+        if self._checks_after_validation:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        """At the end of a training epoch: checks, when the checks are made there."""
+        if not self._checks_after_validation:
+            self._check(trainer)
+
+    @hookimpl(specname="on_validation_end")
+    def _after_validation(self, trainer) -> None:
+        if trainer.stage == "train":  # a validation within fit, not the sanity check
+            self.on_validation_end(trainer, trainer.module)
+
+    @hookimpl
+    def on_epoch_end(self, trainer) -> None:
+        self._last_epoch = trainer.current_epoch
+        self.on_train_epoch_end(trainer, trainer.module)
+
+    # -- Lightning's attributes ----------------------------------------------------------------
+
+    @property
+    def state_key(self) -> str:
+        """Where a checkpoint keeps this callback's state (``checkpoint["callbacks"]
+        [state_key]``): the class and the options that tell two such callbacks apart."""
+        return type(self).__qualname__ + repr({"monitor": self.monitor, "mode": self.mode})
+
+    @hookimpl
+    def state_dict(self) -> dict[str, Any]:
+        """Lightning's keys (``wait_count``, ``stopped_epoch``, ``best_score``, ``patience``,
+        ``stopping_reason`` as its number, ``stopping_reason_message``), then ptrain's."""
+        return {**super().state_dict(),
+                "wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
+                "best_score": self.best_score, "patience": self.patience,
+                "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.stopping_reason_message}
+
+    @hookimpl
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s result, or the state Lightning's ``EarlyStopping``
+        gives (its keys only)."""
+        if "wait" in state:
+            super().load_state_dict({**state, "stopped_epoch": state["stopped_epoch"]
+                                     if state.get("reason") is not None else None})
+            return
+        self.wait, self.patience = state["wait_count"], state["patience"]
+        best = float(state["best_score"])
+        self.best = None if math.isinf(best) else best
+        kind = {reason: kind for kind, reason in _REASONS.items()}[
+            EarlyStoppingReason(state.get("stopping_reason", 0))]
+        self.reason_kind = kind
+        self.reason = (state.get("stopping_reason_message") or kind) if kind else None
+        self.stopped_epoch = state["stopped_epoch"] if kind else None
 
     @property
     def wait_count(self) -> int:

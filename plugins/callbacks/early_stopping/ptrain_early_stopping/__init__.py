@@ -22,6 +22,9 @@ from ptrain.options import to_bool
 
 log = logging.getLogger(__name__)
 
+#: when the checks can be made (``check_on``)
+CHECK_POINTS = ("auto", "validation", "train_epoch_end")
+
 
 class EarlyStopping:
     """``-p early-stopping --early-stopping-monitor val_loss``."""
@@ -30,6 +33,13 @@ class EarlyStopping:
                  strict: bool = True, check_finite: bool = True,
                  stopping_threshold: float | None = None,
                  divergence_threshold: float | None = None, check_on: str = "auto"):
+        if mode not in ("min", "max"):
+            raise ConfigError(f"early stopping's `mode` can be min or max (whether a lower or a "
+                              f"higher value of the monitored metric is better), got {mode}.")
+        if check_on not in CHECK_POINTS:
+            raise ConfigError(f"early stopping's `check_on` can be {', '.join(CHECK_POINTS)} "
+                              f"(after each validation, at the end of each training epoch, or "
+                              f"the first when the run validates), got {check_on}.")
         if patience < 0:
             raise ConfigError(f"early-stopping patience must be at least 0 (0: stop at the first "
                               f"check without improvement), got {patience}.")
@@ -71,7 +81,7 @@ class EarlyStopping:
         options.add("divergence_threshold", float,
                     help="stop as soon as the value is worse than this")
         options.add("check_on", str, default="auto",
-                    choices=("auto", "validation", "train_epoch_end"),
+                    choices=CHECK_POINTS,
                     help="when to check: after each validation, at the end of each training "
                          "epoch, or auto (after validation when the run validates)")
 
