@@ -446,6 +446,35 @@ def test_a_metric_only_updated_in_the_step_runs_as_in_lightning_and_says_so(tmp_
     assert any("'both'" in t and "epoch value is still published" in t for t in texts), texts
 
 
+def test_a_composed_metric_and_its_parts_all_publish_their_epoch_values_as_in_lightning(
+        tmp_path):
+    # scvi-tools logs elbo = rec + kl (a torchmetrics CompositionalMetric, updated alone: it
+    # updates its parts) together with rec and kl; resetting elbo resets its parts, so each
+    # logged metric must be computed before any is reset (the parts were NaN, 0/0)
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.rec, self.kl = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+                self.elbo = self.rec + 0.5 * self.kl
+
+            def validation_step(self, batch, batch_idx):
+                loss = self.loss(batch)
+                self.elbo.update(loss)
+                self.log_dict({"elbo": self.elbo, "rec": self.rec, "kl": self.kl},
+                              on_step=False, on_epoch=True)
+
+        return Module
+
+    runs = both(make, tmp_path, max_epochs=1)
+    lightning, ours = (numbers(runs[name][0].callback_metrics) for name in FRAMEWORKS)
+    assert set(ours) == set(lightning) == {"elbo", "rec", "kl"}
+    assert all(value == value for value in ours.values()), ours  # no NaN
+    assert ours == pytest.approx(lightning, rel=1e-6)
+
+
 def test_a_metric_called_as_the_loss_publishes_its_step_value_without_the_graph(tmp_path):
     # chemprop logs its criterion, a Metric whose forward returns the loss it trains on: the
     # step value published is that tensor, which held the step's graph (a warning when read as

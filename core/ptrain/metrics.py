@@ -17,7 +17,8 @@ The names and aggregation follow Lightning's ``self.log``:
   first dimension of its first tensor), as Lightning does: a short last batch weighs less.
 - A ``torchmetrics.Metric`` (anything with ``update``, ``compute`` and ``reset``) logged as the
   value: its per-batch value on step; at epoch end ``compute()`` (it synchronises across
-  processes itself) and ``reset()``.
+  processes itself) and ``reset()``, every logged metric computed before any is reset, as in
+  Lightning (a composed metric, ``elbo = rec + kl``, resets the metrics it is made of).
 - Every published value is reduced across processes with its ``reduce_fx`` (one collective per
   publish point and operation), whatever ``sync_dist`` says: a metric never differs between
   ranks.
@@ -366,10 +367,12 @@ class MetricStore:
             fx = entry[2] if len(entry) > 2 else "mean"
             values[name] = (total / weight if fx == "mean" else total, _REDUCTIONS[fx][1])
         self.epoch_sums[stage].clear()
-        for name, metric in self.epoch_objects[stage].items():
+        objects = self.epoch_objects[stage]
+        for name, metric in objects.items():
             values[name] = (torch.as_tensor(metric.compute()).detach(), None)  # synced itself
-            metric.reset()
-        self.epoch_objects[stage].clear()
+        for metric in objects.values():  # after every compute: resetting a composed metric
+            metric.reset()  # (``a + b``) resets the metrics it is made of, logged or not
+        objects.clear()
         if stage != "train":
             steps = {n: (v, self.step_ops.get(n, "mean"))
                      for n, v in self.eval_step_values.items()}
