@@ -1010,3 +1010,40 @@ def test_early_stopping_takes_the_state_lightnings_gives():
     assert (ours.wait_count, ours.best, ours.stopped_epoch) == (2, 0.5, 0)
     assert ours.stopping_reason is EarlyStoppingReason.NOT_STOPPED
     assert ours.state_key == theirs.state_key
+@pytest.mark.parametrize("accelerator, devices", [("auto", "auto"), ("cpu", "auto"), ("cpu", 1),
+                                                  ("auto", 1), ("cpu", 2), ("cpu", "2")])
+def test_the_private_accelerator_connector_resolves_as_lightnings(accelerator, devices):
+    # scvi-tools' parse_device_args resolves train(accelerator=, devices=) with Lightning's
+    # private _AcceleratorConnector before it makes a Trainer (importing scvi failed: no module)
+    def resolve(pl):
+        module = importlib.import_module(
+            f"{pl.__name__}.trainer.connectors.accelerator_connector")
+        connector = module._AcceleratorConnector(accelerator=accelerator, devices=devices)
+        return connector._accelerator_flag, connector._devices_flag
+
+    lightning, ours = both(resolve)
+    assert ours == lightning
+
+
+def test_the_private_accelerator_connector_refuses_what_lightnings_refuses():
+    from ptrain.lightning.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    with pytest.raises(TypeError, match="should be an int > 0"):
+        _AcceleratorConnector(accelerator="cpu", devices=-1)
+    if not torch.cuda.is_available():
+        with pytest.raises(ptrain.ConfigError, match="'cuda' can't run on this machine"):
+            _AcceleratorConnector(accelerator="gpu")
+
+
+def test_each_strategy_imports_from_the_module_lightning_defines_it_in():
+    # scvi-tools: from lightning.pytorch.strategies.ddp import DDPStrategy
+    import ptrain.lightning.strategies as strategies
+
+    for module, name in (("ddp", "DDPStrategy"), ("fsdp", "FSDPStrategy"),
+                         ("deepspeed", "DeepSpeedStrategy"),
+                         ("model_parallel", "ModelParallelStrategy"),
+                         ("single_device", "SingleDeviceStrategy"),
+                         ("parallel", "ParallelStrategy"), ("strategy", "Strategy")):
+        importlib.import_module(f"lightning.pytorch.strategies.{module}")  # Lightning's paths
+        ours = importlib.import_module(f"ptrain.lightning.strategies.{module}")
+        assert getattr(ours, name) is getattr(strategies, name)

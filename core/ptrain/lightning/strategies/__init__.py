@@ -12,7 +12,8 @@ During a stage, ``trainer.strategy`` answers Lightning's questions (``world_size
 ``broadcast``, ``reduce``, ``all_gather``, ``reduce_boolean_decision``) over the run's
 process group. ``StrategyRegistry`` lists the strategy names ``Trainer(strategy=...)`` takes
 with the installed plugins: Lightning's (``ddp_spawn``, ``deepspeed_stage_2``, ...) and ptrain's
-own (``zero1``, ...).
+own (``zero1``, ...). Each class also imports from the submodule Lightning defines it in
+(``strategies.ddp``, ``strategies.fsdp``, ``strategies.strategy``, ...).
 """
 
 from __future__ import annotations
