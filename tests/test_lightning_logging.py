@@ -475,6 +475,34 @@ def test_a_composed_metric_and_its_parts_all_publish_their_epoch_values_as_in_li
     assert ours == pytest.approx(lightning, rel=1e-6)
 
 
+def test_the_epoch_end_hooks_read_a_logged_metrics_epoch_value_as_in_lightning(tmp_path):
+    # scvi-tools steps ReduceLROnPlateau in on_validation_epoch_end with
+    # trainer.callback_metrics["elbo_validation"], a torchmetrics Metric logged on epoch: a
+    # KeyError before (only the plain values' aggregates were there)
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.metric, self.read = torchmetrics.MeanMetric(), []
+
+            def validation_step(self, batch, batch_idx):
+                self.metric.update(self.loss(batch))
+                self.log("val_metric", self.metric, on_step=False, on_epoch=True)
+
+            def on_validation_epoch_end(self):
+                self.read.append(float(self.trainer.callback_metrics["val_metric"]))
+
+        return Module
+
+    runs = both(make, tmp_path, max_epochs=2)
+    lightning, ours = (runs[name][1].read for name in FRAMEWORKS)
+    assert len(ours) == 2 and ours == pytest.approx(lightning, rel=1e-6)
+    published = (float(runs[name][0].callback_metrics["val_metric"]) for name in FRAMEWORKS)
+    assert next(published) == pytest.approx(next(published), rel=1e-6)
+
+
 def test_a_metric_called_as_the_loss_publishes_its_step_value_without_the_graph(tmp_path):
     # chemprop logs its criterion, a Metric whose forward returns the loss it trains on: the
     # step value published is that tensor, which held the step's graph (a warning when read as

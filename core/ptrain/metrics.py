@@ -307,10 +307,16 @@ class MetricStore:
     def preview_epoch(self, stage: str) -> None:
         """Put ``stage``'s epoch aggregates so far into ``callback_metrics``, as this process
         sees them (not yet reduced across processes; :meth:`publish_epoch` replaces them), so
-        the epoch-end hooks read the epoch's values. Tensor arithmetic only: no host sync."""
+        the epoch-end hooks read the epoch's values. Tensor arithmetic only: no host sync, but
+        for a logged ``torchmetrics.Metric``, whose ``compute()`` runs here as in Lightning (it
+        synchronises across processes itself and keeps its result for :meth:`publish_epoch`)."""
+        values = {}
         for name, entry in self.epoch_sums[stage].items():
             fx = entry[2] if len(entry) > 2 else "mean"
-            value = entry[0] / entry[1] if fx == "mean" else entry[0]
+            values[name] = entry[0] / entry[1] if fx == "mean" else entry[0]
+        for name, metric in self.epoch_objects[stage].items():
+            values[name] = torch.as_tensor(metric.compute()).detach()
+        for name, value in values.items():
             self.callback_metrics[name] = value
             if name in self.forked:
                 self.callback_metrics[self.forked[name]] = value
