@@ -1047,3 +1047,49 @@ def test_each_strategy_imports_from_the_module_lightning_defines_it_in():
         importlib.import_module(f"lightning.pytorch.strategies.{module}")  # Lightning's paths
         ours = importlib.import_module(f"ptrain.lightning.strategies.{module}")
         assert getattr(ours, name) is getattr(strategies, name)
+
+
+class _SwappableLoader(DataLoader):
+    """A loader whose ``__iter__`` reads the rows it holds when the iterator is made, and whose
+    rows a callback may replace (scvi-tools' semi-supervised loader swaps its labelled part in
+    ``on_train_epoch_start``)."""
+
+    def __init__(self, rows):
+        super().__init__(rows, batch_size=4, shuffle=True)
+        self.rows = rows
+
+    def __iter__(self):
+        return zip(DataLoader(self.rows, batch_size=4, shuffle=True), range(len(self)))
+
+
+@pytest.mark.parametrize("sanity", [0, 2])
+def test_the_first_epochs_training_iterator_is_made_before_the_training_hooks(sanity, tmp_path):
+    # Lightning makes the first epoch's iterator before on_train_start: a callback drawing
+    # random numbers in on_train_epoch_start leaves epoch 0's shuffle alone, and one swapping
+    # the loader's rows there changes what epochs 1, 2, ... read, not epoch 0
+    def run(pl):
+        class Model(model_class(pl)):
+            def training_step(self, batch, batch_idx):
+                rows, _ = batch
+                self.seen.append((self.current_epoch, rows.sum().item()))
+                return self.layer(rows).pow(2).mean()
+
+            def train_dataloader(self):
+                self.loader = _SwappableLoader(Numbers(16).rows)
+                return self.loader
+
+        class Swap(pl.Callback):
+            def on_train_epoch_start(self, trainer, pl_module):
+                torch.rand(3)
+                pl_module.loader.rows = Numbers(16, seed=trainer.current_epoch + 5).rows
+
+        pl.seed_everything(0)
+        model = Model()
+        pl.Trainer(default_root_dir=str(tmp_path / pl.__name__), max_epochs=3, logger=False,
+                   enable_checkpointing=False, num_sanity_val_steps=sanity, callbacks=[Swap()],
+                   **QUIET).fit(model)
+        return model.seen, [p.detach().clone() for p in model.parameters()]
+
+    (lightning_seen, lightning_weights), (seen, weights) = both(run)
+    assert seen == lightning_seen
+    assert all(torch.equal(a, b) for a, b in zip(weights, lightning_weights))

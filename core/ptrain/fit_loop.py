@@ -185,6 +185,9 @@ class FitLoop:
         self.last_published = 0
         trainer.loss_window = []
         self.resume_rng: dict[str, Any] | None = None
+        #: the training iterator made before the training hooks
+        #: (``trainer.iterates_training_data_before_train_start``), for the fit's first epoch
+        self.first_iterator: Iterator[Any] | None = None
         loader_batches = loader_length(trainer.train_dataloader)
         # what a mid-epoch resume compares (see resume_batch); saved with every checkpoint
         state = {"epoch": 0, "batch": 0, "epoch_rng": None, "elapsed_before": 0.0,
@@ -251,6 +254,11 @@ class FitLoop:
         # max_time counts training from here, after set-up and the sanity check, as
         # Lightning's Timer starts at on_train_start (a resumed run adds its earlier time)
         t._start_time = time.monotonic()
+        if (t.iterates_training_data_before_train_start and not self.resumed
+                and not self._limits_reached()):
+            if t.loop_state["epoch"] == 0:  # its first epoch reads it (else one made later)
+                t.loop_state["epoch_rng"] = checkpoint_io.capture_rng_states()
+            self.first_iterator = iter(t.train_dataloader)
         t.hook.on_loop_start(trainer=t, loop="train")
         try:
             while not self._limits_reached():
@@ -294,6 +302,9 @@ class FitLoop:
         t = self.trainer
         state = t.loop_state
         resume_rng, self.resume_rng = self.resume_rng, None
+        first, self.first_iterator = self.first_iterator, None
+        if first is not None and state["epoch"] == 0:  # made before the training hooks
+            return self._pairs(first, start)
         if start == 0 and state["epoch_rng"] is None:  # a new epoch
             if resume_rng is not None:  # resumed at an epoch boundary
                 checkpoint_io.restore_rng_states(resume_rng)
@@ -309,6 +320,11 @@ class FitLoop:
             next(iterator)
         if resume_rng is not None:
             checkpoint_io.restore_rng_states(resume_rng)
+        return self._pairs(iterator, start)
+
+    def _pairs(self, iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any]]:
+        """``(batch_idx, batch)`` from ``iterator`` (positioned at batch ``start``), up to the
+        epoch's batch count."""
         if math.isinf(self.num_batches):
             return self._one_ahead(enumerate(iterator, start))
         return enumerate(itertools.islice(iterator, self.num_batches - start), start)

@@ -104,6 +104,13 @@ class Trainer:
     #: ``on_train_batch_end``, or a program after ``fit``, finds the last step's gradients).
     #: ``on_before_zero_grad`` fires right before, either way.
     clears_gradients_before_backward = False
+    #: The training loader's iterator for an epoch is made when the epoch starts, after
+    #: ``on_epoch_start``; ``True``: a fit that does not resume makes it before
+    #: ``on_loop_start("train")`` (Lightning's ``on_train_start``), after the sanity check, and
+    #: its first epoch reads that one (``ptrain.lightning.Trainer``: Lightning's point, so a
+    #: callback that changes the loader in the first ``on_train_epoch_start`` changes it from the
+    #: second epoch on, and the iterator's random draws come before the hooks' own).
+    iterates_training_data_before_train_start = False
     #: A validation or test loader that gives no batches (its dataset is empty) stops the
     #: stage when it starts; ``False``: a warning, and the fit trains without validating, a
     #: ``validate`` or ``test`` runs nothing (``ptrain.lightning.Trainer``: Lightning's stages

@@ -85,6 +85,9 @@ class Trainer(_Trainer):
     # Lightning keeps a step's gradients until the next window's backward: a gradient-norm
     # callback reads them in on_train_batch_end
     clears_gradients_before_backward = True
+    # Lightning makes the first epoch's training iterator before on_train_start (scvi-tools'
+    # SubSampleLabels swaps a loader in on_train_epoch_start: the first epoch keeps the old)
+    iterates_training_data_before_train_start = True
     # Lightning's fit skips validation, and its validate and test run nothing (returning
     # []), with a warning, when the loader is empty
     stops_on_empty_evaluation = False
