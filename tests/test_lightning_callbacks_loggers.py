@@ -156,6 +156,25 @@ def test_a_users_logger_receives_what_lightning_gives_it(tmp_path):
     assert kind(ours, "log_hyperparams")[0] is ours[0]  # first, as in Lightning
 
 
+@pytest.mark.parametrize("interval", ["epoch", "step"])
+def test_a_users_logger_gets_the_learning_rates_without_an_epoch_as_lightnings(tmp_path,
+                                                                               interval):
+    # Lightning adds `epoch` to what self.log publishes, not to LearningRateMonitor's rows;
+    # scvi-tools' logger keys each row by `epoch` when it is there, else by `step`
+    def rows(framework, callbacks, base, experiment):
+        framework.seed_everything(3)
+        logger = recording_logger(base, experiment)()
+        fit(framework, model_class(framework)(), tmp_path / framework.__name__, logger=logger,
+            max_epochs=2, log_every_n_steps=2,
+            callbacks=[callbacks.LearningRateMonitor(logging_interval=interval)])
+        return [sorted(c[1]) for c in logger.calls
+                if c[0] == "log_metrics" and "lr-SGD" in c[1]]
+
+    theirs = rows(pl, l_callbacks, l_loggers.Logger, l_logger.rank_zero_experiment)
+    ours = rows(ppl, p_callbacks, p_loggers.Logger, p_logger.rank_zero_experiment)
+    assert ours == theirs and theirs and ["lr-SGD"] in theirs
+
+
 @pytest.mark.parametrize("logger", [None, False], ids=["default", "off"])
 def test_fast_dev_run_gives_the_module_a_logger_that_records_nothing_as_lightning_does(
         tmp_path, logger):

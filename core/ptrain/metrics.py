@@ -132,6 +132,10 @@ class MetricStore:
         #: loggers, as numbers (what ``validate``/``test`` return)
         self.results: list[dict[str, float]] = []
         self.batch: Any = None  # the batch under way (for batch sizes), set by model_step
+        #: True while the ``log_metrics`` hook receives what the program logged (``self.log``),
+        #: not another plugin's values (a monitor's learning rates): Lightning's loggers get
+        #: ``epoch`` beside the former only
+        self.publishing_logged = False
         self._epoch_level = False
         self._said_no_step_value: set[str] = set()
 
@@ -442,8 +446,12 @@ class MetricStore:
         names = [n for n in reduced if n not in self.not_logged]
         if names:
             self.logged_metrics.update({n: reduced[n] for n in names})
-            trainer.hook.log_metrics(trainer=trainer, metrics=self._numbers(reduced, names),
-                                     step=trainer.global_step)
+            self.publishing_logged = True
+            try:
+                trainer.hook.log_metrics(trainer=trainer, metrics=self._numbers(reduced, names),
+                                         step=trainer.global_step)
+            finally:
+                self.publishing_logged = False
         return reduced
 
     def _reduce_across_ranks(self, by_op: dict[str, dict[str, torch.Tensor]]

@@ -8,8 +8,10 @@ Lightning calls it; decorate a method with ``rank_zero_only`` to act on rank 0 o
 - ``log_hyperparams(params)`` once per ``fit``/``validate``, after ``setup``: the module's
   hyperparameters merged with the datamodule's (empty when there are none); then
   ``log_graph(module)`` and ``save()``;
-- ``log_metrics(metrics, step)`` at each of ptrain's publish points, with ``epoch`` added as
-  Lightning adds it (``step`` is ptrain's: the optimizer steps taken); then ``save()``;
+- ``log_metrics(metrics, step)`` at each of ptrain's publish points, with ``epoch`` added to
+  what the program logged (``self.log``) as Lightning adds it, and not to a monitor's values
+  (``LearningRateMonitor``, ``DeviceStatsMonitor``), as Lightning's monitors write them
+  (``step`` is ptrain's: the optimizer steps taken); then ``save()``;
 - ``after_save_checkpoint(checkpoint_callback)`` after each checkpoint file written, on rank 0;
 - ``finalize("success")`` at the end of each stage, ``finalize("failed")`` after an error.
 
@@ -164,7 +166,8 @@ class Logger(abc.ABC):
 
     def _publish_metrics(self, trainer: Any, metrics: dict[str, float], step: int) -> None:
         values = dict(metrics)
-        values.setdefault("epoch", trainer.current_epoch)
+        if getattr(trainer.metrics, "publishing_logged", True):
+            values.setdefault("epoch", trainer.current_epoch)
         self.log_metrics(values, step)
         if self._save_after_publish:
             self.save()
