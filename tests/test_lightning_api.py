@@ -564,6 +564,19 @@ def test_model_checkpoint_takes_one_trigger_as_lightnings_does():
     assert (timed.every_n_epochs, timed.every_n_train_steps) == (0, 0)
 
 
+def test_a_model_checkpoint_subclass_overriding_lightnings_methods_is_refused_when_made():
+    """ptrain's checkpoint callback never calls them (scvi-tools' ``SaveCheckpoint`` overrides
+    ``on_train_end``): it was a warning, then the fit stopped at registration."""
+
+    class SaveAtTheEnd(ModelCheckpoint):
+        def on_train_end(self, trainer, pl_module):
+            raise AssertionError("never called")
+
+    with pytest.raises(ptrain.ConfigError, match="SaveAtTheEnd overrides on_train_end of "
+                                                 "ModelCheckpoint.*separate Callback"):
+        SaveAtTheEnd()
+
+
 def test_early_stopping_says_why_with_lightnings_attributes():
     from ptrain.lightning.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 

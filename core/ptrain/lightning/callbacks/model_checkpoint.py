@@ -85,11 +85,11 @@ class ModelCheckpoint(_Checkpoint):
         self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
         ignored = overridden(self, CALLBACK_METHODS, ModelCheckpoint)
         if ignored:
-            warnings.warn(
+            raise ConfigError(
                 f"{type(self).__name__} overrides {', '.join(ignored)} of ModelCheckpoint, "
                 f"which ptrain's checkpoint callback does not call (its behaviour is in "
-                f"ptrain hooks). Put that code in a separate Callback in Trainer(callbacks=...).",
-                stacklevel=2)
+                f"ptrain hooks), so that code would never run. Put it in a separate Callback "
+                f"in Trainer(callbacks=...).")
 
     # -- Lightning's names ---------------------------------------------------------------------
 

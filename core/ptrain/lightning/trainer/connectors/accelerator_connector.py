@@ -59,4 +59,3 @@ def _resolved_name(accelerator: Any) -> str:
     from ptrain.selection import _auto_accelerator
 
     return _auto_accelerator(Catalog.discover(), set()).name
-
