@@ -13,6 +13,7 @@ accelerators, under their ptrain names, and what a program registers.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -201,11 +202,13 @@ _CLASSES = {cls.ptrain_name: cls for cls in (CPUAccelerator, CUDAAccelerator, MP
                                              XLAAccelerator)}
 
 
-class _NamedAccelerator(_PtrainAccelerator):
-    """An installed ptrain accelerator Lightning has no class for (``hpu``, a third party's)."""
-
-    def __init__(self, ptrain_name: str):
-        self.ptrain_name = ptrain_name
+@functools.lru_cache(maxsize=None)
+def _named_accelerator(ptrain_name: str) -> type[_PtrainAccelerator]:
+    """The class standing for an installed ptrain accelerator Lightning has no class for
+    (``hpu``, a third party's): one per name, since the answers are class methods."""
+    return type(f"{ptrain_name.upper()}Accelerator", (_PtrainAccelerator,),
+                {"ptrain_name": ptrain_name, "__module__": __name__,
+                 "__doc__": f"ptrain's ``{ptrain_name}`` accelerator."})
 
 
 class _AcceleratorPlugin:
@@ -254,8 +257,8 @@ def _fill(registry: Registry) -> None:
             registry[name] = {"description": description, "init_params": {},
                               "accelerator": cls, "accelerator_name": name}
         else:
-            registry[name] = {"description": description, "init_params": {"ptrain_name": name},
-                              "accelerator": _NamedAccelerator, "accelerator_name": name}
+            registry[name] = {"description": description, "init_params": {},
+                              "accelerator": _named_accelerator(name), "accelerator_name": name}
 
 
 class _AcceleratorRegistry(Registry):
@@ -326,4 +329,4 @@ def lightning_accelerator(trainer: Any) -> Accelerator:
     if isinstance(plugin, _AcceleratorPlugin):
         return plugin.accelerator
     cls = _CLASSES.get(name)
-    return cls() if cls is not None else _NamedAccelerator(name)
+    return (cls if cls is not None else _named_accelerator(name))()
