@@ -125,12 +125,13 @@ class EarlyStopping(_EarlyStopping):
     @hookimpl
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s result, or the state Lightning's ``EarlyStopping``
-        gives (its keys only)."""
+        gives (its keys only). ``patience`` stays the one this callback was given (Lightning's
+        takes the saved one): a resume that asks for another patience gets it."""
         if "wait" in state:
             super().load_state_dict({**state, "stopped_epoch": state["stopped_epoch"]
                                      if state.get("reason") is not None else None})
             return
-        self.wait, self.patience = state["wait_count"], state["patience"]
+        self.wait = state["wait_count"]
         best = float(state["best_score"])
         self.best = None if math.isinf(best) else best
         kind = {reason: kind for kind, reason in _REASONS.items()}[
