@@ -647,8 +647,24 @@ def test_each_stage_of_a_multi_process_job_is_seeded_again_as_in_lightning(monke
 
     torch.rand(5)
     before = torch.get_rng_state()
-    _set_up_device(trainer, 1)  # one process: Lightning's single-device strategy re-seeds not
+    single = ptrain.lightning.Trainer(devices=1, **QUIET)
+    _set_up_device(single, 1)  # Lightning's single-device strategy re-seeds not
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_ddp_on_one_device_is_seeded_again_as_lightnings_ddp_strategy(monkeypatch):
+    """PyG's gin example runs ``DDPStrategy`` with as many devices as there are (one here):
+    Lightning's strategy seeds again when it sets up, also for a single process, so the
+    dropout masks of the run are drawn from the seed; ptrain re-seeded only several
+    processes, and the run trained to other weights."""
+    monkeypatch.delenv("PTRAIN_GLOBAL_SEED", raising=False)
+    ptrain.seed_everything(7)
+    after_seeding = torch.rand(3)
+    torch.rand(5)  # the program builds its data and model after seeding
+    for strategy in ("ddp", ptrain.lightning.strategies.DDPStrategy(accelerator="cpu")):
+        trainer = ptrain.lightning.Trainer(strategy=strategy, devices=1, **QUIET)
+        _set_up_device(trainer, 1)
+        assert torch.equal(torch.rand(3), after_seeding)
 
 
 def test_use_distributed_sampler_false_turns_the_strategys_sharding_off():

@@ -11,9 +11,11 @@ from ptrain.seeding import last_seed, seed_everything
 
 class ReseedEachStage:
     """The ptrain callback (in every ``ptrain.lightning.Trainer`` run) that seeds every process
-    of a multi-process job again when a stage sets up its device, with the seed of the last
-    ``seed_everything``, as Lightning's ddp, fsdp and deepspeed strategies do; without an
-    earlier ``seed_everything`` it does nothing, as in Lightning. The data's ``prepare_data``
+    of a job under a multi-process strategy again when a stage sets up its device, with the
+    seed of the last ``seed_everything``, as Lightning's ddp, fsdp and deepspeed strategies do,
+    also when they run one process (``DDPStrategy`` with ``devices=1``); under
+    ``single-device`` it does nothing, and without an earlier ``seed_everything`` neither, as
+    in Lightning. The data's ``prepare_data``
     and ``setup``, the model's configuration and the training then draw what they draw under
     Lightning. ptrain's own ``Trainer`` does not re-seed (each process goes on from where the
     program's seeding left it). A resumed fit still restores the generators its checkpoint
@@ -25,6 +27,14 @@ class ReseedEachStage:
     def setup_device(self, trainer: Any) -> Any:
         device = yield
         seed = last_seed()
-        if trainer.world_size > 1 and seed is not None:
+        if _runs_processes(trainer) and seed is not None:
             seed_everything(seed)
         return device
+
+
+def _runs_processes(trainer: Any) -> bool:
+    """Whether the run's strategy is one that runs a process per device (ddp, fsdp, zero,
+    model-parallel), whatever the number of devices: Lightning's counterparts seed again when
+    they set up, its single-device strategy does not."""
+    strategy = trainer.plugins.get(trainer.options["strategy"])
+    return callable(getattr(strategy, "processes_per_node", None))
