@@ -334,6 +334,62 @@ def test_the_sanity_checks_values_are_read_where_it_ends_and_gone_after_as_in_li
     assert seen[2] == ("on_train_start", False, {})
 
 
+def test_the_epoch_end_hooks_read_a_logged_metric_objects_epoch_value_as_in_lightning(tmp_path):
+    """PyG's examples log a torchmetrics ``Accuracy`` object per epoch; a callback's (and the
+    module's) ``on_validation_epoch_end`` and ``on_train_epoch_end`` read its value in
+    ``trainer.callback_metrics`` under Lightning, where ptrain showed the previous epoch's
+    value (none in the first epoch) as only the logged numbers were previewed there. One
+    object logged under two names has its value under both (ptrain reset it after computing
+    the first, so the second read NaN)."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.train_mean = torchmetrics.MeanMetric()
+                self.val_mean = torchmetrics.MeanMetric()
+                self.seen = []
+
+            def training_step(self, batch, batch_idx):
+                loss = self.loss(batch)
+                self.train_mean(loss)
+                self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
+                self.log("train_both", self.train_mean, on_step=True, on_epoch=True)
+                return loss
+
+            def validation_step(self, batch, batch_idx):
+                self.val_mean.update(self.loss(batch))
+                self.log("val_mean", self.val_mean)
+
+            def on_validation_epoch_end(self):
+                self.seen.append(("module", numbers(self.trainer.callback_metrics)))
+
+        return Module
+
+    def callbacks(framework):
+        class Reading(framework.Callback):
+            def __init__(self):
+                self.seen = []
+
+            def on_validation_epoch_end(self, trainer, pl_module):
+                self.seen.append(("validation", numbers(trainer.callback_metrics)))
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                self.seen.append(("train", numbers(trainer.callback_metrics)))
+
+        return [Reading()]
+
+    runs = both(make, tmp_path, callbacks=callbacks, max_epochs=2, num_sanity_val_steps=1)
+    (lt, lm, _), (pt, pm, _) = runs["lightning"], runs["ptrain"]
+    for ours, theirs in ((pt.callbacks[0].seen, lt.callbacks[0].seen), (pm.seen, lm.seen)):
+        assert [where for where, _ in ours] == [where for where, _ in theirs]
+        for (where, mine), (_, lightnings) in zip(ours, theirs):
+            assert {"val_mean"} <= lightnings.keys(), where
+            assert mine.keys() == lightnings.keys(), where
+            assert mine == pytest.approx(lightnings, rel=1e-6), where
+
+
 # ---------------------------------------------------------------------------------------------
 # Refused, as Lightning refuses them
 
