@@ -154,6 +154,35 @@ def test_validation_data_without_validation_step_is_said_once(tmp_path):
         NoValidationData()))
 
 
+class NoValidationData(TinyRegressor):
+    val_dataloader = None  # Lightning's switch: the module gives none
+
+
+class NoneGiven(TinyRegressor):
+    def val_dataloader(self):
+        return None
+
+
+def test_a_validation_step_without_validation_data_is_said_once(tmp_path):
+    """The other half, as Lightning says it: a validation_step that fit never calls, because
+    there is no validation data, is said once, naming where the data would come from."""
+    said = said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(
+        NoValidationData()))
+    assert len(said) == 1, said
+    assert said[0].startswith("NoValidationData has a validation_step, but fit has no "
+                              "validation data (no val_dataloaders given to fit, and "
+                              "NoValidationData has no val_dataloader()), so it runs no "
+                              "validation."), said
+    assert "pass limit_val_batches=0" in said[0], said
+    said = said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(NoneGiven()))
+    assert ["NoneGiven.val_dataloader() returned None" in s for s in said] == [True], said
+    # turned off, or validation data there: nothing to say
+    assert not said_of_validation_step(lambda: trainer(
+        tmp_path, max_epochs=1, limit_val_batches=0).fit(NoValidationData()))
+    assert not said_of_validation_step(lambda: trainer(tmp_path, max_epochs=1).fit(
+        NoValidationData(), val_dataloaders=TinyRegressor().val_dataloader()))
+
+
 def test_limit_test_batches(tmp_path):
     recorder = StageRecorder()
     trainer(tmp_path, callbacks=[*QUIET, recorder], limit_test_batches=2).test(StagedRegressor())

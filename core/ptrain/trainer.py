@@ -985,6 +985,8 @@ class Trainer:
                         None if skipped else self._dataloader(loader_stage))
                 if rng is not None:
                     checkpoint_io.restore_rng_states(rng)
+            if stage == "fit":
+                self._say_validation_step_unused(module)
             main_loader = _STAGE_LOADERS[stage][0]
             if getattr(self, _LOADER_ATTRIBUTES[main_loader]) is None and not (
                     main_loader in ("validate", "test")
@@ -1181,6 +1183,23 @@ class Trainer:
             f"validation_step to validate; to train without validation and not be told, remove "
             f"the validation data or pass limit_val_batches=0 (--limit-val-batches 0).",
             stacklevel=2)
+
+    def _say_validation_step_unused(self, module: TrainModule) -> None:
+        """A ``validation_step`` without validation data is never called: ``fit`` runs no
+        validation, which is said (once, on global rank 0), as Lightning says it, since the
+        data may be missing by mistake."""
+        if (self.val_dataloader is not None or not implements(module, "validation_step")
+                or self.limit_val_batches == 0 or not self.is_global_zero):
+            return
+        source = self.datamodule if self.datamodule is not None else module
+        method = f"{type(source).__qualname__}.val_dataloader()"
+        where = (f"{method} returned None" if _overrides(source, "val_dataloader")
+                 else f"{type(source).__qualname__} has no val_dataloader()")
+        warnings.warn(
+            f"{type(module).__qualname__} has a validation_step, but fit has no validation "
+            f"data (no val_dataloaders given to fit, and {where}), so it runs no validation. "
+            f"Give validation data to validate; to train without validation and not be told, "
+            f"pass limit_val_batches=0 (--limit-val-batches 0).", stacklevel=2)
 
     def _dataloader(self, stage: str):
         loader = self.given_dataloaders.get(stage)
