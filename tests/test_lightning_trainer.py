@@ -1020,12 +1020,17 @@ def test_early_stopping_takes_the_state_lightnings_gives():
     from ptrain.lightning.callbacks.early_stopping import EarlyStoppingReason
 
     theirs = lightning_callbacks.EarlyStopping(monitor="val_loss", patience=4)
-    theirs.wait_count, theirs.best_score, theirs.stopped_epoch = 2, torch.tensor(0.5), 0
+    theirs.wait_count, theirs.best_score, theirs.stopped_epoch = 2, torch.tensor(0.5), 5
     ours = EarlyStopping(monitor="val_loss", patience=4)
     ours.load_state_dict(theirs.state_dict())
-    assert (ours.wait_count, ours.best, ours.stopped_epoch) == (2, 0.5, 0)
+    assert (ours.wait_count, ours.best, ours.stopped_epoch) == (2, 0.5, 5)
     assert ours.stopping_reason is EarlyStoppingReason.NOT_STOPPED
     assert ours.state_key == theirs.state_key
+    # an older Lightning's state: without the reason's keys
+    older = {"wait_count": 1, "stopped_epoch": 0, "best_score": torch.tensor(0.25),
+             "patience": 4}
+    ours.load_state_dict(older)
+    assert (ours.wait_count, ours.best, ours.stopped_epoch) == (1, 0.25, 0)
 @pytest.mark.parametrize("accelerator, devices", [("auto", "auto"), ("cpu", "auto"), ("cpu", 1),
                                                   ("auto", 1), ("cpu", 2), ("cpu", "2")])
 def test_the_private_accelerator_connector_resolves_as_lightnings(accelerator, devices):

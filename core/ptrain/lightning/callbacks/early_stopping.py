@@ -138,7 +138,7 @@ class EarlyStopping(_EarlyStopping):
             EarlyStoppingReason(state.get("stopping_reason", 0))]
         self.reason_kind = kind
         self.reason = (state.get("stopping_reason_message") or kind) if kind else None
-        self.stopped_epoch = state["stopped_epoch"] if kind else None
+        self.stopped_epoch = state["stopped_epoch"]  # kept as given, as Lightning does
 
     @property
     def wait_count(self) -> int:
