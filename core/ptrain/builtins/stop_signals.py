@@ -75,6 +75,7 @@ class StopSignals:
         self._group = None
         self._posted: tuple[Any, torch.Tensor] | None = None
         self._wakeup: tuple[int, int] | None = None  # (our pipe's write end, the previous fd)
+        self._watcher: threading.Thread | None = None  # reads the pipe while a fit runs
         self._second_taken = threading.Event()  # the main thread's handler took a second signal
 
     def __getstate__(self) -> dict[str, Any]:
@@ -82,7 +83,8 @@ class StopSignals:
         received, not this process's handlers, pipe, process group and thread event: it starts
         as a callback that has not set up yet."""
         state = dict(self.__dict__)
-        state.update(_previous={}, _group=None, _posted=None, _wakeup=None, _second_taken=None)
+        state.update(_previous={}, _group=None, _posted=None, _wakeup=None, _watcher=None,
+                     _second_taken=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -156,7 +158,8 @@ class StopSignals:
                         if count >= 2 and not self._second_taken.wait(BLOCKED_GRACE):
                             _exit_now(signum)
 
-        threading.Thread(target=watch, name="ptrain-stop-signals", daemon=True).start()
+        self._watcher = threading.Thread(target=watch, name="ptrain-stop-signals", daemon=True)
+        self._watcher.start()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.received is None:
@@ -194,6 +197,11 @@ class StopSignals:
             signal.set_wakeup_fd(previous_fd)
             os.close(write)  # the watching thread reads the end of its pipe and ends
             self._wakeup = _pipe = None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            # a fit leaves no thread of its own behind; the join is at once (it has read the
+            # end), and bounded, should a signal handler further up be holding it
+            watcher.join(timeout=BLOCKED_GRACE)
 
     # -- each step -----------------------------------------------------------------------------
 
