@@ -158,3 +158,61 @@ def test_a_silent_master_port_ends_another_rank_within_the_timeout(tmp_path, sil
     result = ptrain_fit(tmp_path, env=torchrun_env("127.0.0.1", silent_port, 1, 2))
     assert_usage_error(result, f"127.0.0.1:{silent_port}", "MASTER_PORT", "did not answer")
     assert_bounded(result)
+
+
+#: A program without its ``if __name__ == "__main__":`` guard, run with ddp_spawn: each worker
+#: runs it again while it starts and dies there. The module is bigger than a pipe's buffer.
+UNGUARDED = '''
+import torch
+import ptrain.lightning as pl
+
+
+class Big(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.register_buffer("table", torch.zeros(400_000))  # 1.6 MB pickled
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+pl.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", max_epochs=1, logger=False,
+           enable_checkpointing=False, enable_progress_bar=False).fit(Big())
+'''
+
+
+def test_a_worker_that_dies_while_starting_ends_the_spawn_launcher(tmp_path):
+    """The launcher sends each spawned worker its function; a worker that dies before taking
+    it (here: the program has no main guard, so the worker's import of it launches again)
+    must end the job with an error, not leave the launcher waiting to hand it over (pykeen's
+    lit_pipeline with ddp_spawn in a script without the guard waited for ever)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = {k: v for k, v in os.environ.items()
+           if k not in SANITISED and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "core"), env.get("PYTHONPATH", "")])
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=SLACK_S)
+        ended = True
+    except subprocess.TimeoutExpired:
+        stderr, ended = "", False
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert ended, f"the launcher still waited after {time.monotonic() - started:.0f} s"
+    assert proc.returncode != 0
+    assert "exited with code 1" in stderr and "__main__" in stderr, stderr[-3000:]

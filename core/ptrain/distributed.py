@@ -227,6 +227,10 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     )
     # Plain pickle bytes: handed over as objects, the module's tensors would be moved into
     # shared memory (torch.multiprocessing's pickling), and every rank would update one copy.
+    # They go to the workers in a file, not through the pipe spawn starts a worker with: the
+    # launcher writes that pipe whole while holding its read end, so a worker that dies before
+    # reading it all (a program without its `if __name__ == "__main__":` guard, an import that
+    # fails) would leave the launcher blocked for good once it holds more than the pipe's 64 KiB.
     payload = pickle.dumps(function)
     # failures are reported below, once, with the cause; torch's own lines would come first
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
@@ -240,13 +244,16 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
     returned = threading.Event()
     try:
         with tempfile.TemporaryDirectory(prefix="ptrain-workers-") as error_dir:
+            payload_file = Path(error_dir) / "function.pkl"
+            payload_file.write_bytes(payload)
+            del payload
             if num_nodes > 1:
                 threading.Thread(target=machines.end_if_agent_blocked, name="ptrain-agent-watch",
                                  args=(error_dir, returned, 3 * store_s + 10.0),
                                  daemon=True).start()
             try:
                 results = elastic_launch(config, _run_worker)(
-                    payload, error_dir, multiprocessing.get_start_method())
+                    str(payload_file), error_dir, multiprocessing.get_start_method())
             except ChildFailedError as exc:
                 raise _first_error(exc, Path(error_dir)) from None
             except RendezvousError as exc:
@@ -271,10 +278,10 @@ def launch_workers(function: Callable[[], Any], *, nprocs: int, num_nodes: int =
 _ELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
-def _run_worker(payload: bytes, error_dir: str, start_method: str) -> Any:
-    """A worker's entry point: unpickle the function and run it. An error is written to a file
-    for the launching process (with its traceback) and the worker exits quietly: 2 for a usage
-    error, else 1.
+def _run_worker(payload_file: str, error_dir: str, start_method: str) -> Any:
+    """A worker's entry point: unpickle the function from ``payload_file`` (its pickle bytes)
+    and run it. An error is written to a file for the launching process (with its traceback)
+    and the worker exits quietly: 2 for a usage error, else 1.
 
     ``start_method`` is the launching process's multiprocessing start method, which the worker
     takes as its own: started by spawn, it would otherwise start its DataLoader workers by
@@ -283,7 +290,7 @@ def _run_worker(payload: bytes, error_dir: str, start_method: str) -> Any:
     multiprocessing.set_start_method(start_method, force=True)
     rank_watch.record_stalls_in(error_dir)
     try:
-        result = pickle.loads(payload)()
+        result = pickle.loads(Path(payload_file).read_bytes())()
     except BaseException as exc:
         rank_watch.stop("failed", exc)
         rank_errors.write_record(error_dir, exc, int(os.environ.get("RANK", "0")))
