@@ -571,6 +571,35 @@ def test_reload_dataloaders_every_n_epochs_asks_again_as_lightning(tmp_path,
     assert ours[1] == lightning[1]  # validation at the same steps
 
 
+def test_a_reloaded_shuffling_loader_gives_lightnings_batches(tmp_path):
+    """Lightning makes an iterator of a training loader it asked for again, and the epoch
+    makes another: the first one's draw of the global generator moves what the shuffle draws
+    (pykeen's sLCWA loader, whose negatives are sampled from it too, trained otherwise)."""
+
+    def run(pl):
+        pl.seed_everything(3)
+
+        class Shuffled(model_class(pl)):
+            def train_dataloader(self):
+                return DataLoader(Numbers(16), batch_size=4, shuffle=True)
+
+            def training_step(self, batch, batch_idx):
+                self.order.append(batch[:, 0].tolist())
+                return self.layer(batch).pow(2).mean()
+
+        model = Shuffled()
+        model.order = []
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=3,
+                             limit_val_batches=0, logger=False, enable_checkpointing=False,
+                             reload_dataloaders_every_n_epochs=1, **QUIET)
+        trainer.fit(model)
+        return model.order, [p.detach().clone() for p in model.parameters()]
+
+    lightning, ours = both(run)
+    assert ours[0] == lightning[0]  # every epoch's batches, in Lightning's order
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], lightning[1]))
+
+
 def test_reloaded_validation_data_is_what_validation_reads(tmp_path):
     sizes = iter([8, 12, 16, 20, 24])
 

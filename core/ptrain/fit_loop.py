@@ -455,6 +455,8 @@ class FitLoop:
         t = self.trainer
         stop_workers(t.train_dataloader)
         t.train_dataloader = t._dataloader("train")
+        if t.iterates_reloaded_training_data_twice:
+            iter(t.train_dataloader)  # made and dropped, for its random draws (see Trainer)
         self.train_loaded = t.current_epoch
         length = loader_length(t.train_dataloader)
         self.num_batches = t.num_training_batches = limit_batches(length, t.limit_train_batches)

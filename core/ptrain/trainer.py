@@ -111,6 +111,13 @@ class Trainer:
     #: callback that changes the loader in the first ``on_train_epoch_start`` changes it from the
     #: second epoch on, and the iterator's random draws come before the hooks' own).
     iterates_training_data_before_train_start = False
+    #: A training loader asked for again at an epoch's start
+    #: (``reload_dataloaders_every_n_epochs``) is iterated once, by that epoch; ``True``: an
+    #: iterator of it is also made and dropped as soon as it is asked for, before
+    #: ``on_epoch_start`` (``ptrain.lightning.Trainer``: Lightning's set-up of a reloaded loader
+    #: makes one that its epoch then replaces, so what making an iterator draws, a
+    #: ``DataLoader``'s base seed from the global generator, is drawn twice, as there).
+    iterates_reloaded_training_data_twice = False
     #: A validation or test loader that gives no batches (its dataset is empty) stops the
     #: stage when it starts; ``False``: a warning, and the fit trains without validating, a
     #: ``validate`` or ``test`` runs nothing (``ptrain.lightning.Trainer``: Lightning's stages

@@ -88,6 +88,10 @@ class Trainer(_Trainer):
     # Lightning makes the first epoch's training iterator before on_train_start (scvi-tools'
     # SubSampleLabels swaps a loader in on_train_epoch_start: the first epoch keeps the old)
     iterates_training_data_before_train_start = True
+    # Lightning makes an iterator of a reloaded training loader when it sets it up, and its
+    # epoch makes another (pykeen's sLCWA loader: each draws a base seed, and the negatives
+    # sampled after them depend on it)
+    iterates_reloaded_training_data_twice = True
     # Lightning's fit skips validation, and its validate and test run nothing (returning
     # []), with a warning, when the loader is empty
     stops_on_empty_evaluation = False
