@@ -134,6 +134,27 @@ class ManualRegressor(TinyRegressor):
         return loss
 
 
+class ManualScheduledRegressor(ManualRegressor):
+    """ManualRegressor that steps its own StepLR (which halves the rate every step) in
+    ``training_step``, before its optimizer step, as some programs do."""
+
+    def training_step(self, batch, batch_idx):
+        self.lr_schedulers().step()
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(
+            optimizer, step_size=1, gamma=0.5)}
+
+
+class ManualNoLoss(ManualRegressor):
+    """ManualRegressor whose ``training_step`` returns nothing."""
+
+    def training_step(self, batch, batch_idx):
+        super().training_step(batch, batch_idx)
+
+
 class TwoGroupRegressor(TinyRegressor):
     """TinyRegressor with two layers in two param groups, the second at a tenth of the first's
     learning rate (SGD with momentum)."""
@@ -363,8 +384,8 @@ def capped_fit(root: str, budget_mib: int, width: int = 4096, max_steps: int = 3
                **finder_options) -> None:
     """Fit :class:`MemoryHungry` with ``-p batch-size-finder`` in this process, its address
     space capped at what it uses now (torch and the module loaded, one warm-up step done) plus
-    ``budget_mib``; the run then trains ``max_steps`` steps. Writes ``<root>/result.json``: the finder's trials and result, the batch
-    sizes the run trained on, and the cap."""
+    ``budget_mib``; the run then trains ``max_steps`` steps. Writes ``<root>/result.json``:
+    the finder's trials and result, the batch sizes the run trained on, and the cap."""
     from ptrain_finders import BatchSizeFinder
 
     torch.set_num_threads(1)  # one thread: no per-thread arenas or stacks appear mid-run

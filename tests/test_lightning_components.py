@@ -615,9 +615,11 @@ def test_sync_batchnorm_on_several_cpu_processes_is_refused_before_ddp_fails(tmp
 # -- the tuner against Lightning's ----------------------------------------------------------------
 
 
-def _tuned(framework: str, root) -> dict:
+def _tuned(framework: str, root, manual: bool = False) -> dict:
     """Lightning's tuner (``framework="lightning"``) or ptrain's on the same module: the LR
-    test's curve and suggestion, the batch sizes found, and whether the weights came back."""
+    test's curve and suggestion, the batch sizes found, and whether the weights came back.
+    ``manual``: the module optimizes manually and steps its scheduler in ``training_step``
+    (NeuralProphet's module does; Lightning's test hands it the test's own scheduler)."""
     if framework == "lightning":
         import lightning.pytorch as pl
         from lightning.pytorch.tuner import Tuner
@@ -644,8 +646,25 @@ def _tuned(framework: str, root) -> dict:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=self.lr)
 
+    class ManualNet(Net):
+        automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+            self.lr_schedulers().step()
+            return loss
+
+        def configure_optimizers(self):
+            optimizer = super().configure_optimizers()
+            return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(
+                optimizer, step_size=1, gamma=0.99)}
+
     pl.seed_everything(0)
-    module = Net()
+    module = ManualNet() if manual else Net()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
@@ -663,12 +682,13 @@ def _tuned(framework: str, root) -> dict:
             "left_behind": sorted(p.name for p in root.iterdir())}
 
 
-def test_the_tuner_finds_what_lightnings_finds(tmp_path, capsys):
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_the_tuner_finds_what_lightnings_finds(tmp_path, capsys, manual):
     (tmp_path / "lightning").mkdir()
     (tmp_path / "ptrain").mkdir()
-    theirs = _tuned("lightning", tmp_path / "lightning")
+    theirs = _tuned("lightning", tmp_path / "lightning", manual)
     capsys.readouterr()
-    ours = _tuned("ptrain", tmp_path / "ptrain")
+    ours = _tuned("ptrain", tmp_path / "ptrain", manual)
     # the Tuner says what it set; the finder's own line (its suggestion, a plot in the scratch
     # folder, deleted) is not printed
     assert "lr-finder:" not in capsys.readouterr().out

@@ -31,7 +31,8 @@ from ptrain_finders.steps import StepRunner, cycle
 from tests._campaigns import TWO_PROCESS_RUNS
 from tests._cli_util import CLIRuns, assert_ok, assert_usage_error
 from tests._finder_models import (BatchSizeRecorder, CapAddressSpace, FinderProbe, FlatLoss,
-                                  GroupLRRecorder, ManualRegressor, MemoryHungry, OwnGeneratorRegressor,
+                                  GroupLRRecorder, ManualNoLoss, ManualRegressor,
+                                  ManualScheduledRegressor, MemoryHungry, OwnGeneratorRegressor,
                                   SizeRecordingRegressor, StateProbe, TwoGroupRegressor,
                                   differences, read_probes, training_state)
 from tests.conftest import REPO, TinyRegressor
@@ -287,11 +288,45 @@ def test_lr_finder_refuses_bad_options(options, needle):
     assert needle in str(info.value)
 
 
-def test_lr_finder_refuses_manual_optimization_and_own_lr_schedulers(make_trainer):
-    with pytest.raises(ConfigError, match="optimizes manually") as info:
-        fit(make_trainer, ManualRegressor(), LRFinder())
-    assert "decides when and which optimizers step" in str(info.value)
+def test_lr_finder_tests_a_manually_optimizing_module_as_an_automatic_one(make_trainer):
+    """The same regression, stepped by the loop or by its own training_step, gives the same
+    curve; a module that steps its own scheduler before its optimizer step (halving the rate
+    each time) too: the run's schedulers are held during the test, then put back."""
+    curves = {}
+    for kind in (TinyRegressor, ManualRegressor, ManualScheduledRegressor):
+        torch.manual_seed(0)
+        module, finder = kind(), LRFinder(num_steps=30, then="stop")
+        before = {k: v.clone() for k, v in module.state_dict().items()}
+        trainer = fit(make_trainer, module, finder)
+        curves[type(module).__name__] = (finder.lrs, finder.losses, finder.suggestion)
+        assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert len(curves["TinyRegressor"][0]) == 30 and curves["TinyRegressor"][2] is not None
+    assert curves["ManualRegressor"] == curves["TinyRegressor"]
+    assert curves["ManualScheduledRegressor"] == curves["TinyRegressor"]
+    scheduler = trainer.lr_schedulers[0]["scheduler"]
+    assert "step" not in vars(scheduler) and scheduler.last_epoch == 0  # put back, unstepped
 
+    module = ManualScheduledRegressor()  # then="fit": the run trains, its scheduler stepping
+    finder = LRFinder(num_steps=20)
+    trainer = fit(make_trainer, module, finder)
+    assert finder.suggestion is not None and trainer.global_step == 8
+    assert trainer.lr_schedulers[0]["scheduler"].last_epoch == 8
+
+
+def test_lr_finder_refusals_under_manual_optimization(make_trainer):
+    class TwoOptimizers(ManualRegressor):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net.parameters(), lr=0.1),
+                    torch.optim.SGD(self.net.parameters(), lr=0.1)]
+
+    with pytest.raises(ConfigError, match="optimizes manually with 2 optimizers") as info:
+        fit(make_trainer, TwoOptimizers(), LRFinder())
+    assert "needs one optimizer under manual optimization" in str(info.value)
+    with pytest.raises(ConfigError, match="training_step returned no loss in 12 steps"):
+        fit(make_trainer, ManualNoLoss(), LRFinder(num_steps=12))
+
+
+def test_lr_finder_refuses_own_lr_schedulers(make_trainer):
     class OneCycle(TinyRegressor):
         def configure_optimizers(self):
             opt = torch.optim.SGD(self.parameters(), lr=0.01)
@@ -583,8 +618,8 @@ CLI_USAGE_ERRORS = {
                 "1", "--lr-finder-max-lr", "0.5")), ("min_lr (1) must be below max_lr (0.5)",)),
     "steps": ((("--config", DIGITS_CONFIG, "-p", "lr-finder", "--lr-finder-num-steps",
                 "1")), ("num_steps=1 is too few; use at least 12",)),
-    "manual": ((("--model", "tests._finder_models:ManualRegressor", "--accelerator", "cpu",
-                 "-p", "lr-finder")), ("ManualRegressor optimizes manually",)),
+    "manual": ((("--model", "tests._finder_models:ManualNoLoss", "--accelerator", "cpu",
+                 "-p", "lr-finder")), ("ManualNoLoss.training_step returned no loss",)),
     "margin": ((("--config", DIGITS_CONFIG, "-p", "batch-size-finder",
                  "--batch-size-finder-margin", "2")), ("margin=2.0 must be in (0, 1]",)),
 }

@@ -10,10 +10,11 @@ suggestion as its initial learning rate.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from importlib.util import find_spec
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -70,6 +71,26 @@ def steepest_descent(lrs: list[float], smoothed: list[float], skip: int) -> int 
     return skip + int(np.argmin(slopes))
 
 
+@contextlib.contextmanager
+def held_schedulers(trainer) -> Iterator[None]:
+    """The run's LR schedulers do nothing when stepped, inside: a manually optimizing module
+    steps its own (``self.lr_schedulers()``) in ``training_step``, and one that does so before
+    its optimizer step would otherwise replace the rate under test. Their state is the
+    snapshot's to put back; this only puts their ``step`` back."""
+    schedulers = [entry["scheduler"] for entry in trainer.lr_schedulers]
+    for scheduler in schedulers:
+        scheduler.step = _held_step  # an instance attribute, shadowing the class's method
+    try:
+        yield
+    finally:
+        for scheduler in schedulers:
+            del scheduler.step
+
+
+def _held_step(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 class LRFinder(Finder):
     """``-p lr-finder``: the LR range test, then training at the suggested learning rate.
 
@@ -81,6 +102,11 @@ class LRFinder(Finder):
     :param diverge_factor: stop early once the smoothed loss exceeds this multiple of its minimum.
     :param smoothing: weight of the past in the loss's moving average (0: raw losses).
     :param then: ``fit`` (train with the suggestion) or ``stop`` (end the run after the test).
+
+    A module that optimizes manually is tested with its one optimizer (several are refused):
+    the rate is set before each ``training_step``, which steps it, and the step's loss is what
+    ``training_step`` returns (none in the whole test is refused); the run's LR schedulers do
+    nothing during the test (:func:`held_schedulers`).
 
     After the search: ``lrs``, ``losses``, ``smoothed``, ``suggestion`` (``None`` when the loss
     never went down), ``configured_lr`` and ``seconds`` (wall time of the test), on every rank.
@@ -185,12 +211,14 @@ class LRFinder(Finder):
         """Check, search, restore, report; then apply the suggestion or stop the run."""
         self._reset_results()
         module = trainer.module
-        if not module.automatic_optimization:
+        manual = not module.automatic_optimization
+        if manual and len(trainer.optimizers) > 1:
             raise ConfigError(
-                f"lr-finder: {type(module).__name__} optimizes manually (automatic_optimization "
-                f"= False): its training_step decides when and which optimizers step, so a loss "
-                f"per step at one learning rate, which the test needs, does not exist. Find the "
-                f"learning rate with automatic optimization, or leave out -p lr-finder.")
+                f"lr-finder: {type(module).__name__} optimizes manually with "
+                f"{len(trainer.optimizers)} optimizers: its training_step decides when each "
+                f"steps, so no one learning rate gives a step's loss. The test needs one "
+                f"optimizer under manual optimization; find each one's rate in a run of its "
+                f"own, or leave out -p lr-finder.")
         if self.resumed_state is not None and self.then == "fit":
             self.applied = self.resumed_state
             self.suggestion = float(self.applied["suggestion"])
@@ -222,10 +250,16 @@ class LRFinder(Finder):
         source = cycle(loader, batches_per_pass(loader, trainer.limit_train_batches))
         started = time.perf_counter()
         try:
-            self._range_test(trainer, StepRunner(trainer), source, groups, ratios)
+            with held_schedulers(trainer) if manual else contextlib.nullcontext():
+                self._range_test(trainer, StepRunner(trainer), source, groups, ratios)
         finally:
             source.close()  # ends the loader's iterator (and its worker processes)
             snapshot.restore()
+        if manual and not self.lrs and not self.diverged:
+            raise ConfigError(
+                f"lr-finder: {type(module).__name__}.training_step returned no loss in "
+                f"{self.num_steps} steps; under manual optimization the test reads the loss "
+                f"training_step returns. Return it (return loss), or leave out -p lr-finder.")
         self.seconds = time.perf_counter() - started
         index = steepest_descent(self.lrs, self.smoothed, warm_up_points(self.smoothing))
         self.suggestion = self.lrs[index] if index is not None else None
