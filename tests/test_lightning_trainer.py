@@ -913,13 +913,9 @@ def _early_stopping_run(framework: str, monitor: str, **trainer_args) -> dict:
     callbacks = importlib.import_module(framework + ".callbacks")
     seen: list = []
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
+    class Model(model_class(pl)):
         def training_step(self, batch, batch_idx):
-            loss = self.layer(batch).pow(2).mean()
+            loss = super().training_step(batch, batch_idx)
             self.log("train_loss", loss.detach() * 0 + 1, on_epoch=True, on_step=False)
             return loss
 
@@ -929,9 +925,6 @@ def _early_stopping_run(framework: str, monitor: str, **trainer_args) -> dict:
         def on_train_epoch_end(self):
             self.log("epoch_metric", 1.0)
             seen.append(("module on_train_epoch_end", stopper.wait_count))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     class Watch(pl.Callback):
         def on_validation_end(self, trainer, module):
@@ -984,19 +977,9 @@ def _warmed_up_early_stopping_run(framework: str, root: Path, check_on_train_epo
     callbacks = importlib.import_module(framework + ".callbacks")
     calls: list = []
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch).pow(2).mean()
-
+    class Model(model_class(pl)):
         def validation_step(self, batch, batch_idx):
             self.log("val_loss", 1.0)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     class WarmedUp(callbacks.EarlyStopping):
         def on_validation_end(self, trainer, pl_module):
@@ -1080,9 +1063,25 @@ def test_the_private_accelerator_connector_refuses_what_lightnings_refuses():
 
     with pytest.raises(TypeError, match="should be an int > 0"):
         _AcceleratorConnector(accelerator="cpu", devices=-1)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
         with pytest.raises(ptrain.ConfigError, match="'cuda' can't run on this machine"):
             _AcceleratorConnector(accelerator="gpu")
+    with pytest.raises(ptrain.ConfigError, match="accelerator and devices only; precision, "
+                                                 "strategy would not be read"):
+        _AcceleratorConnector(accelerator="cpu", strategy="ddp", precision="bf16-mixed")
+
+
+@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an Apple GPU (mps)")
+def test_gpu_means_mps_where_apple_gpus_are_as_in_lightning():
+    def resolve(pl):
+        module = importlib.import_module(
+            f"{pl.__name__}.trainer.connectors.accelerator_connector")
+        trainer = pl.Trainer(accelerator="gpu", devices=1, logger=False)
+        return (module._AcceleratorConnector(accelerator="gpu")._accelerator_flag,
+                type(trainer.accelerator).__name__)
+
+    lightning, ours = both(resolve)
+    assert ours == lightning == ("mps", "MPSAccelerator")
 
 
 def test_each_strategy_imports_from_the_module_lightning_defines_it_in():

@@ -90,9 +90,11 @@ def _require_available(plugin: SelectedPlugin) -> None:
         raise PluginError(f"{plugin.kind} {plugin.name!r} can't run on this machine: {reason}")
 
 
-def _auto_accelerator(catalog: Catalog, blocked: set[str]) -> SelectedPlugin:
-    """The available accelerator with the highest declared ``priority`` (an attribute of the
-    plugin class or module; 0 when absent). Broken accelerators are skipped with a warning."""
+def auto_accelerator(catalog: Catalog, blocked: set[str]) -> SelectedPlugin:
+    """What ``--accelerator auto`` selects: the available accelerator of ``catalog``, not named
+    in ``blocked``, with the highest declared ``priority`` (an attribute of the plugin class or
+    module; 0 when absent). Broken accelerators are skipped with a warning; none available is a
+    :class:`PluginError`."""
     best: tuple[int, SelectedPlugin] | None = None
     for name in catalog.names("accelerator"):
         if name in blocked:
@@ -148,7 +150,7 @@ def select_plugins(
             raise PluginError(f"{kind} {choice!r} is selected and blocked (no:{choice}) at once; "
                               f"choose another {kind} or remove no:{choice}.")
         if kind == "accelerator" and choice == "auto":
-            selected.append(_auto_accelerator(catalog, blocked))
+            selected.append(auto_accelerator(catalog, blocked))
             continue
         plugin = _from_catalog(catalog, kind, choice)
         _require_available(plugin)

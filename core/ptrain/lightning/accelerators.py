@@ -306,13 +306,22 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     return usable
 
 
+def gpu_accelerator_name() -> str:
+    """What Lightning's ``accelerator="gpu"`` means on this machine: ``"mps"`` where Apple's
+    GPU is available, else ``"cuda"`` (whose plugin says why it can't run, where it can't)."""
+    return "mps" if MPSAccelerator.is_available() else "cuda"
+
+
 def ptrain_accelerator(value: Any) -> Any:
     """What ``Trainer(accelerator=value)`` selects in ptrain: a name (ptrain's own, Lightning's
-    alias, or a name registered in :data:`AcceleratorRegistry` by the program, made into a
-    plugin), or the plugin an :class:`Accelerator` object stands for. Anything else is
-    returned as it is, for ptrain to judge (a ptrain plugin object)."""
+    alias, ``"gpu"`` as :func:`gpu_accelerator_name` reads it, or a name registered in
+    :data:`AcceleratorRegistry` by the program, made into a plugin), or the plugin an
+    :class:`Accelerator` object stands for. Anything else is returned as it is, for ptrain to
+    judge (a ptrain plugin object)."""
     if isinstance(value, str) and value in AcceleratorRegistry.user_registered:
         value = AcceleratorRegistry.get(value)
+    if value == "gpu":
+        return gpu_accelerator_name()
     if isinstance(value, Accelerator):
         if value.ptrain_name is not None:
             return value.ptrain_name

@@ -166,7 +166,7 @@ class Logger(abc.ABC):
 
     def _publish_metrics(self, trainer: Any, metrics: dict[str, float], step: int) -> None:
         values = dict(metrics)
-        if getattr(trainer.metrics, "publishing_logged", True):
+        if trainer.metrics.publishing_logged:  # self.log values: Lightning adds the epoch
             values.setdefault("epoch", trainer.current_epoch)
         self.log_metrics(values, step)
         if self._save_after_publish:

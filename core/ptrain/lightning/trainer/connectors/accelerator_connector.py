@@ -24,14 +24,19 @@ class _AcceleratorConnector:
       ``"auto"`` meaning its ``auto_device_count()`` (a count of CPU processes, a list of
       indices for numbered devices).
 
-    Its other arguments (Lightning's strategy, precision, ...) are taken and not read. An
-    accelerator that can't run here is a :class:`ptrain.ConfigError`, as Lightning refuses it
-    with a ``MisconfigurationException`` (the same class in ``ptrain.lightning``)."""
+    Lightning's other arguments (strategy, precision, ...) are refused: nothing here reads
+    them. An accelerator that can't run here is a :class:`ptrain.ConfigError`, as Lightning
+    refuses it with a ``MisconfigurationException`` (the same class in ``ptrain.lightning``)."""
 
     def __init__(self, accelerator: Any = "auto", devices: Any = "auto",
-                 **_lightning_arguments: Any) -> None:
+                 **unread: Any) -> None:
         from ptrain.lightning.accelerators import Accelerator, AcceleratorRegistry
 
+        if unread:
+            raise ConfigError(
+                f"ptrain.lightning's _AcceleratorConnector resolves accelerator and devices "
+                f"only; {', '.join(sorted(unread))} would not be read. Give those to the "
+                f"Trainer, which runs them.")
         if isinstance(accelerator, Accelerator):
             self._accelerator_flag: Any = accelerator
         else:
@@ -45,17 +50,14 @@ class _AcceleratorConnector:
 
 
 def _resolved_name(accelerator: Any) -> str:
+    from ptrain.catalog import Catalog
     from ptrain.config import canonical_plugin_name
-    from ptrain.lightning.accelerators import AcceleratorRegistry, MPSAccelerator
+    from ptrain.lightning.accelerators import AcceleratorRegistry, gpu_accelerator_name
+    from ptrain.selection import auto_accelerator
 
     if accelerator in AcceleratorRegistry.user_registered:
         return accelerator
-    if accelerator == "gpu" and MPSAccelerator.is_available():
-        return "mps"
+    if accelerator == "gpu":
+        return gpu_accelerator_name()
     name = canonical_plugin_name("accelerator", accelerator)
-    if name != "auto":
-        return name
-    from ptrain.catalog import Catalog
-    from ptrain.selection import _auto_accelerator
-
-    return _auto_accelerator(Catalog.discover(), set()).name
+    return name if name != "auto" else auto_accelerator(Catalog.discover(), set()).name
