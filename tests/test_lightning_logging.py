@@ -288,6 +288,58 @@ def test_a_callback_logs_through_the_module(tmp_path):
     assert pt.progress_bar_metrics == lt.progress_bar_metrics
 
 
+def test_a_callback_logs_with_self_log_as_in_lightning(tmp_path):
+    """Lightning hands each callback its stage's module's ``log`` and ``log_dict`` when the
+    stage starts; a callback's ``self.log`` was an AttributeError."""
+    def callbacks(framework):
+        class Logging(framework.Callback):
+            def on_train_epoch_start(self, trainer, pl_module):
+                self.log("epoch_start", 2.0)
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                self.log("batch_end", float(batch_idx), prog_bar=True)
+
+            def on_validation_epoch_end(self, trainer, pl_module):
+                self.log_dict({"cb_val": 7.0, "cb_other": 1.0})
+
+        return [Logging()]
+
+    def module(framework):
+        class Validated(base_module(framework)):
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", self.loss(batch))
+
+            def val_dataloader(self):
+                return _loader(4, 1)
+
+        return Validated
+
+    runs = both(module, tmp_path, callbacks=callbacks, max_epochs=1)
+    (lt, _, _), (pt, _, _) = runs["lightning"], runs["ptrain"]
+    assert {"epoch_start", "batch_end", "cb_val"} <= set(lt.callback_metrics)
+    assert numbers(pt.callback_metrics) == numbers(lt.callback_metrics)
+    assert pt.progress_bar_metrics == lt.progress_bar_metrics
+    validated = pt.validate(pt.lightning_module, _loader(4, 1), verbose=False)
+    assert validated[0]["cb_val"] == 7.0  # a second stage's module: the callback logs there
+
+
+def test_a_callback_with_a_log_method_of_its_own_keeps_it(tmp_path):
+    """Lightning replaces it with the module's (on purpose not here: docs/from-lightning.md)."""
+    class OwnLog(ppl.Callback):
+        def __init__(self):
+            self.said = []
+
+        def log(self, text):
+            self.said.append(text)
+
+        def on_train_end(self, trainer, pl_module):
+            self.log("done")
+
+    own = OwnLog()
+    run(ppl, base_module, tmp_path, callbacks=[own], max_epochs=1)
+    assert own.said == ["done"] and "log" not in vars(own)
+
+
 def test_the_sanity_checks_values_are_read_where_it_ends_and_gone_after_as_in_lightning(
         tmp_path):
     """neuralforecast logs its validation loss in ``on_validation_epoch_end``; a callback read

@@ -41,6 +41,7 @@ method, then the module's, as in Lightning):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
@@ -234,6 +235,7 @@ def _plugin_class(name: str, hooks: set[str], dispatch: _Dispatch, role: str,
     mark = _hookimpl(trylast=module_role)
 
     def on_stage_start(trainer, stage):
+        dispatch.call(ATTACH_LOGGING, trainer)
         dispatch.call("setup", trainer, stage=stage)
 
     def on_loop_start(trainer, loop):
@@ -741,6 +743,18 @@ def state_key(callback: Any) -> str:
     return key if isinstance(key, str) else type(callback).__qualname__
 
 
+#: the dispatch entry, at each stage's start before any ``setup``, that hands the callbacks
+#: without a ``log`` of their own the module's ``log`` and ``log_dict`` (:func:`_attach_logging`)
+ATTACH_LOGGING = "<attach logging>"
+
+
+def _attach_logging(callback: Any, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+    """Lightning's callbacks log with ``self.log``/``self.log_dict``: the stage's module's
+    methods, which the trainer sets on each callback when a stage starts."""
+    callback.log = trainer.module.log
+    callback.log_dict = trainer.module.log_dict
+
+
 def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     """One plugin calling the Lightning-named methods of ``callbacks``, in list order, each as
     ``method(trainer, trainer.module, ...)``. Their ``state_dict()`` and what
@@ -752,6 +766,8 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
     keyed: list[tuple[str, Any]] = []  # the callbacks with a state method, under their keys
     stateful: set[str] = set()
     for callback in callbacks:
+        if getattr(type(callback), "log", None) is None:
+            dispatch.add(ATTACH_LOGGING, functools.partial(_attach_logging, callback))
         if any(_defines(callback, m) for m in STATE_METHODS):
             key = state_key(callback)
             # only a state_dict needs a key of its own (Lightning's rule): what the checkpoint
@@ -777,6 +793,8 @@ def callback_hook_plugin(callbacks: list[Any], name: str) -> Any:
             hooks.add(CALLBACK_METHODS[method_name])
     if hooks & {"state_dict", "load_state_dict"}:
         hooks |= {"state_dict", "load_state_dict"}
+    if hooks and dispatch.has(ATTACH_LOGGING):
+        hooks.add("on_stage_start")
 
     def states(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
         saved: dict[str, dict[str, Any]] = {}
@@ -1053,8 +1071,9 @@ class Callback:
 
     def __getstate__(self) -> dict[str, Any]:
         # the carried implementations are closures, made again when the object is (unpickling
-        # calls __new__)
-        return {k: v for k, v in self.__dict__.items() if not k.startswith(_CARRIED)}
+        # calls __new__); the module's log methods a stage handed it are handed again
+        return {k: v for k, v in self.__dict__.items()
+                if not k.startswith(_CARRIED) and k not in ("log", "log_dict")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
