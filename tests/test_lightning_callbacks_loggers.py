@@ -929,3 +929,40 @@ def test_the_deeper_callback_modules_have_lightnings_names():
     assert issubclass(progress.TQDMProgressBar, progress.ProgressBar)
     assert isinstance(ppl.callbacks.ModelCheckpoint(), p_callbacks.Checkpoint)
     assert isinstance(BuiltinCheckpoint(), p_callbacks.Checkpoint)
+
+
+def test_learning_rates_are_in_callback_metrics_at_the_validation_their_batch_triggers(
+        tmp_path):
+    # Lightning's LearningRateMonitor logs when the batch starts, so the validation that batch
+    # triggers (a checkpoint or early stopping monitoring the rate, a callback reading
+    # callback_metrics) sees that batch's rate; neuralforecast's models validate every few steps
+    def seen(framework, callbacks, loggers):
+        base = model_class(framework, hparams=False)
+
+        class Scheduled(base):
+            def configure_optimizers(self):
+                optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+                decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+                return {"optimizer": optimizer,
+                        "lr_scheduler": {"scheduler": decay, "interval": "step"}}
+
+        class Reader(framework.Callback):
+            def __init__(self):
+                self.rates = []
+
+            def on_validation_end(self, trainer, pl_module):
+                rate = trainer.callback_metrics.get("lr-SGD")
+                self.rates.append((trainer.global_step,
+                                   None if rate is None else float(rate)))
+
+        framework.seed_everything(3)
+        reader = Reader()
+        root = tmp_path / framework.__name__
+        fit(framework, Scheduled(), root, logger=loggers.CSVLogger(root), max_epochs=2,
+            log_every_n_steps=2, val_check_interval=2,
+            callbacks=[reader, callbacks.LearningRateMonitor()])
+        return reader.rates
+
+    theirs = seen(pl, l_callbacks, l_loggers)
+    assert seen(ppl, p_callbacks, p_loggers) == theirs
+    assert [rate for _, rate in theirs] == pytest.approx([0.05, 0.0125, 0.003125, 0.00078125])

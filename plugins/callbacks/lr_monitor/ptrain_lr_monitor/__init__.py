@@ -195,7 +195,9 @@ class LearningRateMonitor:
             self._captured = self._current(trainer, "step")
 
     @hookimpl
-    def on_train_batch_end(self, trainer) -> None:
+    def on_train_step_end(self, trainer) -> None:
+        # before the validation the batch triggers, as Lightning's (which logs at the batch's
+        # start), so that validation's callbacks find the rate in trainer.callback_metrics
         if trainer.global_step == self._seen_step:  # no optimizer stepped in this batch
             return
         self._seen_step = trainer.global_step
