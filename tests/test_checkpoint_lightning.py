@@ -447,6 +447,46 @@ def test_hparams_name_naming_init_kwargs_loads_them_as_keywords_as_lightning(tmp
     assert ours == lightning == ({"width": 3, "depth": 2}, {"depth": 2})
 
 
+class Outputs:
+    """An init argument of a class torch's weights-only loader does not know: ptrain leaves it
+    out of checkpoints (Lightning pickles it)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+
+def test_a_mismatch_on_load_names_the_arguments_the_checkpoint_holds_no_value_for(tmp_path):
+    # neuralforecast's models take their loss as an object (MQLoss(level=[80])) that sizes the
+    # output layer: Lightning's load_from_checkpoint(weights_only=False) rebuilds it, ptrain's
+    # checkpoint does not hold it, so the model is built with the default and the weights do
+    # not fit; the error says which argument to pass again
+    def run(pl, name):
+        class Sized(model_class(pl)):
+            def __init__(self, outputs: Outputs = Outputs(1), lr: float = 0.1):
+                super().__init__()
+                self.save_hyperparameters()
+                self.layer = torch.nn.Linear(4, outputs.n)
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / name, max_epochs=1, logger=False,
+                             **QUIET)
+        trainer.fit(Sized(Outputs(3), lr=0.2))
+        path = trainer.checkpoint_callback.best_model_path
+        try:
+            Sized.load_from_checkpoint(path, weights_only=False)
+        except RuntimeError as error:
+            refused = str(error)
+        else:
+            refused = None
+        loaded = Sized.load_from_checkpoint(path, weights_only=False, outputs=Outputs(3))
+        return refused, loaded.hparams["lr"], loaded.layer.weight.tolist()
+
+    lightning, ours = both(run)
+    assert lightning[0] is None
+    assert ours[1:] == lightning[1:]
+    assert "size mismatch" in ours[0] and "outputs" in ours[0].split("size mismatch")[-1]
+    assert "lr" not in ours[0].split("size mismatch")[-1]
+
+
 def test_the_trainers_strategy_reads_a_checkpoint_as_lightnings_does(tmp_path):
     # pytorch-forecasting's Tuner replaces trainer.strategy.load_checkpoint (to pass
     # weights_only=False) around lr_find: reading the attribute was an AttributeError

@@ -417,6 +417,21 @@ def init_arguments_from(cls: type, checkpoint: Mapping[str, Any], keys: tuple[st
     return arguments
 
 
+def defaulted_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str, ...],
+                        overrides: Mapping[str, Any], hparams_file: Any = None) -> list[str]:
+    """The named init arguments of ``cls`` with a default that neither the checkpoint's
+    hyperparameters, ``hparams_file`` nor ``overrides`` give: ``load_from_checkpoint`` built
+    the module with their defaults (a value checkpoints can't hold is left out of them)."""
+    given = set(checkpoint.get(keys[0]) or {}) | set(overrides)
+    if hparams_file is not None:
+        given |= set(read_hyperparameters_file(hparams_file))
+    if checkpoint.get(keys[1]) is not None:
+        given.add(checkpoint[keys[1]])
+    return [name for name, p in inspect.signature(cls).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.default is not p.empty and name not in given]
+
+
 def read_hyperparameters_file(path: Any) -> dict[str, Any]:
     """The hyperparameters in a ``hparams.yaml`` (Lightning's loggers) or ``hparams.toml``
     (ptrain's run folder) file."""

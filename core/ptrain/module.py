@@ -367,7 +367,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         ``argparse.Namespace``), as Lightning reads it then."""
         from ptrain.checkpoint_io import module_weights, safe_load
         from ptrain.hook_methods import loaded_checkpoint_view
-        from ptrain.hyperparameters import MODULE_KEYS, init_arguments_from
+        from ptrain.hyperparameters import MODULE_KEYS, defaulted_arguments, init_arguments_from
 
         checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
         module = cls(**init_arguments_from(cls, checkpoint, MODULE_KEYS, overrides,
@@ -380,7 +380,20 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
             view = loaded_checkpoint_view(checkpoint, None)
             module.on_load_checkpoint(view)
             weights = view["state_dict"]
-        module.load_state_dict(weights, strict=True if strict is None else strict)
+        try:
+            module.load_state_dict(weights, strict=True if strict is None else strict)
+        except RuntimeError as error:
+            unsaved = defaulted_arguments(cls, checkpoint, MODULE_KEYS, overrides,
+                                          hparams_file)
+            if not unsaved:
+                raise
+            # a value that could not be saved (an object of a class torch's weights-only
+            # loader does not know) took its default, and the layers it sizes differ
+            raise RuntimeError(
+                f"{error}\nThe checkpoint holds no value for {', '.join(unsaved)}, so "
+                f"{cls.__qualname__} was built with the default; a hyperparameter checkpoints "
+                f"can't hold is left out of them. Pass it again: "
+                f"{cls.__qualname__}.load_from_checkpoint(path, {unsaved[0]}=...).") from None
         if map_location is not None:
             module.to(map_location)
         return module.eval()
