@@ -1142,3 +1142,32 @@ def test_the_first_epochs_training_iterator_is_made_before_the_training_hooks(sa
     (lightning_seen, lightning_weights), (seen, weights) = both(run)
     assert seen == lightning_seen
     assert all(torch.equal(a, b) for a, b in zip(weights, lightning_weights))
+
+
+@pytest.mark.slow
+def test_a_spawned_workers_callback_finds_the_run_folder_as_in_lightning(tmp_path):
+    """Under ``ddp_spawn`` a callback's ``setup`` read ``trainer.log_dir`` as the next free
+    ``version_N`` (version_1: the launcher had taken version_0, the run's), so LightningCLI's
+    SaveConfigCallback wrote config.yaml into a folder of its own."""
+    import json
+    import subprocess
+    import sys
+
+    from tests._subprocess_jobs import communicate_or_kill, launcher_free_env
+
+    seen = {}
+    for framework in FRAMEWORKS:
+        root = tmp_path / framework
+        root.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests._lightning_spawn_log_dir_script", framework,
+             str(root)], cwd=Path(__file__).resolve().parent.parent, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            env=launcher_free_env(PYTHONWARNINGS="ignore"))
+        result = communicate_or_kill(proc, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        seen[framework] = (json.loads((root / "seen.json").read_text()),
+                           json.loads((root / "listing.json").read_text()))
+    lightning, ours = seen.values()
+    assert lightning[1] == ["version_0"]
+    assert ours == lightning

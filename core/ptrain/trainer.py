@@ -1690,7 +1690,7 @@ class StageFunction:
     def __reduce__(self):
         t = self.trainer
         recipe = (type(t), t._init_kwargs, t.config, t.module, t.datamodule,
-                  t.given_dataloaders, t.run_dir, t.fit_progress)
+                  t.given_dataloaders, t.run_dir, t._own_log_dir, t.fit_progress)
         # the CPU generators as they are in the launching process (seed_everything before the
         # stage seeds every worker alike, as running the script in each process would)
         rng = {k: v for k, v in checkpoint_io.capture_rng_states().items() if k != "cuda"}
@@ -1699,10 +1699,11 @@ class StageFunction:
 
 def _rebuild_stage_function(recipe: tuple, stage: str, checkpoint_file: Path | None,
                             rng: dict[str, Any]) -> StageFunction:
-    cls, init_kwargs, config, module, datamodule, dataloaders, log_dir, progress = recipe
+    cls, init_kwargs, config, module, datamodule, dataloaders, log_dir, own, progress = recipe
     trainer = cls(**init_kwargs)
     trainer.config, trainer.fit_progress = config, progress
     trainer.module, trainer.datamodule, trainer.run_dir = module, datamodule, log_dir
+    trainer._own_log_dir = own  # the launcher's trainer's folder: what log_dir answers
     trainer.given_dataloaders = dataloaders
     trainer.ckpt_path = None if checkpoint_file is None else str(checkpoint_file)
     return StageFunction(trainer, stage, checkpoint_file, in_worker=True, launcher_rng=rng)

@@ -184,7 +184,8 @@ class Logger(abc.ABC):
         """This process's global rank: the stage's, else what ``rank_zero_only`` says."""
         return self._stage_rank if self._stage_rank is not None else _current_rank()
 
-    @hookimpl(specname="setup", tryfirst=True)
+    # when the stage starts, before the callbacks' Lightning setup (which may read log_dir)
+    @hookimpl(specname="on_stage_start", tryfirst=True)
     def _ptrain_stage_starts(self, trainer: Any) -> None:
         self._stage_rank, self._stage_run_dir = trainer.global_rank, trainer.run_dir
 
