@@ -281,6 +281,19 @@ def test_subclass_mode_chooses_the_model_by_name(programs):
     assert model["class_path"] == "__main__.WideRegressor" and model["init_args"]["hidden"] == 3
 
 
+def test_a_logger_chosen_by_its_class_name_on_the_command_line(programs):
+    # ptrain's TensorBoardLogger took its plugin's on_write_error through **kwargs, which
+    # jsonargparse then passed and the logger refused: "Does not validate against any of the
+    # Union subtypes"
+    runs = both(programs, "fit", "--trainer.logger=TensorBoardLogger",
+                "--trainer.logger.save_dir=tb", "--trainer.max_epochs=1", *QUIET)
+    (_, lightning), (_, ptrain) = runs["lightning"], runs["ptrain"]
+    assert ptrain["log_dir"] == lightning["log_dir"] == os.path.join("tb", "lightning_logs",
+                                                                      "version_0")
+    assert ptrain["weights"] == lightning["weights"]
+    assert (programs["ptrain"].folder / ptrain["log_dir"] / "config.yaml").is_file()
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad, named", [("--trainer.foo=1", "trainer.foo"),

@@ -29,7 +29,9 @@ class TensorBoardLogger(RunFolder, Logger, _TensorBoard):
     start of ``fit``/``validate`` from the module's ``example_input_array``, as Lightning does).
     Called before the first stage, what they are given is written when the run folder is
     chosen. ptrain writes no ``hp_metric`` placeholder, so ``default_hp_metric`` changes
-    nothing.
+    nothing. ``on_write_error`` is the ``tensorboard`` plugin's option (``"stop"``: a write the
+    disk refuses stops the run; ``"warn"``: said once, the run goes on); the other keyword
+    arguments Lightning hands to the ``SummaryWriter`` are refused.
     """
 
     plugin_name = "tensorboard"
@@ -37,8 +39,9 @@ class TensorBoardLogger(RunFolder, Logger, _TensorBoard):
 
     def __init__(self, save_dir: Any = ".", name: str | None = "lightning_logs",
                  version: Any = None, log_graph: bool = False, default_hp_metric: bool = True,
-                 prefix: str = "", sub_dir: Any = None, **kwargs: Any):
-        _TensorBoard.__init__(self)
+                 prefix: str = "", sub_dir: Any = None, on_write_error: str = "stop",
+                 **kwargs: Any):
+        _TensorBoard.__init__(self, on_write_error)
         self._init_folder("TensorBoardLogger", save_dir, name, version, prefix)
         refuse_unless("TensorBoardLogger", {"sub_dir": sub_dir}, {
             "sub_dir": (None, "event files go to the run folder itself"),
