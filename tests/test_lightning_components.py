@@ -734,6 +734,79 @@ def test_lr_find_stops_where_lightnings_stops_on_a_diverging_loss():
     assert ours.suggestion(7, 1) is None
 
 
+def _lr_test_over_epochs(framework: str, root) -> dict:
+    """Lightning's LR test (``framework="lightning"``) or ptrain's with more steps than a
+    shuffled epoch has, and a validation loader: the test's losses, the training samples in the
+    order it took them and the validation batches it ran."""
+    if framework == "lightning":
+        import lightning.pytorch as pl
+        from lightning.pytorch.tuner import Tuner
+    else:
+        import ptrain.lightning as pl
+        from ptrain.lightning.tuner import Tuner
+    seen = {"train": [], "val": 0}
+
+    class Samples(torch.utils.data.Dataset):
+        def __init__(self, n, stage):
+            self.x = torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
+            self.stage = stage
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            if self.stage == "train":
+                seen["train"].append(i)
+            return self.x[i], self.x[i].sum(0, keepdim=True)
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lr = 1e-3
+            self.net = nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            seen["val"] += 1
+            self.log("val_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    pl.seed_everything(1)
+    module = Net()
+    trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", default_root_dir=str(root))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = Tuner(trainer).lr_find(
+            module, train_dataloaders=DataLoader(Samples(36, "train"), batch_size=4,
+                                                 shuffle=True),
+            val_dataloaders=DataLoader(Samples(8, "val"), batch_size=4), num_training=20,
+            max_lr=0.1, early_stop_threshold=None)
+    return {"loss": found.results["loss"], "suggestion": found.suggestion(),
+            "train": seen["train"], "val": seen["val"], "after": torch.rand(1).item()}
+
+
+def test_lr_find_validates_between_epochs_as_lightning(tmp_path):
+    # 20 steps over 9 batches an epoch: Lightning's test runs three epochs of a fit, validating
+    # after the first two; the loader iterated there draws from the global generator, so the
+    # next epoch's shuffle is the one after that draw
+    (tmp_path / "lightning").mkdir()
+    (tmp_path / "ptrain").mkdir()
+    theirs = _lr_test_over_epochs("lightning", tmp_path / "lightning")
+    ours = _lr_test_over_epochs("ptrain", tmp_path / "ptrain")
+    assert theirs["val"] == 4 and len(theirs["loss"]) == 20
+    assert ours["train"] == theirs["train"]
+    assert ours["val"] == theirs["val"]
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+    assert ours["suggestion"] == pytest.approx(theirs["suggestion"], rel=1e-12)
+    assert ours["after"] == theirs["after"]
+
+
 @pytest.mark.slow
 def test_several_training_loaders_train_as_in_lightning(tmp_path):
     lightning, _ = _run_program(tmp_path, "lightning", "combined")

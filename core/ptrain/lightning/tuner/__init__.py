@@ -259,6 +259,8 @@ class Tuner:
         first = min_lr * (max_lr / min_lr) ** (1 / num_training)
         finder = LRFinder(min_lr=first, max_lr=max_lr, num_steps=num_training,
                           diverge_factor=math.inf, smoothing=0.0, then="stop")
+        # Lightning's test runs epochs of a fit, validating between them
+        finder.validates_between_passes = True
         data = self._search(finder, model, train_dataloaders, val_dataloaders, datamodule,
                             "lr_finder.json")
         losses = data["losses"]

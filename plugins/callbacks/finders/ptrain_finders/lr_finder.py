@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from ptrain import ConfigError, hookimpl
 from ptrain.data import rebuild_dataloader
+from ptrain.evaluation_loop import run_validation
 from ptrain_finders.common import (Finder, base_lr, check_scalable, scale_learning_rates,
                                    set_lr, write_json)
 from ptrain_finders.snapshot import TrainingSnapshot
@@ -113,6 +114,11 @@ class LRFinder(Finder):
     """
 
     name = "lr-finder"
+    #: whether the test runs the trainer's validation between passes over the training
+    #: batches, where an epoch of the run would end and validate (``ptrain.lightning``'s
+    #: ``Tuner`` sets it: Lightning's test runs as epochs of a fit, so a validation loader
+    #: is iterated between them, which moves the random generators the next pass shuffles with)
+    validates_between_passes = False
 
     def __init__(self, min_lr: float = 1e-7, max_lr: float = 1.0, num_steps: int = 100,
                  diverge_factor: float = 4.0, smoothing: float = 0.9, then: str = "fit"):
@@ -247,7 +253,8 @@ class LRFinder(Finder):
         if isinstance(loader, DataLoader) and loader.persistent_workers:
             # a copy with its own workers, so the run's persistent ones are not advanced
             loader = rebuild_dataloader(loader, persistent_workers=False)
-        source = cycle(loader, batches_per_pass(loader, trainer.limit_train_batches))
+        source = cycle(loader, batches_per_pass(loader, trainer.limit_train_batches),
+                       self._validation_between_passes(trainer))
         started = time.perf_counter()
         try:
             with held_schedulers(trainer) if manual else contextlib.nullcontext():
@@ -269,6 +276,20 @@ class LRFinder(Finder):
         elif self.suggestion is not None:
             scale_learning_rates(trainer, self.suggestion / configured)
             self.applied = {"suggestion": self.suggestion, "configured_lr": configured}
+
+    def _validation_between_passes(self, trainer) -> Any:
+        """What :func:`cycle` calls between passes: the validation an epoch of the run that
+        ends after ``passes`` epochs would run (``None`` when there is none to run)."""
+        every = trainer.check_val_every_n_epoch
+        if (not self.validates_between_passes or trainer.val_dataloader is None
+                or trainer.limit_val_batches == 0):
+            return None
+        first = trainer.current_epoch
+
+        def validate(passes: int) -> None:
+            if every is None or (first + passes) % every == 0:
+                run_validation(trainer)
+        return validate
 
     def _range_test(self, trainer, runner: StepRunner, source, groups: list[dict],
                     ratios: list[float]) -> None:

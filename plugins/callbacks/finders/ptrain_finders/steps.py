@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -76,10 +76,16 @@ class StepRunner:
         return total, count
 
 
-def cycle(loader: Iterable[Any], limit: int | float | None = None) -> Iterator[Any]:
+def cycle(loader: Iterable[Any], limit: int | float | None = None,
+          between: Callable[[int], None] | None = None) -> Iterator[Any]:
     """The batches of ``loader`` (the first ``limit`` of each pass), pass after pass, for as long
-    as they are asked for. Each pass makes a new iterator, so a shuffling loader reshuffles."""
+    as they are asked for. Each pass makes a new iterator, so a shuffling loader reshuffles.
+    ``between(passes)``, if given, is called before each pass after the first, with the number
+    of passes done."""
+    passes = 0
     while True:
+        if passes and between is not None:
+            between(passes)
         produced = 0
         # islice: a batch fetched past the limit and dropped would load and draw for nothing
         for batch in loader if limit is None else itertools.islice(loader, int(limit)):
@@ -89,6 +95,7 @@ def cycle(loader: Iterable[Any], limit: int | float | None = None) -> Iterator[A
             raise ConfigError("the training dataloader produced no batch (is the dataset empty, "
                               "or does limit_train_batches keep none?); a finder needs "
                               "training batches to run steps on.")
+        passes += 1
 
 
 def batches_per_pass(loader: Any, limit: int | float) -> int | float | None:
