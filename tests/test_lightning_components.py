@@ -787,7 +787,8 @@ def _lr_test_over_epochs(framework: str, root) -> dict:
                                                  shuffle=True),
             val_dataloaders=DataLoader(Samples(8, "val"), batch_size=4), num_training=20,
             max_lr=0.1, early_stop_threshold=None)
-    return {"loss": found.results["loss"], "suggestion": found.suggestion(),
+    return {"loss": found.results["loss"], "lr": found.results["lr"],
+            "suggestion": found.suggestion(),
             "train": seen["train"], "val": seen["val"], "after": torch.rand(1).item()}
 
 
@@ -805,6 +806,18 @@ def test_lr_find_validates_between_epochs_as_lightning(tmp_path):
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
     assert ours["suggestion"] == pytest.approx(theirs["suggestion"], rel=1e-12)
     assert ours["after"] == theirs["after"]
+
+
+def test_lr_find_suggests_lightnings_rate_to_the_last_digit(tmp_path):
+    # the rates computed as Lightning writes them, not the same numbers up to rounding (the
+    # suggestion printed and set differed in its last digits); the first step runs one rate
+    # higher (Lightning's runs at min_lr itself)
+    (tmp_path / "lightning").mkdir()
+    (tmp_path / "ptrain").mkdir()
+    theirs = _lr_test_over_epochs("lightning", tmp_path / "lightning")
+    ours = _lr_test_over_epochs("ptrain", tmp_path / "ptrain")
+    assert ours["lr"][1:] == theirs["lr"][1:]
+    assert ours["suggestion"] == theirs["suggestion"]
 
 
 @pytest.mark.slow

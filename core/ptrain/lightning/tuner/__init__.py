@@ -261,6 +261,8 @@ class Tuner:
                           diverge_factor=math.inf, smoothing=0.0, then="stop")
         # Lightning's test runs epochs of a fit, validating between them
         finder.validates_between_passes = True
+        # the rates as Lightning computes them (the same numbers up to rounding otherwise)
+        finder.rate_of_step = lambda k: min_lr * (max_lr / min_lr) ** ((k + 1) / num_training)
         data = self._search(finder, model, train_dataloaders, val_dataloaders, datamodule,
                             "lr_finder.json")
         losses = data["losses"]

@@ -14,7 +14,7 @@ import contextlib
 import math
 import time
 from importlib.util import find_spec
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -119,6 +119,10 @@ class LRFinder(Finder):
     #: ``Tuner`` sets it: Lightning's test runs as epochs of a fit, so a validation loader
     #: is iterated between them, which moves the random generators the next pass shuffles with)
     validates_between_passes = False
+    #: the learning rate of step ``k`` (from 0), where it is not ``min_lr`` raised
+    #: geometrically to ``max_lr`` (``ptrain.lightning``'s ``Tuner`` computes Lightning's
+    #: rates as Lightning writes them, so the suggestion is Lightning's to the last digit)
+    rate_of_step: Callable[[int], float] | None = None
 
     def __init__(self, min_lr: float = 1e-7, max_lr: float = 1.0, num_steps: int = 100,
                  diverge_factor: float = 4.0, smoothing: float = 0.9, then: str = "fit"):
@@ -300,7 +304,8 @@ class LRFinder(Finder):
         accumulate = trainer.accumulate_grad_batches
         average, lowest = 0.0, math.inf
         for step in range(self.num_steps):
-            lr = self.min_lr * growth ** step
+            lr = self.min_lr * growth ** step if self.rate_of_step is None \
+                else self.rate_of_step(step)
             for group, ratio in zip(groups, ratios):
                 set_lr(group, lr * ratio)
             total, count = runner.step(source, accumulate)
