@@ -549,6 +549,31 @@ def test_lr_scheduler_configs_are_lightnings_config_objects(tmp_path):
     assert config.scheduler is trainer.lr_schedulers[0]["scheduler"]
 
 
+@pytest.mark.parametrize("interval", ["epoch", "step"])
+def test_a_monitor_beside_a_scheduler_not_on_plateau_is_not_read_as_in_lightning(tmp_path,
+                                                                                interval):
+    # pytorch-tabular names a monitor beside every scheduler it configures: Lightning reads it
+    # for ReduceLROnPlateau only, and steps any other scheduler with no value
+    def run(pl):
+        class Model(model_class(pl)):
+            def configure_optimizers(self):
+                optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+                scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+                return {"optimizer": optimizer,
+                        "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss",
+                                         "interval": interval}}
+
+        trainer = pl.Trainer(default_root_dir=tmp_path / pl.__name__, max_epochs=2,
+                             logger=False, enable_checkpointing=False, **QUIET)
+        trainer.fit(Model())
+        [config] = trainer.lr_scheduler_configs
+        return (trainer.optimizers[0].param_groups[0]["lr"], config.monitor,
+                config.scheduler.last_epoch)
+
+    lightning, ours = both(run)
+    assert ours == lightning
+
+
 # -- arguments ptrain takes over from Lightning ------------------------------------------------
 
 @pytest.mark.parametrize("check_val_every_n_epoch, reload", [(1, 1), (1, 2), (2, 1), (2, 2)])

@@ -128,6 +128,13 @@ class Trainer:
     #: ``False``: only when it has one (``ptrain.lightning.Trainer``: Lightning's loggers write
     #: its ``hparams.yaml``, so ``Trainer(logger=False)`` leaves no log folder).
     writes_hparams_without_loggers = True
+    #: A scheduler given a ``monitor`` steps on that metric's value (``scheduler.step(value)``,
+    #: or ``lr_scheduler_step(scheduler, value)``), whatever its kind; ``True``: only a
+    #: ``ReduceLROnPlateau`` (or one marked ``reduce_on_plateau``) does, any other steps with
+    #: no value, when its interval ends, and its ``monitor`` is only kept to be read
+    #: (``ptrain.lightning.Trainer``: Lightning reads the monitor of plateau schedulers only;
+    #: pytorch-tabular names one beside a ``StepLR``, which a value would take as its epoch).
+    monitors_only_plateau_schedulers = False
 
     def __init__(
         self, *,
@@ -1167,6 +1174,10 @@ class Trainer:
                 if entry["scheduler"].optimizer is optimizer and wrapped is not optimizer:
                     rebind_scheduler(entry["scheduler"], wrapped)
             self.optimizers.append(wrapped)
+        if self.monitors_only_plateau_schedulers:
+            for entry in setup.lr_schedulers:
+                if not entry["reduce_on_plateau"] and entry["monitor"] is not None:
+                    entry["ignored_monitor"], entry["monitor"] = entry["monitor"], None
         self.lr_schedulers = setup.lr_schedulers
 
     def _say_validation_skipped(self, module: TrainModule) -> None:

@@ -98,6 +98,9 @@ class Trainer(_Trainer):
     # Lightning's hparams.yaml is its loggers' file: logger=False writes none, and darts
     # makes a Trainer without loggers for each prediction
     writes_hparams_without_loggers = False
+    # Lightning steps only plateau schedulers on their monitor; pytorch-tabular gives StepLR
+    # one (its value, passed to step, would be taken for the epoch)
+    monitors_only_plateau_schedulers = True
 
     @_defaults_from_environment
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto",
@@ -573,7 +576,8 @@ class Trainer(_Trainer):
 
         return [LRSchedulerConfig(
             scheduler=entry["scheduler"], name=entry.get("name"), interval=entry["interval"],
-            frequency=entry["frequency"], monitor=entry.get("monitor"),
+            frequency=entry["frequency"],
+            monitor=entry.get("monitor") or entry.get("ignored_monitor"),
             strict=entry.get("strict", True),
             reduce_on_plateau=isinstance(entry["scheduler"],
                                          torch.optim.lr_scheduler.ReduceLROnPlateau))
