@@ -747,3 +747,51 @@ def test_epoch_values_of_a_64_true_run_keep_float64_as_lightnings(tmp_path):
     lightning, ours = run("lightning"), run("ptrain")
     assert ours == lightning
     assert ours["val_loss"][1] == ours["train_loss_epoch"][1] == torch.float64
+
+
+def test_a_metric_logged_per_step_only_is_reset_at_the_epochs_end_as_in_lightning(tmp_path):
+    # SchNetPack logs its train metrics with on_step=True, on_epoch=False (their forward's batch
+    # value): they were never reset, so their state grew over the whole fit and the last
+    # forward's graph stayed alive (deepcopying them, in save_hyperparameters, then failed)
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def make(framework):
+        class Module(base_module(framework)):
+            def __init__(self):
+                super().__init__()
+                self.train_mae = torchmetrics.MeanAbsoluteError()
+                self.train_cat = torchmetrics.CatMetric()
+                self.val_mae = torchmetrics.MeanAbsoluteError()
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                out = self(x)
+                self.train_mae(out, y)
+                self.log("train_mae", self.train_mae, on_step=True, on_epoch=False)
+                self.train_cat(out.detach().sum())
+                self.log("train_cat", self.train_cat, on_step=True, on_epoch=False,
+                         reduce_fx="sum")
+                return nn.functional.mse_loss(out, y)
+
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.val_mae(self(x), y)
+                self.log("val_mae", self.val_mae, on_step=True, on_epoch=False)
+
+        return Module
+
+    runs = both(make, tmp_path, max_epochs=2)
+
+    def states(module):
+        return {name: (metric._update_count, metric._forward_cache is None,
+                       {k: [t.tolist() for t in v] if isinstance(v, list) else v.tolist()
+                        for k, v in metric.metric_state.items()})
+                for name, metric in (("train_mae", module.train_mae),
+                                     ("train_cat", module.train_cat),
+                                     ("val_mae", module.val_mae))}
+
+    lightnings, ours = runs["lightning"][1], runs["ptrain"][1]
+    assert states(ours) == states(lightnings)
+    assert ours.train_mae._update_count == 0
+    import copy
+    copy.deepcopy(ours.train_mae)  # no step's graph left in it

@@ -119,6 +119,10 @@ class MetricStore:
             stage: {} for stage in ("train", "validate", "test", "predict")}
         self.epoch_objects: dict[str, dict[str, Any]] = {  # torchmetrics objects, per stage
             stage: {} for stage in ("train", "validate", "test", "predict")}
+        #: torchmetrics objects logged per step only, per stage: reset at the epoch's end too,
+        #: as Lightning resets every logged metric there (their state would grow otherwise)
+        self.step_objects: dict[str, dict[str, Any]] = {
+            stage: {} for stage in ("train", "validate", "test", "predict")}
         self.prog_bar: set[str] = set()
         self.not_logged: set[str] = set()  # logger=False: callback_metrics only
         self.local: set[str] = set()  # rank_zero_only=True: not reduced across processes
@@ -235,6 +239,8 @@ class MetricStore:
                                  device=self.trainer.device)
         elif _is_metric_object(value):
             metric_object = value
+            if not on_epoch:
+                self.step_objects[stage][name] = metric_object
             value = getattr(metric_object, "_forward_cache", None) if on_step else None
             if isinstance(value, torch.Tensor):  # its forward's result holds the step's graph
                 value = value.detach()
@@ -383,6 +389,7 @@ class MetricStore:
         for metric in objects.values():  # after every compute: resetting a composed metric
             metric.reset()  # (``a + b``) resets the metrics it is made of, logged or not
         objects.clear()
+        self._reset_step_objects(stage)
         if stage != "train":
             steps = {n: (v, self.step_ops.get(n, "mean"))
                      for n, v in self.eval_step_values.items()}
@@ -415,8 +422,14 @@ class MetricStore:
         for metric in self.epoch_objects[stage].values():
             metric.reset()
         self.epoch_objects[stage].clear()
+        self._reset_step_objects(stage)
         self.step_values.clear()
         self.eval_step_values.clear()
+
+    def _reset_step_objects(self, stage: str) -> None:
+        for metric in self.step_objects[stage].values():
+            metric.reset()
+        self.step_objects[stage].clear()
 
     @staticmethod
     def _numbers(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, float]:
