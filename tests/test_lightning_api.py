@@ -577,6 +577,45 @@ def test_a_model_checkpoint_subclass_overriding_lightnings_methods_is_refused_wh
         SaveAtTheEnd()
 
 
+def test_a_model_checkpoint_subclass_overriding_lightnings_saving_methods_is_refused(tmp_path):
+    """SchNetPack's ModelCheckpoint overrides ``_update_best_and_save`` to also save the best
+    model for inference: Lightning calls it at each top-k save; ptrain's checkpoint callback
+    has no such method, so the override was silently never called."""
+    lightning = pytest.importorskip("lightning.pytorch")
+
+    def subclass(base):
+        class SaveBestToo(base):
+            calls = 0
+
+            def _update_best_and_save(self, current, trainer, monitor_candidates):
+                type(self).calls += 1
+                super()._update_best_and_save(current, trainer, monitor_candidates)
+
+        return SaveBestToo
+
+    class Logged(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    theirs = subclass(lightning.callbacks.ModelCheckpoint)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)))
+    lightning.Trainer(default_root_dir=tmp_path, max_epochs=2, logger=False,
+                      callbacks=[theirs(monitor="loss")], **QUIET).fit(Logged(), data)
+    assert theirs.calls >= 1  # the oracle calls the override
+    with pytest.raises(ptrain.ConfigError, match="SaveBestToo overrides _update_best_and_save "
+                                                 "of ModelCheckpoint.*never run"):
+        subclass(ModelCheckpoint)(monitor="loss")
+
+
 def test_early_stopping_says_why_with_lightnings_attributes():
     from ptrain.lightning.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 

@@ -22,6 +22,15 @@ from ptrain.hookspecs import hookimpl
 
 _PATH = Union[str, Path]
 
+#: the methods of Lightning's ModelCheckpoint that its saving goes through and ptrain's
+#: checkpoint callback does not have: a subclass overriding one expects it to be called
+_LIGHTNING_SAVING_METHODS = (
+    "_save_topk_checkpoint", "_save_checkpoint", "_should_skip_saving_checkpoint",
+    "_should_save_on_exception", "_should_save_on_train_epoch_end", "_save_last_checkpoint",
+    "_save_monitor_checkpoint", "_save_none_monitor_checkpoint", "_update_best_and_save",
+    "_should_remove_checkpoint", "_remove_checkpoint", "_monitor_candidates",
+    "_get_metric_interpolated_filepath_name", "check_monitor_top_k", "file_exists")
+
 
 class ModelCheckpoint(_Checkpoint):
     """Lightning's ``ModelCheckpoint``, as ptrain's ``checkpoint`` callback (it replaces the
@@ -83,7 +92,8 @@ class ModelCheckpoint(_Checkpoint):
                          save_on_exception=save_on_exception,
                          enable_version_counter=enable_version_counter, verbose=verbose)
         self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
-        ignored = overridden(self, CALLBACK_METHODS, ModelCheckpoint)
+        ignored = overridden(self, [*CALLBACK_METHODS, *_LIGHTNING_SAVING_METHODS],
+                             ModelCheckpoint)
         if ignored:
             raise ConfigError(
                 f"{type(self).__name__} overrides {', '.join(ignored)} of ModelCheckpoint, "
