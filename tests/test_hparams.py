@@ -84,6 +84,13 @@ def test_a_module_argument_stays_in_hparams_but_not_in_checkpoints(tmp_path):
     trainer.fit(module)
     trainer.save_checkpoint(path)
     assert torch.load(path, weights_only=True)["hyper_parameters"] == {"lr": 0.1}
+    # loading it needs the backbone again, and says so (torch's TypeError named no reason)
+    with pytest.raises(TypeError, match="the checkpoint holds no value for its required init "
+                                        "argument backbone.*WithBackbone.load_from_checkpoint"
+                                        "\(path, backbone=...\)"):
+        WithBackbone.load_from_checkpoint(str(path))
+    rebuilt = WithBackbone.load_from_checkpoint(str(path), backbone=nn.Linear(1, 1))
+    assert rebuilt.hparams.lr == 0.1
 
 
 def test_a_later_call_adds_to_the_first_and_its_ignore_list_removes():

@@ -417,6 +417,27 @@ def init_arguments_from(cls: type, checkpoint: Mapping[str, Any], keys: tuple[st
     return arguments
 
 
+def loading_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str, str],
+                      overrides: Mapping[str, Any], hparams_file: Any = None) -> dict[str, Any]:
+    """:func:`init_arguments_from`, for ``load_from_checkpoint``: a required init argument that
+    neither the checkpoint nor ``overrides`` gives (a value checkpoints can't hold, such as an
+    ``nn.Module``, is left out of them) is a ``TypeError`` that names it and the fix, before
+    ``cls`` is called."""
+    arguments = init_arguments_from(cls, checkpoint, keys, overrides, hparams_file)
+    missing = [name for name, p in inspect.signature(cls).parameters.items()
+               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               and p.default is p.empty and name not in arguments]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        raise TypeError(
+            f"{cls.__qualname__}.load_from_checkpoint: the checkpoint holds no value for its "
+            f"required init argument{s} {', '.join(missing)} (a hyperparameter checkpoints "
+            f"can't hold, such as an nn.Module, is left out of them, or it was never saved). "
+            f"Pass {'them' if s else 'it'}: {cls.__qualname__}.load_from_checkpoint(path, "
+            f"{', '.join(f'{m}=...' for m in missing)}).")
+    return arguments
+
+
 def defaulted_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str, ...],
                         overrides: Mapping[str, Any], hparams_file: Any = None) -> list[str]:
     """The named init arguments of ``cls`` with a default that neither the checkpoint's

@@ -367,11 +367,11 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         ``argparse.Namespace``), as Lightning reads it then."""
         from ptrain.checkpoint_io import module_weights, safe_load
         from ptrain.hook_methods import loaded_checkpoint_view
-        from ptrain.hyperparameters import MODULE_KEYS, defaulted_arguments, init_arguments_from
+        from ptrain.hyperparameters import MODULE_KEYS, defaulted_arguments, loading_arguments
 
         checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
-        module = cls(**init_arguments_from(cls, checkpoint, MODULE_KEYS, overrides,
-                                          hparams_file))
+        arguments = loading_arguments(cls, checkpoint, MODULE_KEYS, overrides, hparams_file)
+        module = cls(**arguments)
         if type(module).configure_model is not TrainModule.configure_model:
             module.configure_model()
             module._model_configured = True
@@ -768,11 +768,11 @@ class DataModule(HyperParametersMixin):
         (``overrides`` and ``hparams_file`` as in :meth:`TrainModule.load_from_checkpoint`),
         holding the state its ``state_dict()`` saved; ``weights_only`` as there."""
         from ptrain.checkpoint_io import safe_load
-        from ptrain.hyperparameters import DATAMODULE_KEYS, init_arguments_from
+        from ptrain.hyperparameters import DATAMODULE_KEYS, loading_arguments
 
         checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
-        datamodule = cls(**init_arguments_from(cls, checkpoint, DATAMODULE_KEYS, overrides,
-                                              hparams_file))
+        datamodule = cls(**loading_arguments(cls, checkpoint, DATAMODULE_KEYS, overrides,
+                                             hparams_file))
         if checkpoint.get("datamodule_state"):
             datamodule.load_state_dict(checkpoint["datamodule_state"])
         return datamodule
