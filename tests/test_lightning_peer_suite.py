@@ -37,7 +37,7 @@ CHECKOUT = Path(os.environ.get("PTRAIN_LIGHTNING_REPO", str(peer.MIRROR)))
 RESULTS = REPO / "benchmarks" / "results" / "lightning-peer-tests" / "results.json"
 #: per group: (public-API tests passing under ptrain at least this %, at least this many
 #: public-API tests: a classification that shrank the denominator would hide failures)
-FLOOR = {"issue": (87.0, 240), "central": (69.0, 400)}  # measured 87.8% of 245, 69.9% of 409
+FLOOR = {"issue": (89.0, 240), "central": (69.0, 400)}  # measured 89.4% of 245, 69.9% of 409
 
 
 #: the suite's quick check: this many public-API tests that pass under Lightning, drawn with
