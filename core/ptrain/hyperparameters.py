@@ -424,9 +424,7 @@ def loading_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str,
     ``nn.Module``, is left out of them) is a ``TypeError`` that names it and the fix, before
     ``cls`` is called."""
     arguments = init_arguments_from(cls, checkpoint, keys, overrides, hparams_file)
-    missing = [name for name, p in inspect.signature(cls).parameters.items()
-               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and p.default is p.empty and name not in arguments]
+    missing = unset_arguments(cls, arguments, required=True)
     if missing:
         s = "s" if len(missing) > 1 else ""
         raise TypeError(
@@ -438,19 +436,12 @@ def loading_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str,
     return arguments
 
 
-def defaulted_arguments(cls: type, checkpoint: Mapping[str, Any], keys: tuple[str, ...],
-                        overrides: Mapping[str, Any], hparams_file: Any = None) -> list[str]:
-    """The named init arguments of ``cls`` with a default that neither the checkpoint's
-    hyperparameters, ``hparams_file`` nor ``overrides`` give: ``load_from_checkpoint`` built
-    the module with their defaults (a value checkpoints can't hold is left out of them)."""
-    given = set(checkpoint.get(keys[0]) or {}) | set(overrides)
-    if hparams_file is not None:
-        given |= set(read_hyperparameters_file(hparams_file))
-    if checkpoint.get(keys[1]) is not None:
-        given.add(checkpoint[keys[1]])
+def unset_arguments(cls: type, arguments: Mapping[str, Any], required: bool) -> list[str]:
+    """The named init arguments of ``cls`` that ``arguments`` does not give: those without a
+    default (``required``), or those with one (``cls(**arguments)`` uses their defaults)."""
     return [name for name, p in inspect.signature(cls).parameters.items()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.default is not p.empty and name not in given]
+            and (p.default is p.empty) == required and name not in arguments]
 
 
 def read_hyperparameters_file(path: Any) -> dict[str, Any]:

@@ -367,7 +367,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         ``argparse.Namespace``), as Lightning reads it then."""
         from ptrain.checkpoint_io import module_weights, safe_load
         from ptrain.hook_methods import loaded_checkpoint_view
-        from ptrain.hyperparameters import MODULE_KEYS, defaulted_arguments, loading_arguments
+        from ptrain.hyperparameters import MODULE_KEYS, loading_arguments, unset_arguments
 
         checkpoint = safe_load(checkpoint_path, trusted=weights_only is False)
         arguments = loading_arguments(cls, checkpoint, MODULE_KEYS, overrides, hparams_file)
@@ -383,8 +383,7 @@ class TrainModule(ModuleHookMethods, HyperParametersMixin, nn.Module):
         try:
             module.load_state_dict(weights, strict=True if strict is None else strict)
         except RuntimeError as error:
-            unsaved = defaulted_arguments(cls, checkpoint, MODULE_KEYS, overrides,
-                                          hparams_file)
+            unsaved = unset_arguments(cls, arguments, required=False)
             if not unsaved:
                 raise
             # a value that could not be saved (an object of a class torch's weights-only
